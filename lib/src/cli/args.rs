@@ -1,0 +1,211 @@
+//! Argument structs shared by the `vramlab` binary and the kernel's magics.
+
+use clap::{ColorChoice, Parser, ValueEnum};
+
+use crate::gpus::Device;
+use crate::ledger::{Checkpointing, Mode, Optimizer, StepConfig};
+use crate::models::{ModelName, Precision, Shape};
+use crate::oom::SweepSpec;
+
+/// `summary MODEL [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]`
+#[derive(Debug, Clone, Parser)]
+#[command(name = "summary", color = ColorChoice::Never, about = "Per-layer shapes, parameters, saved-for-backward bytes and MACs of a zoo model")]
+pub struct SummaryArgs {
+    /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
+    #[arg(value_parser = parse_model)]
+    pub model: ModelName,
+    /// Batch x channels x height x width (or channels x height x width for batch 1)
+    #[arg(long, value_parser = parse_input, default_value = "1x3x224x224")]
+    pub input: InputShape,
+    /// Arithmetic: f32, or f16 / bf16 mixed precision
+    #[arg(long, value_enum, default_value_t = Dtype::F32)]
+    pub dtype: Dtype,
+    /// Rows down to this depth: 1 stages, 2 blocks, 3 every layer
+    #[arg(long, default_value_t = 3)]
+    pub depth: usize,
+    /// Inference: show what lives at once instead of what backward keeps
+    #[arg(long)]
+    pub eval: bool,
+    /// Number of classes of the classifier
+    #[arg(long, default_value_t = 1000, value_parser = positive)]
+    pub classes: usize,
+}
+
+/// `oomcheck MODEL --batch B --res R [--amp f16|bf16] [--opt ...] [--accum N] [--ckpt ...] [--gpu NAME|8GiB] [--sweep ...]`
+#[derive(Debug, Clone, Parser)]
+#[command(name = "oomcheck", color = ColorChoice::Never, about = "Will a training step fit? The five bills, the peak, and ranked fixes")]
+pub struct OomcheckArgs {
+    /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
+    #[arg(value_parser = parse_model)]
+    pub model: ModelName,
+    /// Samples per forward pass (the micro-batch when accumulating)
+    #[arg(long, value_parser = positive)]
+    pub batch: usize,
+    /// Square input resolution in pixels
+    #[arg(long, value_parser = positive)]
+    pub res: usize,
+    /// Input channels
+    #[arg(long, default_value_t = 3, value_parser = positive)]
+    pub channels: usize,
+    /// Mixed precision
+    #[arg(long, value_enum)]
+    pub amp: Option<Amp>,
+    /// Optimizer
+    #[arg(long, value_enum, default_value_t = Opt::Adam)]
+    pub opt: Opt,
+    /// Gradient accumulation steps per optimizer step
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub accum: usize,
+    /// Activation checkpointing: none, stages, or stage names (layer3,layer4)
+    #[arg(long, value_parser = parse_checkpointing, default_value = "none")]
+    pub ckpt: Checkpointing,
+    /// A catalogue GPU (4090, a100-80gb, rtx4060-laptop...), a size (8GiB, 12GB) or cpu
+    #[arg(long, value_parser = parse_device, default_value = "rtx4060-laptop")]
+    pub gpu: Device,
+    /// Peak against batch or resolution: batch=8..64, res=128..512:32, batch=8,16,32
+    #[arg(long, value_parser = parse_sweep)]
+    pub sweep: Option<SweepSpec>,
+    /// Number of classes of the classifier
+    #[arg(long, default_value_t = 1000, value_parser = positive)]
+    pub classes: usize,
+    /// Inference instead of training
+    #[arg(long)]
+    pub eval: bool,
+}
+
+impl OomcheckArgs {
+    pub fn step_config(&self) -> StepConfig {
+        StepConfig {
+            batch: self.batch,
+            input: Shape::map(self.channels, self.res, self.res),
+            precision: self.amp.map_or(Precision::F32, Precision::from),
+            optimizer: self.opt.into(),
+            accumulation: self.accum,
+            checkpointing: self.ckpt.clone(),
+            mode: if self.eval {
+                Mode::Inference
+            } else {
+                Mode::Training
+            },
+        }
+    }
+}
+
+/// A batch and one sample's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InputShape {
+    pub batch: usize,
+    pub sample: Shape,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl From<Dtype> for Precision {
+    fn from(dtype: Dtype) -> Precision {
+        match dtype {
+            Dtype::F32 => Precision::F32,
+            Dtype::F16 => Precision::F16Amp,
+            Dtype::Bf16 => Precision::Bf16Amp,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Amp {
+    F16,
+    Bf16,
+}
+
+impl From<Amp> for Precision {
+    fn from(amp: Amp) -> Precision {
+        match amp {
+            Amp::F16 => Precision::F16Amp,
+            Amp::Bf16 => Precision::Bf16Amp,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Opt {
+    Sgd,
+    SgdMomentum,
+    Adam,
+    Adamw,
+    Adam8bit,
+}
+
+impl From<Opt> for Optimizer {
+    fn from(opt: Opt) -> Optimizer {
+        match opt {
+            Opt::Sgd => Optimizer::Sgd,
+            Opt::SgdMomentum => Optimizer::SgdMomentum,
+            Opt::Adam => Optimizer::Adam,
+            Opt::Adamw => Optimizer::AdamW,
+            Opt::Adam8bit => Optimizer::Adam8bit,
+        }
+    }
+}
+
+fn parse_model(text: &str) -> Result<ModelName, String> {
+    text.parse()
+        .map_err(|e: crate::models::ModelError| e.to_string())
+}
+
+fn positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number of at least 1".to_owned()),
+    }
+}
+
+fn parse_input(text: &str) -> Result<InputShape, String> {
+    let dims: Vec<usize> = text
+        .split(['x', 'X', ','])
+        .map(|d| d.trim().parse::<usize>().ok().filter(|&n| n > 0))
+        .collect::<Option<_>>()
+        .ok_or("expected BATCHxCxHxW such as 32x3x224x224")?;
+    match dims[..] {
+        [batch, c, h, w] => Ok(InputShape {
+            batch,
+            sample: Shape::map(c, h, w),
+        }),
+        [c, h, w] => Ok(InputShape {
+            batch: 1,
+            sample: Shape::map(c, h, w),
+        }),
+        _ => Err("expected BATCHxCxHxW such as 32x3x224x224".to_owned()),
+    }
+}
+
+fn parse_checkpointing(text: &str) -> Result<Checkpointing, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "none" | "off" => Ok(Checkpointing::None),
+        "stages" | "all" => Ok(Checkpointing::Stages),
+        names => {
+            let names: Vec<String> = names
+                .split(',')
+                .map(|n| n.trim().to_owned())
+                .filter(|n| !n.is_empty())
+                .collect();
+            if names.is_empty() {
+                Err("expected none, stages, or stage names such as layer3,layer4".to_owned())
+            } else {
+                Ok(Checkpointing::Segments(names))
+            }
+        }
+    }
+}
+
+fn parse_device(text: &str) -> Result<Device, String> {
+    Device::parse(text).map_err(|e| e.to_string())
+}
+
+fn parse_sweep(text: &str) -> Result<SweepSpec, String> {
+    text.parse()
+        .map_err(|e: crate::oom::SweepParseError| e.to_string())
+}

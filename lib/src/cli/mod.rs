@@ -1,0 +1,88 @@
+//! The `summary` and `oomcheck` commands: one parser and one report for the
+//! `vramlab` binary and the kernel's `%summary` / `%oomcheck` magics.
+
+mod args;
+mod compose;
+mod report;
+
+pub use args::{Amp, Dtype, InputShape, OomcheckArgs, Opt, SummaryArgs};
+pub use compose::Composer;
+pub use report::Oomcheck;
+
+use clap::error::ErrorKind;
+use clap::Parser;
+
+use crate::models::Summary;
+use crate::oom::{check, sweep};
+use crate::render::{Bundle, Render};
+
+/// Bad arguments, or a configuration the model cannot take. Display is one
+/// short plain-text message: what is wrong and the valid choices.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Parses `argv` (the words after the command name) into `T`. `Ok(Err(help))`
+/// when help was asked for.
+pub fn parse<T: Parser>(command: &str, argv: &[String]) -> Result<Result<T, String>, UsageError> {
+    match T::try_parse_from(std::iter::once(command.to_owned()).chain(argv.iter().cloned())) {
+        Ok(args) => Ok(Ok(args)),
+        Err(err)
+            if matches!(
+                err.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            ) =>
+        {
+            Ok(Err(err.render().to_string()))
+        }
+        Err(err) => Err(UsageError(err.render().to_string().trim_end().to_owned())),
+    }
+}
+
+/// The summary a [`SummaryArgs`] asks for.
+pub fn run_summary(args: &SummaryArgs) -> Result<Summary, UsageError> {
+    let spec = args.model.spec(args.classes);
+    Summary::new(
+        &spec,
+        args.input.batch,
+        args.input.sample,
+        args.dtype.into(),
+        !args.eval,
+    )
+    .map_err(|e| UsageError(e.to_string()))
+}
+
+/// The fit report (and sweep) an [`OomcheckArgs`] asks for.
+pub fn run_oomcheck(args: &OomcheckArgs) -> Result<Oomcheck, UsageError> {
+    let spec = args.model.spec(args.classes);
+    let config = args.step_config();
+    let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
+    let report = check(&spec, &config, &args.gpu).map_err(usage)?;
+    let sweep = args
+        .sweep
+        .as_ref()
+        .map(|plan| sweep(&spec, &config, &args.gpu, plan))
+        .transpose()
+        .map_err(usage)?;
+    Ok(Oomcheck { report, sweep })
+}
+
+/// `%summary MODEL [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]` as a bundle.
+pub fn summary(argv: &[String]) -> Result<Bundle, UsageError> {
+    match parse::<SummaryArgs>("summary", argv)? {
+        Ok(args) => Ok(run_summary(&args)?.table(args.depth).bundle()),
+        Err(help) => Ok(Bundle::plain(help)),
+    }
+}
+
+/// `%oomcheck MODEL --batch B --res R [...]` as a bundle: verdict, ledger
+/// table, chart, timeline, fixes, and the sweep when asked.
+pub fn oomcheck(argv: &[String]) -> Result<Bundle, UsageError> {
+    match parse::<OomcheckArgs>("oomcheck", argv)? {
+        Ok(args) => Ok(run_oomcheck(&args)?.bundle()),
+        Err(help) => Ok(Bundle::plain(help)),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,92 @@
+//! The reports of `summary` and `oomcheck`, as bundles.
+
+use serde::Serialize;
+
+use crate::ledger::units::{human, percent};
+use crate::oom::{FitReport, Sweep, Verdict};
+use crate::render::{Bundle, Render, Table};
+
+use super::compose::Composer;
+
+/// What `oomcheck` computes: the fit report and, when asked, a sweep.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Oomcheck {
+    pub report: FitReport,
+    pub sweep: Option<Sweep>,
+}
+
+impl FitReport {
+    /// The ranked fixes as a table.
+    pub fn fixes_table(&self) -> Table {
+        let card = self.ledger.device.usable_bytes;
+        let mut table = Table::new([
+            "#",
+            "fix",
+            "peak",
+            "% of card",
+            "extra time",
+            "accuracy risk",
+            "effective batch",
+            "flags",
+        ])
+        .title(format!(
+            "fixes that peak under {} (90% of the card), cheapest first",
+            human(self.target_bytes)
+        ))
+        .right_align(&[0, 2, 3, 4]);
+        for (i, fix) in self.fixes.iter().enumerate() {
+            let batch = if fix.cost.effective_batch_kept {
+                format!("{} (kept)", fix.cost.effective_batch)
+            } else {
+                format!(
+                    "{} (was {})",
+                    fix.cost.effective_batch,
+                    self.ledger.config.effective_batch()
+                )
+            };
+            table.push_row([
+                (i + 1).to_string(),
+                fix.change.clone(),
+                human(fix.peak_bytes),
+                percent(fix.peak_bytes, card),
+                format!("{:+}%", fix.cost.extra_time_pct),
+                format!("{}: {}", fix.cost.accuracy_risk, fix.cost.note),
+                batch,
+                fix.config.flags(),
+            ]);
+        }
+        if self.fixes.is_empty() {
+            table = table.note(
+                "No single change or combination fits: a smaller model or a larger card is needed.",
+            );
+        }
+        table
+    }
+}
+
+impl Render for Oomcheck {
+    fn bundle(&self) -> Bundle {
+        let report = &self.report;
+        let color = match report.verdict {
+            Verdict::Fits => "#2a7d2a",
+            Verdict::Tight => "#b36b00",
+            Verdict::DoesNotFit => "#b22222",
+        };
+        let mut composer = Composer::new()
+            .headline(&report.verdict_line(), color)
+            .part(&report.ledger.table().bundle())
+            .html_only(&report.ledger.chart().bundle())
+            .part(&report.ledger.timeline_table().bundle());
+        if report.verdict != Verdict::Fits
+            && report.ledger.config.mode == crate::ledger::Mode::Training
+        {
+            composer = composer.part(&report.fixes_table().bundle());
+        }
+        if let Some(sweep) = &self.sweep {
+            composer = composer
+                .html_only(&sweep.chart().bundle())
+                .part(&sweep.table().bundle());
+        }
+        composer.finish()
+    }
+}

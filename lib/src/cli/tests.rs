@@ -1,0 +1,113 @@
+use super::*;
+
+fn words(line: &str) -> Vec<String> {
+    line.split_whitespace().map(str::to_owned).collect()
+}
+
+fn assert_short_and_plain(message: &str) {
+    assert!(!message.contains('\u{1b}'), "colour codes in {message:?}");
+    assert!(
+        !message.contains("backtrace") && !message.contains("panicked"),
+        "{message}"
+    );
+    assert!(message.lines().count() <= 6, "too long: {message}");
+}
+
+#[test]
+fn summary_renders_a_table_in_html_and_text() {
+    let bundle = summary(&words("resnet50 --input 32x3x224x224")).unwrap();
+    let html = bundle.get("text/html").and_then(|v| v.as_str()).unwrap();
+    assert!(html.contains("<table>") && html.contains("layer1.0.conv1"));
+    let text = bundle.text();
+    assert!(text.contains("25,557,032"), "{text}");
+    // conv1 at batch 32: 32 x 3,211,264 bytes kept.
+    assert!(
+        text.lines()
+            .any(|l| l.trim_start().starts_with("conv1 ") && l.contains("102,760,448")),
+        "{text}"
+    );
+}
+
+#[test]
+fn summary_depth_folds_layers_and_eval_changes_the_memory_column() {
+    let stages = summary(&words("resnet18 --depth 1")).unwrap();
+    assert!(!stages.text().contains("layer1.0"));
+    assert!(stages.text().contains("layer4"));
+    let eval = summary(&words("resnet18 --eval")).unwrap();
+    assert!(eval.text().contains("live in inference"));
+    assert!(!eval.text().contains("CrossEntropyLoss"));
+}
+
+#[test]
+fn oomcheck_reports_verdict_bills_chart_and_fixes() {
+    let bundle = oomcheck(&words("resnet50 --batch 64 --res 224 --gpu rtx4060-laptop")).unwrap();
+    let text = bundle.text();
+    assert!(text.starts_with("DOES NOT FIT"), "{text}");
+    for bill in [
+        "1. parameters",
+        "2. optimizer state",
+        "3. activations",
+        "4. input batch",
+        "5. context and workspace",
+        "fixes that peak under",
+    ] {
+        assert!(text.contains(bill), "{bill} missing");
+    }
+    let html = bundle.get("text/html").and_then(|v| v.as_str()).unwrap();
+    assert!(html.contains("<svg") && html.contains("DOES NOT FIT"));
+}
+
+#[test]
+fn oomcheck_with_a_sweep_draws_peak_against_batch() {
+    let bundle = oomcheck(&words(
+        "resnet18 --batch 16 --res 224 --gpu 4090 --sweep batch=8..64:8",
+    ))
+    .unwrap();
+    let html = bundle.get("text/html").and_then(|v| v.as_str()).unwrap();
+    assert!(html.contains("peak memory vs batch"));
+    assert!(bundle.text().contains("sweep on"));
+}
+
+#[test]
+fn unknown_models_list_the_valid_ones() {
+    let err = summary(&words("vgg16")).unwrap_err().to_string();
+    assert_short_and_plain(&err);
+    assert!(err.contains("unknown model `vgg16`; valid models: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn"), "{err}");
+}
+
+#[test]
+fn bad_choices_name_the_valid_choices() {
+    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --opt lion"))
+        .unwrap_err()
+        .to_string();
+    assert_short_and_plain(&err);
+    assert!(
+        err.contains("lion") && err.contains("sgd-momentum") && err.contains("adam8bit"),
+        "{err}"
+    );
+    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --gpu rtx4091"))
+        .unwrap_err()
+        .to_string();
+    assert_short_and_plain(&err);
+    assert!(err.contains("closest: rtx4090"), "{err}");
+    let err = oomcheck(&words("resnet50 --res 224"))
+        .unwrap_err()
+        .to_string();
+    assert_short_and_plain(&err);
+    assert!(err.contains("--batch"), "{err}");
+    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --ckpt layer9"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "cannot checkpoint `layer9`: no such stage; stages: stem, layer1, layer2, layer3, layer4, head");
+    let err = oomcheck(&words("resnet50 --batch 0 --res 224"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at least 1"), "{err}");
+}
+
+#[test]
+fn help_is_a_plain_bundle_not_an_error() {
+    let help = oomcheck(&words("--help")).unwrap();
+    assert!(help.text().contains("--sweep"));
+    assert!(!help.text().contains('\u{1b}'));
+}

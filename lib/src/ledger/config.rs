@@ -1,0 +1,192 @@
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::models::{Precision, Shape, StageCost};
+
+use super::LedgerError;
+
+/// One training (or inference) step to be costed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepConfig {
+    /// Samples that go through the device at once (the micro-batch when accumulating).
+    pub batch: usize,
+    /// One sample: channels x height x width.
+    pub input: Shape,
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    /// Micro-batches whose gradients are summed before one optimizer step.
+    pub accumulation: usize,
+    pub checkpointing: Checkpointing,
+    pub mode: Mode,
+}
+
+impl StepConfig {
+    /// Training with the lesson's defaults: f32, Adam, no accumulation, no checkpointing, RGB.
+    pub fn training(batch: usize, resolution: usize) -> Self {
+        StepConfig {
+            batch,
+            input: Shape::map(3, resolution, resolution),
+            precision: Precision::F32,
+            optimizer: Optimizer::Adam,
+            accumulation: 1,
+            checkpointing: Checkpointing::None,
+            mode: Mode::Training,
+        }
+    }
+
+    /// Samples per optimizer step.
+    pub fn effective_batch(&self) -> usize {
+        self.batch * self.accumulation
+    }
+
+    /// The square resolution, or the height of a non-square input.
+    pub fn resolution(&self) -> usize {
+        match self.input {
+            Shape::Map { h, .. } => h,
+            Shape::Flat { .. } => 0,
+        }
+    }
+
+    pub fn with_resolution(&self, resolution: usize) -> Self {
+        let c = self.input.channels();
+        StepConfig {
+            input: Shape::map(c, resolution, resolution),
+            ..self.clone()
+        }
+    }
+
+    /// The `oomcheck` flags that describe this configuration.
+    pub fn flags(&self) -> String {
+        let mut flags = match self.input {
+            Shape::Map { h, w, .. } if h == w => format!("--batch {} --res {h}", self.batch),
+            input => format!("--batch {} --input {input}", self.batch),
+        };
+        if self.precision.is_mixed() {
+            flags.push_str(&format!(" --amp {}", self.precision.flag()));
+        }
+        if self.mode == Mode::Training {
+            flags.push_str(&format!(" --opt {}", self.optimizer.flag()));
+        }
+        if self.accumulation > 1 {
+            flags.push_str(&format!(" --accum {}", self.accumulation));
+        }
+        if self.checkpointing != Checkpointing::None {
+            flags.push_str(&format!(" --ckpt {}", self.checkpointing));
+        }
+        if self.mode == Mode::Inference {
+            flags.push_str(" --eval");
+        }
+        flags
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Training,
+    /// Forward only, no autograd graph, no gradients, no optimizer.
+    Inference,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    Sgd,
+    SgdMomentum,
+    Adam,
+    AdamW,
+    /// Adam with block-wise 8-bit moments (bitsandbytes' scheme).
+    Adam8bit,
+}
+
+impl Optimizer {
+    pub fn flag(self) -> &'static str {
+        match self {
+            Optimizer::Sgd => "sgd",
+            Optimizer::SgdMomentum => "sgd-momentum",
+            Optimizer::Adam => "adam",
+            Optimizer::AdamW => "adamw",
+            Optimizer::Adam8bit => "adam8bit",
+        }
+    }
+
+    pub fn is_adam(self) -> bool {
+        matches!(self, Optimizer::Adam | Optimizer::AdamW)
+    }
+
+    /// Parameter-sized f32 temporaries alive at once while one tensor is
+    /// updated: for candle-nn's AdamW step, `m*b1 + g*(1-b1)`, `v*b2 +
+    /// g^2*(1-b2)`, the bias corrections and `m_hat / (sqrt(v_hat) + eps)`
+    /// overlap up to about six; SGD needs `g*lr` and `w - g*lr`.
+    pub fn step_temporaries(self) -> u64 {
+        match self {
+            Optimizer::Sgd => 2,
+            Optimizer::SgdMomentum => 3,
+            Optimizer::Adam | Optimizer::AdamW => 6,
+            // Dequantised f32 moments next to Adam's temporaries.
+            Optimizer::Adam8bit => 8,
+        }
+    }
+}
+
+impl fmt::Display for Optimizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Optimizer::Sgd => "SGD",
+            Optimizer::SgdMomentum => "SGD with momentum",
+            Optimizer::Adam => "Adam",
+            Optimizer::AdamW => "AdamW",
+            Optimizer::Adam8bit => "8-bit Adam",
+        })
+    }
+}
+
+/// Which stages recompute their activations in backward instead of keeping them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Checkpointing {
+    None,
+    /// Every stage but the last (the head is small and feeds the loss directly).
+    Stages,
+    /// The named stages.
+    Segments(Vec<String>),
+}
+
+impl Checkpointing {
+    /// For each stage, whether it is checkpointed.
+    pub fn resolve(&self, stages: &[StageCost]) -> Result<Vec<bool>, LedgerError> {
+        let last = stages.len().saturating_sub(1);
+        match self {
+            Checkpointing::None => Ok(vec![false; stages.len()]),
+            Checkpointing::Stages => Ok((0..stages.len()).map(|i| i != last).collect()),
+            Checkpointing::Segments(names) => {
+                let mut chosen = vec![false; stages.len()];
+                for name in names {
+                    let index = stages.iter().position(|s| &s.name == name).ok_or_else(|| {
+                        LedgerError::UnknownStage {
+                            name: name.clone(),
+                            valid: stages
+                                .iter()
+                                .map(|s| s.name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                        }
+                    })?;
+                    chosen[index] = true;
+                }
+                Ok(chosen)
+            }
+        }
+    }
+}
+
+impl fmt::Display for Checkpointing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Checkpointing::None => f.write_str("none"),
+            Checkpointing::Stages => f.write_str("stages"),
+            Checkpointing::Segments(names) => f.write_str(&names.join(",")),
+        }
+    }
+}

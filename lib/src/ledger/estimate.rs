@@ -1,0 +1,454 @@
+//! The analytic estimate: five bills and the peak found by walking the step.
+
+use serde::Serialize;
+
+use crate::gpus::Device;
+use crate::models::{analyze, ModelCost, ModelSpec, Precision, F32_BYTES};
+
+use super::bill::{line, Bill, BillKind, Line};
+use super::config::{Mode, Optimizer, StepConfig};
+use super::timeline::{Part, Parts, Peak, Phase, Recorder};
+use super::LedgerError;
+
+/// Bytes of one label: candle's cross-entropy takes u32 class indices.
+const LABEL_BYTES: u64 = 4;
+/// 8-bit Adam: one f32 scale per block of this many elements, per moment.
+const BLOCK: u64 = 2048;
+/// During backward, per op: the incoming gradient, the zero tensor that
+/// `GradStore::or_insert` creates, the freshly computed input gradient and
+/// the sum that replaces the zeros, each up to the largest activation.
+const BACKWARD_TEMPORARIES: u64 = 4;
+
+/// What a step costs on a device.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Ledger {
+    pub model: String,
+    pub params: u64,
+    pub config: StepConfig,
+    pub device: Device,
+    /// The five bills, in the lesson's order.
+    pub bills: Vec<Bill>,
+    pub timeline: Vec<Phase>,
+    pub peak: Peak,
+}
+
+impl Ledger {
+    pub fn bill(&self, kind: BillKind) -> &Bill {
+        // `bills` always holds the five kinds in order.
+        &self.bills[kind as usize]
+    }
+
+    /// Every line of every bill, as if all were resident at once (they aren't).
+    pub fn sum_of_bills(&self) -> u64 {
+        self.bills.iter().map(|b| b.bytes).sum()
+    }
+}
+
+/// Costs one step of `spec` with `config` on `device`.
+pub fn estimate(
+    spec: &ModelSpec,
+    config: &StepConfig,
+    device: &Device,
+) -> Result<Ledger, LedgerError> {
+    for (what, value) in [
+        ("batch", config.batch),
+        ("accumulation steps", config.accumulation),
+    ] {
+        if value == 0 {
+            return Err(LedgerError::Zero { what });
+        }
+    }
+    let cost = analyze(spec, config.input, config.precision)?;
+    let ckpt = config.checkpointing.resolve(&cost.stages)?;
+    let step = Step {
+        cost: &cost,
+        config,
+        device,
+        ckpt: &ckpt,
+        batch: config.batch as u64,
+    };
+    let (bills, recorder) = match config.mode {
+        Mode::Training => (step.training_bills(), step.walk_training()),
+        Mode::Inference => (step.inference_bills(), step.walk_inference()),
+    };
+    let (timeline, peak) = recorder.finish();
+    Ok(Ledger {
+        model: spec.name.clone(),
+        params: cost.total.params,
+        config: config.clone(),
+        device: device.clone(),
+        bills,
+        timeline,
+        peak,
+    })
+}
+
+struct Step<'a> {
+    cost: &'a ModelCost,
+    config: &'a StepConfig,
+    device: &'a Device,
+    ckpt: &'a [bool],
+    batch: u64,
+}
+
+impl Step<'_> {
+    fn weights(&self) -> u64 {
+        self.cost.total.params * F32_BYTES
+    }
+
+    fn amp_copies(&self, params: u64) -> u64 {
+        if self.config.precision.is_mixed() {
+            params * self.config.precision.compute_bytes()
+        } else {
+            0
+        }
+    }
+
+    fn images(&self) -> u64 {
+        self.batch * self.cost.input.elems() * F32_BYTES
+    }
+
+    /// The first conv's input gradient: candle computes it (`grads.or_insert(arg)`
+    /// for every conv input) and keeps it in the GradStore though nothing reads it.
+    fn input_gradient(&self) -> u64 {
+        let bytes = if self.config.precision.is_mixed() {
+            self.config.precision.compute_bytes()
+        } else {
+            F32_BYTES
+        };
+        self.batch * self.cost.input.elems() * bytes
+    }
+
+    fn optimizer_state(&self) -> Vec<Line> {
+        let params = self.cost.total.params;
+        match self.config.optimizer {
+            Optimizer::Sgd => vec![],
+            Optimizer::SgdMomentum => vec![line("momentum buffer (f32)", params * F32_BYTES)],
+            Optimizer::Adam | Optimizer::AdamW => {
+                vec![
+                    line("first moment m (f32)", params * F32_BYTES),
+                    line("second moment v (f32)", params * F32_BYTES),
+                ]
+            }
+            Optimizer::Adam8bit => {
+                let small = self.cost.total.small_tensor_params;
+                let large = params - small;
+                let blocks = large / BLOCK + self.cost.total.large_tensors;
+                vec![
+                    line("m and v, 8-bit (1 B each)", 2 * large),
+                    line(
+                        "block scales (f32, per 2048 values)",
+                        2 * blocks * F32_BYTES,
+                    ),
+                    line("m and v of small tensors (f32)", 2 * small * F32_BYTES),
+                ]
+            }
+        }
+    }
+
+    fn optimizer_temporaries(&self) -> u64 {
+        self.config.optimizer.step_temporaries() * self.cost.total.largest_param_elems * F32_BYTES
+    }
+
+    fn context_line(&self) -> Line {
+        if self.device.is_cpu() {
+            line("no CUDA context on the host", 0)
+        } else {
+            line(
+                "CUDA context, kernels, cuBLAS (typical)",
+                self.device.context_bytes,
+            )
+        }
+    }
+
+    /// What stage `i` holds between its forward and its backward.
+    fn held(&self, i: usize) -> u64 {
+        let stage = &self.cost.stages[i];
+        self.batch
+            * if self.ckpt[i] {
+                stage.boundary_bytes
+            } else {
+                stage.cost.saved_bytes
+            }
+    }
+
+    fn largest_recompute(&self) -> u64 {
+        (0..self.cost.stages.len())
+            .filter(|&i| self.ckpt[i])
+            .map(|i| self.batch * self.cost.stages[i].cost.saved_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn backward_temporaries(&self) -> u64 {
+        BACKWARD_TEMPORARIES * self.batch * self.cost.total.largest_tensor_bytes
+    }
+
+    fn training_bills(&self) -> Vec<Bill> {
+        let c = self.config;
+        let half = c.precision.flag();
+        let params = vec![
+            line("weights (f32 master copy)", self.weights()),
+            line(
+                "batch-norm running statistics",
+                self.cost.total.buffers * F32_BYTES,
+            ),
+            line("gradients (f32)", self.weights()),
+            line(
+                format!(
+                    "accumulated gradients (f32, {} micro-batches)",
+                    c.accumulation
+                ),
+                if c.accumulation > 1 {
+                    self.weights()
+                } else {
+                    0
+                },
+            ),
+            line(
+                format!("{half} copies of conv/linear weights (AMP)"),
+                self.amp_copies(self.cost.total.amp_copy_params),
+            ),
+        ];
+        let mut activations: Vec<Line> = self
+            .cost
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let what = if self.ckpt[i] {
+                    "checkpointed: keeps its output"
+                } else {
+                    "saved for backward"
+                };
+                line(format!("{}: {what}", s.name), self.held(i))
+            })
+            .collect();
+        activations.push(line(
+            "recompute of the largest checkpointed stage",
+            self.largest_recompute(),
+        ));
+        activations.push(line(
+            "input-batch gradient (candle computes it)",
+            self.input_gradient(),
+        ));
+        vec![
+            Bill::new(BillKind::Parameters, params),
+            Bill::new(BillKind::OptimizerState, self.optimizer_state()),
+            Bill::new(BillKind::Activations, activations),
+            Bill::new(BillKind::InputBatch, self.input_lines(true)),
+            Bill::new(
+                BillKind::ContextAndWorkspace,
+                vec![
+                    self.context_line(),
+                    line(
+                        "conv workspace (largest im2col + gemm output)",
+                        self.batch * self.cost.total.workspace_bytes,
+                    ),
+                    line(
+                        "backward temporaries (4 x largest activation)",
+                        self.backward_temporaries(),
+                    ),
+                    line(
+                        format!("{} step temporaries", c.optimizer),
+                        self.optimizer_temporaries(),
+                    ),
+                ],
+            ),
+        ]
+    }
+
+    fn input_lines(&self, labels: bool) -> Vec<Line> {
+        let input = self.cost.input;
+        let mut lines = vec![line(
+            format!("images (f32, {} x {input})", self.batch),
+            self.images(),
+        )];
+        if labels {
+            lines.push(line("labels (u32)", self.batch * LABEL_BYTES));
+        }
+        lines
+    }
+
+    fn inference_bills(&self) -> Vec<Bill> {
+        let precision = self.config.precision;
+        vec![
+            Bill::new(
+                BillKind::Parameters,
+                vec![
+                    line("weights (f32)", self.weights()),
+                    line(
+                        "batch-norm running statistics",
+                        self.cost.total.buffers * F32_BYTES,
+                    ),
+                ],
+            ),
+            Bill::new(BillKind::OptimizerState, vec![]),
+            Bill::new(
+                BillKind::Activations,
+                vec![line(
+                    format!(
+                        "largest live set: one layer's input, output, temporaries ({})",
+                        if precision == Precision::F32 {
+                            "f32"
+                        } else {
+                            precision.flag()
+                        }
+                    ),
+                    self.batch * self.cost.total.eval_live_bytes,
+                )],
+            ),
+            Bill::new(BillKind::InputBatch, self.input_lines(false)),
+            Bill::new(
+                BillKind::ContextAndWorkspace,
+                vec![
+                    self.context_line(),
+                    line(
+                        "largest weight cast (AMP)",
+                        self.amp_copies(self.cost.total.largest_param_elems),
+                    ),
+                ],
+            ),
+        ]
+    }
+
+    /// Training: candle keeps every saved tensor until the loss is dropped, so
+    /// without checkpointing nothing is freed during backward; with
+    /// checkpointing the trainer runs backward segment by segment (NOTES:
+    /// detach, recompute from `Var::from_tensor(input)`) and drops each
+    /// segment's graph when its backward is done. The graph is dropped before
+    /// the optimizer step. With accumulation the step shown is a later
+    /// micro-batch, when the accumulated gradients already exist.
+    fn walk_training(&self) -> Recorder {
+        let c = self.config;
+        let stages = &self.cost.stages;
+        let segmented = self.ckpt.iter().any(|&x| x);
+        let mut rec = Recorder::default();
+        let mut live = Parts::default();
+        let none = Parts::default();
+        live.set(Part::Context, self.context_line().bytes);
+        live.set(Part::Weights, self.weights());
+        live.set(Part::Buffers, self.cost.total.buffers * F32_BYTES);
+        live.set(
+            Part::OptimizerState,
+            self.optimizer_state().iter().map(|l| l.bytes).sum(),
+        );
+        if c.accumulation > 1 {
+            live.set(Part::AccumulatedGradients, self.weights());
+        }
+        rec.phase("model and optimizer state loaded", &live, &none);
+        live.set(Part::Images, self.images());
+        live.set(Part::Labels, self.batch * LABEL_BYTES);
+        rec.phase("input batch copied to the device", &live, &none);
+
+        for (i, stage) in stages.iter().enumerate() {
+            let amp = self.amp_copies(stage.cost.amp_copy_params);
+            let mut transient = Parts::default();
+            transient.set(Part::Workspace, self.batch * stage.cost.workspace_bytes);
+            if self.ckpt[i] {
+                // The segment's graph exists until its output is detached.
+                transient.set(
+                    Part::Recompute,
+                    self.batch * stage.cost.saved_bytes - self.held(i),
+                );
+                transient.set(Part::AmpWeightCopies, amp);
+            } else {
+                live.add(Part::AmpWeightCopies, amp);
+            }
+            live.add(Part::Activations, self.held(i));
+            let what = if i + 1 == stages.len() {
+                " and loss"
+            } else {
+                ""
+            };
+            rec.phase(format!("forward {}{what}", stage.name), &live, &transient);
+        }
+
+        for (i, stage) in stages.iter().enumerate().rev() {
+            let amp = self.amp_copies(stage.cost.amp_copy_params);
+            let mut transient = Parts::default();
+            transient.set(Part::Workspace, self.batch * stage.cost.workspace_bytes);
+            transient.set(
+                Part::BackwardTemporaries,
+                BACKWARD_TEMPORARIES * self.batch * stage.cost.largest_tensor_bytes,
+            );
+            if self.ckpt[i] {
+                // Recomputed from a Var copy of the segment's input.
+                let input_copy = if i > 0 {
+                    self.batch * stages[i - 1].boundary_bytes
+                } else {
+                    0
+                };
+                transient.set(
+                    Part::Recompute,
+                    self.batch * stage.cost.saved_bytes + input_copy,
+                );
+                transient.set(Part::AmpWeightCopies, amp);
+            }
+            live.add(Part::Gradients, stage.cost.params * F32_BYTES);
+            if i == 0 {
+                live.set(Part::InputGradient, self.input_gradient());
+            }
+            rec.phase(format!("backward {}", stage.name), &live, &transient);
+            if segmented {
+                live.remove(Part::Activations, self.held(i));
+                if !self.ckpt[i] {
+                    live.remove(Part::AmpWeightCopies, amp);
+                }
+            }
+        }
+        live.set(Part::Activations, 0);
+        live.set(Part::AmpWeightCopies, 0);
+        rec.phase("loss and graph dropped", &live, &none);
+
+        if c.accumulation > 1 {
+            let mut transient = Parts::default();
+            transient.set(
+                Part::OptimizerTemporaries,
+                self.cost.total.largest_param_elems * F32_BYTES,
+            );
+            live.set(Part::Gradients, 0);
+            rec.phase("gradients added to the accumulator", &live, &transient);
+        }
+        let mut transient = Parts::default();
+        transient.set(Part::OptimizerTemporaries, self.optimizer_temporaries());
+        rec.phase(format!("{} step", c.optimizer), &live, &transient);
+        for part in [
+            Part::Gradients,
+            Part::AccumulatedGradients,
+            Part::InputGradient,
+            Part::Images,
+            Part::Labels,
+        ] {
+            live.set(part, 0);
+        }
+        rec.phase("step done, batch and gradients freed", &live, &none);
+        rec
+    }
+
+    /// Inference: no graph; each stage's tensors die as the next layer runs,
+    /// so only one layer's live set (its input, output, temporaries) and the
+    /// current stage boundary exist at a time.
+    fn walk_inference(&self) -> Recorder {
+        let mut rec = Recorder::default();
+        let mut live = Parts::default();
+        live.set(Part::Context, self.context_line().bytes);
+        live.set(Part::Weights, self.weights());
+        live.set(Part::Buffers, self.cost.total.buffers * F32_BYTES);
+        rec.phase("model loaded", &live, &Parts::default());
+        live.set(Part::Images, self.images());
+        rec.phase("input batch copied to the device", &live, &Parts::default());
+        for stage in &self.cost.stages {
+            // The live set includes the stage's input, so the previous boundary is not added again.
+            let mut during = live;
+            during.set(Part::Activations, self.batch * stage.cost.eval_live_bytes);
+            during.set(
+                Part::AmpWeightCopies,
+                self.amp_copies(stage.cost.largest_param_elems),
+            );
+            live.set(Part::Activations, self.batch * stage.boundary_bytes);
+            rec.phase_during(format!("forward {}", stage.name), &live, during);
+        }
+        rec
+    }
+}

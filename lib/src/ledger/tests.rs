@@ -1,0 +1,220 @@
+use super::*;
+use crate::gpus::Device;
+use crate::models::{resnet18, resnet50, small_cnn, Precision, Shape};
+
+fn laptop() -> Device {
+    Device::parse("rtx4060-laptop").unwrap()
+}
+
+fn resnet50_at(batch: usize) -> Ledger {
+    estimate(
+        &resnet50(1000),
+        &StepConfig::training(batch, 224),
+        &laptop(),
+    )
+    .unwrap()
+}
+
+fn line(ledger: &Ledger, kind: BillKind, label_start: &str) -> u64 {
+    ledger
+        .bill(kind)
+        .lines
+        .iter()
+        .find(|l| l.label.starts_with(label_start))
+        .map(|l| l.bytes)
+        .unwrap_or(0)
+}
+
+#[test]
+fn the_lessons_input_arithmetic_is_exact() {
+    let one = resnet50_at(1);
+    assert_eq!(line(&one, BillKind::InputBatch, "images"), 602_112);
+    let batch = resnet50_at(32);
+    assert_eq!(line(&batch, BillKind::InputBatch, "images"), 19_267_584);
+    assert_eq!(line(&batch, BillKind::InputBatch, "labels"), 32 * 4);
+}
+
+#[test]
+fn resnet50_weights_are_about_102_mb_and_adam_doubles_them() {
+    let ledger = resnet50_at(32);
+    assert_eq!(line(&ledger, BillKind::Parameters, "weights"), 102_228_128);
+    assert_eq!(ledger.bill(BillKind::OptimizerState).bytes, 2 * 102_228_128);
+    assert_eq!(
+        line(&ledger, BillKind::Parameters, "gradients"),
+        102_228_128
+    );
+}
+
+#[test]
+fn halving_the_batch_halves_activations_and_saves_about_10_mb_of_input() {
+    let (full, half) = (resnet50_at(32), resnet50_at(16));
+    let act = |l: &Ledger| l.bill(BillKind::Activations).bytes;
+    assert_eq!(act(&half) * 2, act(&full));
+    let saved_input = full.bill(BillKind::InputBatch).bytes - half.bill(BillKind::InputBatch).bytes;
+    assert_eq!(saved_input, 9_633_792 + 16 * 4);
+    // Activations dwarf the input: the lesson's conclusion.
+    assert!(act(&full) > 100 * full.bill(BillKind::InputBatch).bytes);
+}
+
+#[test]
+fn optimizers_bill_what_they_keep() {
+    let config = |optimizer| StepConfig {
+        optimizer,
+        ..StepConfig::training(8, 224)
+    };
+    let state = |optimizer| {
+        estimate(&resnet50(1000), &config(optimizer), &laptop())
+            .unwrap()
+            .bill(BillKind::OptimizerState)
+            .bytes
+    };
+    let weights = 102_228_128;
+    assert_eq!(state(Optimizer::Sgd), 0);
+    assert_eq!(state(Optimizer::SgdMomentum), weights);
+    assert_eq!(state(Optimizer::AdamW), 2 * weights);
+    let eight_bit = state(Optimizer::Adam8bit);
+    assert!(
+        eight_bit > weights / 2 && eight_bit < weights * 6 / 10,
+        "{eight_bit}"
+    );
+}
+
+#[test]
+fn the_peak_is_walked_not_summed() {
+    let ledger = resnet50_at(32);
+    assert!(ledger.peak.bytes < ledger.sum_of_bills());
+    let from_phases = ledger.timeline.iter().map(|p| p.peak_bytes).max().unwrap();
+    assert_eq!(ledger.peak.bytes, from_phases);
+    let breakdown: u64 = ledger.peak.breakdown.iter().map(|l| l.bytes).sum();
+    assert_eq!(breakdown, ledger.peak.bytes);
+    // Without checkpointing candle frees nothing in backward: the peak is at its end.
+    assert_eq!(ledger.peak.phase, "backward stem");
+    // Every bill's lines add up to the bill.
+    for bill in &ledger.bills {
+        assert_eq!(bill.lines.iter().map(|l| l.bytes).sum::<u64>(), bill.bytes);
+    }
+}
+
+#[test]
+fn mixed_precision_adds_half_weight_copies_and_shrinks_conv_outputs() {
+    let amp = StepConfig {
+        precision: Precision::F16Amp,
+        ..StepConfig::training(32, 224)
+    };
+    let ledger = estimate(&resnet50(1000), &amp, &laptop()).unwrap();
+    let copies = line(&ledger, BillKind::Parameters, "f16 copies");
+    assert!(copies > 0 && copies < 25_557_032 * 2);
+    assert_eq!(
+        line(&resnet50_at(32), BillKind::Parameters, "f16 copies"),
+        0
+    );
+}
+
+#[test]
+fn accumulation_adds_an_accumulator_and_shrinks_activations() {
+    let plain = resnet50_at(32);
+    let accum = StepConfig {
+        batch: 8,
+        accumulation: 4,
+        ..StepConfig::training(32, 224)
+    };
+    let ledger = estimate(&resnet50(1000), &accum, &laptop()).unwrap();
+    assert_eq!(
+        line(&ledger, BillKind::Parameters, "accumulated"),
+        102_228_128
+    );
+    assert_eq!(
+        ledger.bill(BillKind::Activations).bytes * 4,
+        plain.bill(BillKind::Activations).bytes
+    );
+    assert!(ledger.peak.bytes < plain.peak.bytes);
+}
+
+#[test]
+fn checkpointing_lowers_the_peak_and_names_unknown_stages() {
+    let plain = resnet50_at(32);
+    let ckpt = StepConfig {
+        checkpointing: Checkpointing::Stages,
+        ..StepConfig::training(32, 224)
+    };
+    let ledger = estimate(&resnet50(1000), &ckpt, &laptop()).unwrap();
+    assert!(
+        ledger.peak.bytes < plain.peak.bytes / 2,
+        "{} vs {}",
+        ledger.peak.bytes,
+        plain.peak.bytes
+    );
+    let bad = StepConfig {
+        checkpointing: Checkpointing::Segments(vec!["layer9".into()]),
+        ..StepConfig::training(32, 224)
+    };
+    let err = estimate(&resnet50(1000), &bad, &laptop())
+        .unwrap_err()
+        .to_string();
+    assert_eq!(err, "cannot checkpoint `layer9`: no such stage; stages: stem, layer1, layer2, layer3, layer4, head");
+}
+
+#[test]
+fn inference_keeps_no_graph_gradients_or_state() {
+    let eval = StepConfig {
+        mode: Mode::Inference,
+        ..StepConfig::training(32, 224)
+    };
+    let ledger = estimate(&resnet50(1000), &eval, &laptop()).unwrap();
+    assert_eq!(ledger.bill(BillKind::OptimizerState).bytes, 0);
+    assert_eq!(line(&ledger, BillKind::Parameters, "gradients"), 0);
+    assert!(ledger.peak.bytes * 5 < resnet50_at(32).peak.bytes);
+}
+
+#[test]
+fn context_comes_from_the_device() {
+    let cpu = estimate(
+        &small_cnn(10),
+        &StepConfig::training(8, 32),
+        &Device::parse("cpu").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        cpu.peak.breakdown.iter().find(|l| l.part == Part::Context),
+        None
+    );
+    let gpu = estimate(
+        &resnet18(10),
+        &StepConfig::training(8, 64),
+        &Device::parse("8GiB").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        line(&gpu, BillKind::ContextAndWorkspace, "CUDA context"),
+        crate::gpus::GENERIC_CONTEXT_BYTES
+    );
+}
+
+#[test]
+fn zero_batch_and_non_square_inputs() {
+    let zero = estimate(&resnet18(10), &StepConfig::training(0, 64), &laptop()).unwrap_err();
+    assert_eq!(zero.to_string(), "batch must be at least 1");
+    let wide = StepConfig {
+        input: Shape::map(3, 64, 128),
+        ..StepConfig::training(2, 64)
+    };
+    assert_eq!(
+        line(
+            &estimate(&resnet18(10), &wide, &laptop()).unwrap(),
+            BillKind::InputBatch,
+            "images"
+        ),
+        2 * 3 * 64 * 128 * 4
+    );
+}
+
+#[test]
+fn tables_and_charts_render() {
+    let ledger = resnet50_at(32);
+    let text = ledger.table().to_string();
+    assert!(text.contains("102,228,128"), "{text}");
+    assert!(text.contains("peak, during \"backward stem\""), "{text}");
+    assert!(ledger.timeline_table().to_string().contains("<- peak"));
+    let svg = ledger.chart().to_svg().unwrap();
+    assert!(svg.contains("3. activations"));
+}

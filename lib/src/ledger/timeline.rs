@@ -1,0 +1,212 @@
+//! The step as a sequence of phases, with what is resident in each.
+
+use serde::Serialize;
+
+use super::bill::BillKind;
+
+/// Everything that can be resident during a step, each in one bill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Part {
+    Context,
+    Weights,
+    Buffers,
+    Gradients,
+    AccumulatedGradients,
+    AmpWeightCopies,
+    OptimizerState,
+    Activations,
+    Recompute,
+    InputGradient,
+    Images,
+    Labels,
+    Workspace,
+    BackwardTemporaries,
+    OptimizerTemporaries,
+}
+
+impl Part {
+    const COUNT: usize = 15;
+    const ALL: [Part; Part::COUNT] = [
+        Part::Context,
+        Part::Weights,
+        Part::Buffers,
+        Part::Gradients,
+        Part::AccumulatedGradients,
+        Part::AmpWeightCopies,
+        Part::OptimizerState,
+        Part::Activations,
+        Part::Recompute,
+        Part::InputGradient,
+        Part::Images,
+        Part::Labels,
+        Part::Workspace,
+        Part::BackwardTemporaries,
+        Part::OptimizerTemporaries,
+    ];
+
+    pub fn bill(self) -> BillKind {
+        match self {
+            Part::Weights
+            | Part::Buffers
+            | Part::Gradients
+            | Part::AccumulatedGradients
+            | Part::AmpWeightCopies => BillKind::Parameters,
+            Part::OptimizerState => BillKind::OptimizerState,
+            Part::Activations | Part::Recompute | Part::InputGradient => BillKind::Activations,
+            Part::Images | Part::Labels => BillKind::InputBatch,
+            Part::Context
+            | Part::Workspace
+            | Part::BackwardTemporaries
+            | Part::OptimizerTemporaries => BillKind::ContextAndWorkspace,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Part::Context => "CUDA context",
+            Part::Weights => "weights",
+            Part::Buffers => "batch-norm running statistics",
+            Part::Gradients => "gradients",
+            Part::AccumulatedGradients => "accumulated gradients",
+            Part::AmpWeightCopies => "half-precision weight copies",
+            Part::OptimizerState => "optimizer state",
+            Part::Activations => "activations",
+            Part::Recompute => "checkpointed segment graph",
+            Part::InputGradient => "input-batch gradient",
+            Part::Images => "images",
+            Part::Labels => "labels",
+            Part::Workspace => "conv workspace",
+            Part::BackwardTemporaries => "backward temporaries",
+            Part::OptimizerTemporaries => "optimizer temporaries",
+        }
+    }
+}
+
+/// Bytes per [`Part`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Parts([u64; Part::COUNT]);
+
+impl Parts {
+    pub fn get(&self, part: Part) -> u64 {
+        self.0[part as usize]
+    }
+
+    pub fn set(&mut self, part: Part, bytes: u64) {
+        self.0[part as usize] = bytes;
+    }
+
+    pub fn add(&mut self, part: Part, bytes: u64) {
+        self.0[part as usize] += bytes;
+    }
+
+    pub fn remove(&mut self, part: Part, bytes: u64) {
+        self.0[part as usize] = self.0[part as usize].saturating_sub(bytes);
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    pub fn plus(&self, other: &Parts) -> Parts {
+        let mut sum = *self;
+        for (a, b) in sum.0.iter_mut().zip(other.0) {
+            *a += b;
+        }
+        sum
+    }
+
+    pub fn lines(&self) -> Vec<PeakLine> {
+        Part::ALL
+            .iter()
+            .filter(|&&p| self.get(p) > 0)
+            .map(|&p| PeakLine {
+                part: p,
+                bill: p.bill(),
+                label: p.label(),
+                bytes: self.get(p),
+            })
+            .collect()
+    }
+}
+
+/// One phase of the step: what stays resident after it and the most held during it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Phase {
+    pub name: String,
+    pub resident_bytes: u64,
+    pub peak_bytes: u64,
+}
+
+/// One part of memory at the peak; the lines of a [`Peak`] sum to its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PeakLine {
+    pub part: Part,
+    pub bill: BillKind,
+    pub label: &'static str,
+    pub bytes: u64,
+}
+
+/// The highest memory of the step, where it happens, and what it is made of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Peak {
+    pub bytes: u64,
+    pub phase: String,
+    pub breakdown: Vec<PeakLine>,
+}
+
+impl Peak {
+    /// The part of the peak that belongs to one bill.
+    pub fn bill(&self, kind: BillKind) -> u64 {
+        self.breakdown
+            .iter()
+            .filter(|l| l.bill == kind)
+            .map(|l| l.bytes)
+            .sum()
+    }
+}
+
+/// Records phases and keeps the highest.
+#[derive(Debug, Default)]
+pub(crate) struct Recorder {
+    pub phases: Vec<Phase>,
+    peak: Option<(u64, String, Parts)>,
+}
+
+impl Recorder {
+    /// Records a phase whose resident set after it is `resident` and which
+    /// briefly also holds `transient`.
+    pub fn phase(&mut self, name: impl Into<String>, resident: &Parts, transient: &Parts) {
+        self.phase_during(name, resident, resident.plus(transient));
+    }
+
+    /// Records a phase that holds `during` at its highest and `resident` after it.
+    pub fn phase_during(&mut self, name: impl Into<String>, resident: &Parts, during: Parts) {
+        let name = name.into();
+        let peak_bytes = during.total();
+        if self
+            .peak
+            .as_ref()
+            .is_none_or(|(bytes, _, _)| peak_bytes > *bytes)
+        {
+            self.peak = Some((peak_bytes, name.clone(), during));
+        }
+        self.phases.push(Phase {
+            name,
+            resident_bytes: resident.total(),
+            peak_bytes,
+        });
+    }
+
+    pub fn finish(self) -> (Vec<Phase>, Peak) {
+        let (bytes, phase, parts) = self.peak.unwrap_or_default();
+        (
+            self.phases,
+            Peak {
+                bytes,
+                phase,
+                breakdown: parts.lines(),
+            },
+        )
+    }
+}

@@ -1,0 +1,14 @@
+//! vramlab: GPU memory in image training, on Candle.
+//!
+//! Everything a notebook cell can call. This crate knows nothing of Jupyter:
+//! it renders to MIME bundles ([`render`]) that any front end can show.
+
+pub use candle_core as candle;
+pub use candle_nn;
+
+pub mod render;
+pub mod cli;
+pub mod gpus;
+pub mod ledger;
+pub mod models;
+pub mod oom;

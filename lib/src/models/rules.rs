@@ -1,0 +1,314 @@
+//! What one op costs in Candle 0.11.1, per sample.
+//!
+//! The saved-for-backward rule is Candle's, not PyTorch's: a tensor stays
+//! alive while anything references it, and every op recorded for autograd
+//! holds `Arc`s to its inputs until the loss (the root of the graph) is
+//! dropped. Backward frees nothing it saved. So in training *every tensor
+//! an op materialises* is kept, and each rule below lists those tensors for
+//! the stock candle-nn implementation of the op. Views (reshape of a
+//! contiguous tensor, transpose, narrow, broadcast) cost nothing.
+//!
+//! In inference there is no graph: an op's tensors die when the next op is
+//! done with them, so `eval_live` is the op's input plus what it materialises
+//! (an upper bound: some of its temporaries die earlier).
+
+use super::cost::Cost;
+use super::precision::{Precision, F32_BYTES};
+use super::shape::Shape;
+use super::spec::{Conv2d, Grouping, Op};
+
+/// Why a layer cannot take the shape that reaches it.
+pub(crate) type Rejection = String;
+
+/// The output shape and cost of a leaf op (anything but a block).
+pub(crate) fn leaf(
+    op: &Op,
+    input: Shape,
+    precision: Precision,
+) -> Result<(Shape, Cost), Rejection> {
+    let cb = precision.compute_bytes();
+    let in_bytes = input.elems() * cb;
+    let mut cost = Cost::default();
+    let output = match *op {
+        Op::Conv2d(conv) => return conv2d(conv, input, precision),
+        // candle-nn `BatchNorm::forward_train` materialises six full-size f32
+        // tensors: the transposed input flattened to (C, N*H*W) (a copy: the
+        // transpose is not contiguous), x - mean, its square (for the
+        // variance), the normalised x, x * weight and + bias. Under mixed
+        // precision it must be fed f32 (it rejects half inputs), so the trainer
+        // adds a cast up before it and a cast back to half after it.
+        Op::BatchNorm2d => {
+            let (c, e) = (map(input, "batch-norm")?.0, input.elems());
+            cost.param_tensor(c as u64);
+            cost.param_tensor(c as u64);
+            cost.buffers = 2 * c as u64;
+            let mut eval_temps = 4 * e * F32_BYTES;
+            if precision.is_mixed() {
+                cost.keep(e * F32_BYTES);
+                cost.keep(e * cb);
+                eval_temps += e * F32_BYTES + e * cb;
+            }
+            for _ in 0..6 {
+                cost.keep(e * F32_BYTES);
+            }
+            // forward_eval: x - mean, / std, * weight, + bias.
+            cost.eval_live_bytes = in_bytes + eval_temps;
+            input
+        }
+        // Unary ops keep their input (the previous op's output, already
+        // counted) and their output is kept by whatever consumes it.
+        Op::Relu | Op::Silu => {
+            cost.keep(in_bytes);
+            cost.eval_live_bytes = 2 * in_bytes;
+            input
+        }
+        // Candle's max_pool2d has no padding: a padded copy is pooled, and both
+        // the padded copy and the output are kept.
+        Op::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        } => {
+            let (c, h, w) = map(input, "max-pool")?;
+            let (oh, ow) = (
+                out_size(h, kernel, stride, padding)?,
+                out_size(w, kernel, stride, padding)?,
+            );
+            let padded = if padding > 0 {
+                (c * (h + 2 * padding) * (w + 2 * padding)) as u64 * cb
+            } else {
+                0
+            };
+            let out = Shape::map(c, oh, ow);
+            cost.keep(padded);
+            cost.keep(out.elems() * cb);
+            cost.eval_live_bytes = in_bytes + padded + out.elems() * cb;
+            out
+        }
+        // A sum over H and W and a scale: two tiny tensors.
+        Op::GlobalAvgPool => {
+            let (c, _, _) = map(input, "global average pool")?;
+            cost.keep(2 * c as u64 * cb);
+            cost.eval_live_bytes = in_bytes + 2 * c as u64 * cb;
+            Shape::map(c, 1, 1)
+        }
+        // A reshape of a contiguous tensor is a view.
+        Op::Flatten => {
+            cost.eval_live_bytes = in_bytes;
+            Shape::Flat {
+                features: input.elems() as usize,
+            }
+        }
+        // candle-nn `ops::dropout`: a scaled mask and the product.
+        Op::Dropout { .. } => {
+            cost.keep(in_bytes);
+            cost.keep(in_bytes);
+            cost.eval_live_bytes = in_bytes;
+            input
+        }
+        // candle-nn `Linear`: matmul (keeps input and weight), then
+        // broadcast_add of the bias: two outputs of `out_features`.
+        Op::Linear { out_features, bias } => {
+            let Shape::Flat { features } = input else {
+                return Err(format!(
+                    "a linear layer needs a flat input, got a {input} map (flatten first)"
+                ));
+            };
+            let weights = (features * out_features) as u64;
+            cost.param_tensor(weights);
+            if bias {
+                cost.param_tensor(out_features as u64);
+            }
+            cost.amp_copy_params = cost.params;
+            cost.macs = weights;
+            let out = out_features as u64 * cb;
+            cost.keep(out);
+            if bias {
+                cost.keep(out);
+            }
+            cost.eval_live_bytes = in_bytes + cost.saved_bytes;
+            Shape::Flat {
+                features: out_features,
+            }
+        }
+        // Pool (2 tiny), 1x1 conv + bias add (2 x squeeze), SiLU, 1x1 conv +
+        // bias add (2 x C), sigmoid (C), then x * gate: one full-size tensor.
+        Op::SqueezeExcite {
+            squeeze_channels: sq,
+        } => {
+            let (c, _, _) = map(input, "squeeze-excite")?;
+            let (c64, sq64) = (c as u64, sq as u64);
+            for tensor in [c64 * sq64, sq64, sq64 * c64, c64] {
+                cost.param_tensor(tensor);
+            }
+            cost.amp_copy_params = cost.params;
+            cost.macs = 2 * c64 * sq64;
+            for small in [2 * c64, 2 * sq64, sq64, 2 * c64, c64] {
+                cost.keep(small * cb);
+            }
+            cost.keep(in_bytes);
+            cost.workspace_bytes = (c64 + sq64) * cb;
+            cost.eval_live_bytes = in_bytes + cost.saved_bytes;
+            input
+        }
+        Op::Block(_) => return Err("a block is not a leaf op".to_owned()),
+    };
+    Ok((output, cost))
+}
+
+/// Candle's conv2d (CUDA without cuDNN, and the rule we use for every device):
+/// im2col writes a `(N*Hout*Wout, Cin*k*k)` column matrix, a gemm writes the
+/// result in NHWC, and a strided copy makes it NCHW; the columns and the NHWC
+/// result are freed on return (workspace), the NCHW output is kept. The
+/// autograd op keeps input and kernel. A bias adds a broadcast_add output.
+/// Grouped convs are run as `groups` single-group convs whose outputs are
+/// concatenated: `cat` keeps its parts, so a depthwise conv keeps its output
+/// twice (parts + concatenation).
+fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Cost), Rejection> {
+    let cb = precision.compute_bytes();
+    let (c, h, w) = map(input, "conv2d")?;
+    let k = conv.kernel;
+    let (oh, ow) = (
+        out_size(h, k, conv.stride, conv.padding)?,
+        out_size(w, k, conv.stride, conv.padding)?,
+    );
+    let cin_per_group = match conv.grouping {
+        Grouping::Dense => c,
+        Grouping::Depthwise if conv.out_channels == c => 1,
+        Grouping::Depthwise => {
+            return Err(format!(
+                "a depthwise conv keeps its {c} channels, but the spec asks for {}",
+                conv.out_channels
+            ))
+        }
+    };
+    let out = Shape::map(conv.out_channels, oh, ow);
+    let (e, spatial) = (out.elems(), (oh * ow) as u64);
+    let weights = (conv.out_channels * cin_per_group * k * k) as u64;
+    let mut cost = Cost {
+        macs: e * (cin_per_group * k * k) as u64,
+        ..Cost::default()
+    };
+    cost.param_tensor(weights);
+    if conv.bias {
+        cost.param_tensor(conv.out_channels as u64);
+    }
+    cost.amp_copy_params = cost.params;
+    cost.keep(e * cb);
+    match conv.grouping {
+        Grouping::Dense => {
+            cost.workspace_bytes = (spatial * (cin_per_group * k * k) as u64 + e) * cb
+        }
+        Grouping::Depthwise => {
+            cost.keep(e * cb);
+            cost.workspace_bytes = (spatial * (k * k) as u64 + spatial) * cb;
+        }
+    }
+    if conv.bias {
+        cost.keep(e * cb);
+    }
+    cost.eval_live_bytes = input.elems() * cb + cost.saved_bytes + cost.workspace_bytes;
+    Ok((out, cost))
+}
+
+/// Mixed precision casts the f32 batch to half once, at the model's entry.
+pub(crate) fn input_cast(input: Shape, precision: Precision) -> Cost {
+    let mut cost = Cost::default();
+    cost.keep(input.elems() * precision.compute_bytes());
+    cost.eval_live_bytes = input.elems() * (F32_BYTES + precision.compute_bytes());
+    cost
+}
+
+/// candle-nn `cross_entropy` = log_softmax + nll, in f32: max (tiny), x - max,
+/// exp, sum (tiny), log (tiny), x - log-sum: three full `classes` tensors,
+/// plus an f32 copy of half logits under mixed precision.
+pub(crate) fn cross_entropy(classes: usize, precision: Precision) -> Cost {
+    let mut cost = Cost::default();
+    let logits = classes as u64 * F32_BYTES;
+    if precision.is_mixed() {
+        cost.keep(logits);
+    }
+    for _ in 0..3 {
+        cost.keep(logits);
+    }
+    cost
+}
+
+fn map(input: Shape, what: &str) -> Result<(usize, usize, usize), Rejection> {
+    match input {
+        Shape::Map { c, h, w } => Ok((c, h, w)),
+        Shape::Flat { .. } => Err(format!(
+            "{what} needs a C x H x W map, got a flat vector of {input}"
+        )),
+    }
+}
+
+fn out_size(size: usize, kernel: usize, stride: usize, padding: usize) -> Result<usize, Rejection> {
+    let padded = size + 2 * padding;
+    if padded < kernel || stride == 0 {
+        return Err(format!("a {kernel}x{kernel} window (stride {stride}, padding {padding}) does not fit in {size} pixels"));
+    }
+    Ok((padded - kernel) / stride + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conv_output_and_params_follow_the_usual_formulas() {
+        let (out, cost) = conv2d(
+            Conv2d::new(64, 7, 2, 3),
+            Shape::map(3, 224, 224),
+            Precision::F32,
+        )
+        .unwrap();
+        assert_eq!(out, Shape::map(64, 112, 112));
+        assert_eq!(cost.params, 64 * 3 * 7 * 7);
+        assert_eq!(cost.saved_bytes, 112 * 112 * 64 * 4);
+        assert_eq!(cost.macs, 112 * 112 * 64 * 3 * 49);
+        assert_eq!(
+            cost.workspace_bytes,
+            (112 * 112 * 3 * 49 + 112 * 112 * 64) * 4
+        );
+    }
+
+    #[test]
+    fn depthwise_conv_keeps_its_output_twice() {
+        let (out, cost) = conv2d(
+            Conv2d::depthwise(32, 3, 1),
+            Shape::map(32, 10, 10),
+            Precision::F32,
+        )
+        .unwrap();
+        assert_eq!(out, Shape::map(32, 10, 10));
+        assert_eq!(cost.params, 32 * 9);
+        assert_eq!(cost.saved_bytes, 2 * 3200 * 4);
+    }
+
+    #[test]
+    fn batch_norm_keeps_six_f32_copies_and_two_casts_under_amp() {
+        let input = Shape::map(8, 4, 4);
+        let (_, f32_cost) = leaf(&Op::BatchNorm2d, input, Precision::F32).unwrap();
+        assert_eq!(f32_cost.saved_bytes, 6 * 128 * 4);
+        let (_, amp) = leaf(&Op::BatchNorm2d, input, Precision::F16Amp).unwrap();
+        assert_eq!(amp.saved_bytes, 7 * 128 * 4 + 128 * 2);
+        assert_eq!((amp.params, amp.buffers), (16, 16));
+    }
+
+    #[test]
+    fn too_small_inputs_and_wrong_ranks_are_rejected() {
+        let err = conv2d(Conv2d::new(8, 3, 1, 0), Shape::map(3, 2, 2), Precision::F32).unwrap_err();
+        assert!(err.contains("does not fit in 2 pixels"), "{err}");
+        let err = leaf(
+            &Op::Linear {
+                out_features: 10,
+                bias: true,
+            },
+            Shape::map(4, 2, 2),
+            Precision::F32,
+        )
+        .unwrap_err();
+        assert!(err.contains("flatten first"), "{err}");
+    }
+}

@@ -1,0 +1,114 @@
+//! A torchinfo-like view of a model's costs for one batch.
+
+use serde::Serialize;
+
+use crate::ledger::units::{grouped, human, si};
+use crate::render::{Bundle, Render, Table};
+
+use super::analysis::{analyze, ModelCost};
+use super::precision::{Precision, F32_BYTES};
+use super::shape::Shape;
+use super::spec::ModelSpec;
+use super::ModelError;
+
+/// Per-layer costs of a model for a batch, in training or inference.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    pub batch: usize,
+    pub training: bool,
+    pub cost: ModelCost,
+}
+
+impl Summary {
+    pub fn new(
+        spec: &ModelSpec,
+        batch: usize,
+        input: Shape,
+        precision: Precision,
+        training: bool,
+    ) -> Result<Summary, ModelError> {
+        if batch == 0 {
+            return Err(ModelError::EmptyInput {
+                model: spec.name.clone(),
+                input,
+            });
+        }
+        Ok(Summary {
+            batch,
+            training,
+            cost: analyze(spec, input, precision)?,
+        })
+    }
+
+    /// Rows down to `depth` (1: stages, 2: blocks, 3: every layer); deeper
+    /// layers are folded into the row above them.
+    pub fn table(&self, depth: usize) -> Table {
+        let b = self.batch as u64;
+        let total = &self.cost.total;
+        let memory_column = if self.training {
+            "saved for backward"
+        } else {
+            "live in inference"
+        };
+        let mut table = Table::new([
+            "layer",
+            "type",
+            "output shape",
+            "params",
+            memory_column,
+            "MACs",
+        ])
+        .title(format!(
+            "{} | input {} x {} | {}",
+            self.cost.model, self.batch, self.cost.input, self.cost.precision
+        ))
+        .right_align(&[3, 4, 5]);
+        for row in self.cost.rows.iter().filter(|r| r.depth <= depth.max(1)) {
+            if !self.training && row.kind == "CrossEntropyLoss" {
+                continue;
+            }
+            let memory = if self.training {
+                row.cost.saved_bytes
+            } else {
+                row.cost.eval_live_bytes
+            };
+            table.push_row([
+                format!("{}{}", "  ".repeat(row.depth - 1), row.path),
+                row.kind.to_owned(),
+                format!("{}x{}", self.batch, row.output),
+                grouped(row.cost.params),
+                grouped(b * memory),
+                si(b * row.cost.macs),
+            ]);
+        }
+        let memory_total = if self.training {
+            total.saved_bytes
+        } else {
+            total.eval_live_bytes
+        };
+        table
+            .footer(["total".to_owned(), String::new(), String::new(), grouped(total.params), grouped(b * memory_total), si(b * total.macs)])
+            .note(format!(
+                "Parameters {} ({} in f32); batch-norm buffers {} ({}).",
+                grouped(total.params),
+                human(total.params * F32_BYTES),
+                grouped(total.buffers),
+                human(total.buffers * F32_BYTES)
+            ))
+            .note(if self.training {
+                format!(
+                    "Saved for backward: {}, what Candle's autograd keeps alive until the loss is dropped (every tensor the forward makes; batch-norm alone keeps six f32 copies of its input).",
+                    human(b * total.saved_bytes)
+                )
+            } else {
+                format!("Inference keeps no graph: the column is each layer's input, output and temporaries, alive one layer at a time; the largest is {}.", human(b * total.eval_live_bytes))
+            })
+            .note(format!("Largest conv workspace (im2col columns + gemm output): {}.", human(b * total.workspace_bytes)))
+    }
+}
+
+impl Render for Summary {
+    fn bundle(&self) -> Bundle {
+        self.table(3).bundle()
+    }
+}

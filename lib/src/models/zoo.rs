@@ -1,0 +1,94 @@
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use super::{efficientnet, resnet, small_cnn, ModelError, ModelSpec};
+
+/// The models of the zoo, by the names the magics and the CLI accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelName {
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    EfficientnetB0,
+    SmallCnn,
+}
+
+impl ModelName {
+    pub const ALL: [ModelName; 5] = [
+        ModelName::Resnet18,
+        ModelName::Resnet34,
+        ModelName::Resnet50,
+        ModelName::EfficientnetB0,
+        ModelName::SmallCnn,
+    ];
+
+    /// The canonical spelling (`resnet50`, `efficientnet-b0`, `small-cnn`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelName::Resnet18 => "resnet18",
+            ModelName::Resnet34 => "resnet34",
+            ModelName::Resnet50 => "resnet50",
+            ModelName::EfficientnetB0 => "efficientnet-b0",
+            ModelName::SmallCnn => "small-cnn",
+        }
+    }
+
+    /// The layer list for `num_classes` outputs.
+    pub fn spec(self, num_classes: usize) -> ModelSpec {
+        match self {
+            ModelName::Resnet18 => resnet::resnet18(num_classes),
+            ModelName::Resnet34 => resnet::resnet34(num_classes),
+            ModelName::Resnet50 => resnet::resnet50(num_classes),
+            ModelName::EfficientnetB0 => efficientnet::efficientnet_b0(num_classes),
+            ModelName::SmallCnn => small_cnn::small_cnn(num_classes),
+        }
+    }
+
+    /// Valid names, comma-separated, for error messages.
+    pub fn valid_names() -> String {
+        ModelName::ALL
+            .iter()
+            .map(|m| m.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl FromStr for ModelName {
+    type Err = ModelError;
+
+    /// Accepts any case and `-`/`_` or nothing between words (`EfficientNet_B0`, `smallcnn`).
+    fn from_str(text: &str) -> Result<Self, ModelError> {
+        let key: String = text
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        ModelName::ALL
+            .into_iter()
+            .find(|m| m.as_str().replace('-', "") == key)
+            .ok_or_else(|| ModelError::UnknownModel {
+                name: text.to_owned(),
+                valid: ModelName::valid_names(),
+            })
+    }
+}
+
+impl fmt::Display for ModelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A zoo model by name, for `num_classes` outputs.
+pub fn model(name: &str, num_classes: usize) -> Result<ModelSpec, ModelError> {
+    if num_classes == 0 {
+        return Err(ModelError::NoClasses {
+            model: name.to_owned(),
+        });
+    }
+    Ok(name.parse::<ModelName>()?.spec(num_classes))
+}

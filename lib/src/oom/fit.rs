@@ -1,0 +1,110 @@
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::gpus::Device;
+use crate::ledger::units::{human, percent};
+use crate::ledger::{estimate, Ledger, LedgerError, Mode, StepConfig};
+use crate::models::ModelSpec;
+
+use super::fixes::{search, Fix};
+
+/// Below this share of the card left free, a fit is called tight: the
+/// allocator's fragmentation and a few stray tensors can eat it.
+pub const COMFORT: f64 = 0.10;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Fits,
+    /// Fits with less than 10% of the card to spare.
+    Tight,
+    DoesNotFit,
+}
+
+/// A ledger checked against its device, with fixes when it doesn't fit comfortably.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitReport {
+    pub ledger: Ledger,
+    pub verdict: Verdict,
+    /// Usable memory minus the peak; negative when it doesn't fit.
+    pub headroom_bytes: i64,
+    /// What fixes aim under: the usable memory less 10%.
+    pub target_bytes: u64,
+    /// Ranked, cheapest first; empty when it fits comfortably.
+    pub fixes: Vec<Fix>,
+}
+
+/// The most a comfortable configuration may peak at on `device`.
+pub fn target_bytes(device: &Device) -> u64 {
+    (device.usable_bytes as f64 * (1.0 - COMFORT)) as u64
+}
+
+pub fn verdict(peak: u64, device: &Device) -> Verdict {
+    if peak <= target_bytes(device) {
+        Verdict::Fits
+    } else if peak <= device.usable_bytes {
+        Verdict::Tight
+    } else {
+        Verdict::DoesNotFit
+    }
+}
+
+/// Estimates `config` on `device`, judges the fit and, unless it fits
+/// comfortably, searches for ranked fixes.
+pub fn check(
+    spec: &ModelSpec,
+    config: &StepConfig,
+    device: &Device,
+) -> Result<FitReport, LedgerError> {
+    let ledger = estimate(spec, config, device)?;
+    let verdict = verdict(ledger.peak.bytes, device);
+    let fixes = if verdict == Verdict::Fits || config.mode == Mode::Inference {
+        Vec::new()
+    } else {
+        search(spec, config, device)
+    };
+    Ok(FitReport {
+        headroom_bytes: device.usable_bytes as i64 - ledger.peak.bytes as i64,
+        target_bytes: target_bytes(device),
+        ledger,
+        verdict,
+        fixes,
+    })
+}
+
+impl FitReport {
+    /// One sentence: the verdict, the peak, the card, the margin.
+    pub fn verdict_line(&self) -> String {
+        let peak = self.ledger.peak.bytes;
+        let device = &self.ledger.device;
+        let margin = self.headroom_bytes.unsigned_abs();
+        match self.verdict {
+            Verdict::Fits => format!(
+                "FITS: peak {} on {} leaves {} ({}) free.",
+                human(peak),
+                device,
+                human(margin),
+                percent(margin, device.usable_bytes)
+            ),
+            Verdict::Tight => format!(
+                "FITS, BUT TIGHT: peak {} on {} leaves only {} ({}) free; fragmentation can take that.",
+                human(peak),
+                device,
+                human(margin),
+                percent(margin, device.usable_bytes)
+            ),
+            Verdict::DoesNotFit => format!("DOES NOT FIT: peak {} on {} is {} over.", human(peak), device, human(margin)),
+        }
+    }
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Verdict::Fits => "fits",
+            Verdict::Tight => "fits, but tight",
+            Verdict::DoesNotFit => "does not fit",
+        })
+    }
+}
