@@ -1,0 +1,14 @@
+//! Records the Rust toolchain version (kernel_info's language_info) and the
+//! target triple (where the cell process finds the standard library).
+fn main() {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let version = std::process::Command::new(rustc)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| v.split_whitespace().nth(1).map(str::to_owned))
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=VRAMLAB_RUSTC_VERSION={version}");
+    println!("cargo:rustc-env=VRAMLAB_TARGET={}", std::env::var("TARGET").unwrap_or_default());
+}

@@ -1,0 +1,87 @@
+//! What the server needs from whatever runs cells: the evcxr engine in the
+//! kernel, a scripted one in the server's own tests.
+
+use std::sync::Arc;
+
+use jupyter_protocol::{JupyterMessage, Stdio};
+use tokio::sync::oneshot;
+use vramlab::render::{Bundle, DisplayFrame};
+
+use crate::display;
+use crate::iopub::Iopub;
+
+/// Where a running cell's output goes: iopub, as children of its request.
+#[derive(Clone)]
+pub struct Output {
+    iopub: Iopub,
+    parent: JupyterMessage,
+}
+
+impl Output {
+    pub fn new(iopub: Iopub, parent: JupyterMessage) -> Self {
+        Output { iopub, parent }
+    }
+
+    pub fn stream(&self, name: Stdio, text: String) {
+        self.send(display::stream(name, text, &self.parent));
+    }
+
+    pub fn frame(&self, frame: DisplayFrame) {
+        self.send(display::frame(frame, &self.parent));
+    }
+
+    pub fn display(&self, bundle: &Bundle) {
+        self.send(display::display_data(bundle, None, &self.parent));
+    }
+
+    fn send(&self, message: JupyterMessage) {
+        self.iopub.send(message);
+    }
+}
+
+/// Asks the front end for a line of input (prompt, is_password); `None` when
+/// the front end cannot answer or the cell was interrupted.
+pub type InputFn = Arc<dyn Fn(&str, bool) -> Option<String> + Send + Sync>;
+
+pub struct ExecuteJob {
+    pub code: String,
+    pub output: Output,
+    pub input: Option<InputFn>,
+}
+
+/// A cell's error as Jupyter shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CellError {
+    pub ename: String,
+    pub evalue: String,
+    pub traceback: Vec<String>,
+}
+
+impl CellError {
+    pub fn new(ename: &str, evalue: impl Into<String>, traceback: Vec<String>) -> Self {
+        CellError { ename: ename.to_owned(), evalue: evalue.into(), traceback }
+    }
+}
+
+/// The result of one piece of Rust code: its final value, if it has one.
+pub type Outcome = Result<Option<Bundle>, CellError>;
+
+/// Completion candidates, with the byte range of the code they replace.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Completion {
+    pub matches: Vec<String>,
+    /// The kind of each match (function, struct, ...), in the same order.
+    pub kinds: Vec<String>,
+    pub start: usize,
+    pub end: usize,
+}
+
+pub trait Engine: Send + Sync + 'static {
+    fn execute(&self, job: ExecuteJob) -> oneshot::Receiver<Outcome>;
+    /// `cursor` is a byte offset into `code`.
+    fn complete(&self, code: String, cursor: usize) -> oneshot::Receiver<Result<Completion, String>>;
+    /// Documentation for the expression at `cursor` (a byte offset), if any.
+    fn inspect(&self, code: String, cursor: usize) -> oneshot::Receiver<Result<Option<Bundle>, String>>;
+    /// Stops the running cell. Returns false when no cell was running.
+    fn interrupt(&self) -> bool;
+}

@@ -1,0 +1,86 @@
+//! The kernel's `%` magics. Each runs natively in the kernel process and
+//! answers with a MIME bundle; bad arguments are a short usage error.
+
+mod doc;
+mod help;
+mod lsmagic;
+
+use vramlab::render::Bundle;
+
+use crate::engine::CellError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Line,
+}
+
+/// What a magic asks for: a bundle it made itself, or documentation that
+/// only the engine (rust-analyzer) can look up, shown in the pager.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Invocation {
+    Show(Bundle),
+    PageDocs(String),
+}
+
+pub struct Magic {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub summary: &'static str,
+    pub usage: &'static str,
+    run: fn(&[String]) -> Result<Invocation, String>,
+}
+
+pub const MAGICS: &[Magic] = &[lsmagic::MAGIC, help::MAGIC, doc::MAGIC];
+
+pub fn find(name: &str) -> Result<&'static Magic, CellError> {
+    MAGICS.iter().find(|m| m.name == name).ok_or_else(|| unknown(name))
+}
+
+/// Runs a line magic.
+pub fn run(name: &str, args: &[String]) -> Result<Invocation, CellError> {
+    let magic = find(name)?;
+    (magic.run)(args).map_err(|message| usage_error(magic, &message))
+}
+
+/// A `%%` cell magic; none of the current magics takes a cell body.
+pub fn run_cell(name: &str) -> Result<Invocation, CellError> {
+    let magic = find(name)?;
+    Err(usage_error(magic, &format!("%{name} is a line magic; write it as `%{name} ...`, not `%%{name}`")))
+}
+
+pub fn usage_error(magic: &Magic, message: &str) -> CellError {
+    CellError::new("UsageError", message, vec![format!("\x1b[1;31mUsageError\x1b[0m: {message}"), format!("usage: {}", magic.usage)])
+}
+
+fn unknown(name: &str) -> CellError {
+    let closest = MAGICS
+        .iter()
+        .map(|m| (strsim::levenshtein(name, m.name), m.name))
+        .filter(|(d, _)| *d <= (name.len() / 3).max(1))
+        .min()
+        .map(|(_, n)| format!(" (did you mean %{n}?)"))
+        .unwrap_or_default();
+    let message = format!("unknown magic %{name}{closest}; %lsmagic lists the magics");
+    CellError::new("UsageError", message.clone(), vec![format!("\x1b[1;31mUsageError\x1b[0m: {message}")])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_magics_suggest_the_closest() {
+        let err = run("lsmagik", &[]).unwrap_err();
+        assert_eq!(err.ename, "UsageError");
+        assert_eq!(err.evalue, "unknown magic %lsmagik (did you mean %lsmagic?); %lsmagic lists the magics");
+        assert_eq!(run("zzzzzzzz", &[]).unwrap_err().evalue, "unknown magic %zzzzzzzz; %lsmagic lists the magics");
+    }
+
+    #[test]
+    fn every_magic_has_help() {
+        for magic in MAGICS {
+            assert!(magic.usage.starts_with(&format!("%{}", magic.name)), "{}", magic.name);
+            assert!(!magic.summary.is_empty());
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! `vramlab-kernel`: a Jupyter kernel for Rust cells, with memory magics.
+
+mod cell;
+mod connection;
+mod display;
+mod engine;
+mod evcxr_engine;
+mod history;
+mod install;
+mod iopub;
+mod is_complete;
+mod magic;
+mod server;
+#[cfg(test)]
+mod server_tests;
+mod slot;
+mod wire;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "vramlab-kernel", version, about = "A Jupyter kernel for Rust cells (evcxr) with GPU-memory magics")]
+struct Cli {
+    /// The connection file Jupyter writes for the kernel.
+    #[arg(long, value_name = "FILE")]
+    connection_file: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install the kernelspec `vramlab` ("Rust (vramlab)") where Jupyter finds it.
+    Install(install::InstallArgs),
+}
+
+fn main() -> ExitCode {
+    // The cell process is this same binary started again by evcxr; in that
+    // role it never returns from here.
+    evcxr::runtime_hook();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+        .format_target(false)
+        .init();
+    let cli = Cli::parse();
+    let result = match (cli.command, cli.connection_file) {
+        (Some(Command::Install(args)), _) => install::install(&args),
+        (None, Some(file)) => run_kernel(&file),
+        (None, None) => Err(anyhow::anyhow!(
+            "nothing to do: pass --connection-file FILE (as Jupyter does) or `install`; see --help"
+        )),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("vramlab-kernel: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_kernel(connection_file: &std::path::Path) -> anyhow::Result<()> {
+    let info = connection::read(connection_file)?;
+    // Set before any thread starts: the cell process inherits it and
+    // `vramlab::render` then sends live displays to us instead of printing text.
+    std::env::set_var("VRAMLAB_KERNEL", "1");
+    ensure_cargo_on_path();
+    let engine = evcxr_engine::EvcxrEngine::start()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(server::serve(info, std::sync::Arc::new(engine)))?;
+    // The engine thread may be inside a long compile; nothing of it needs to outlive us.
+    std::process::exit(0)
+}
+
+/// Front ends started from a desktop menu often lack `~/.cargo/bin` on PATH;
+/// evcxr needs cargo and rustc to compile cells.
+fn ensure_cargo_on_path() {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if std::env::split_paths(&path).any(|dir| dir.join("cargo").is_file()) {
+        return;
+    }
+    let cargo_home = std::env::var_os("CARGO_HOME").map(PathBuf::from).or_else(|| dirs::home_dir().map(|h| h.join(".cargo")));
+    if let Some(bin) = cargo_home.map(|home| home.join("bin")).filter(|bin| bin.join("cargo").is_file()) {
+        let paths = std::iter::once(bin).chain(std::env::split_paths(&path));
+        if let Ok(joined) = std::env::join_paths(paths) {
+            std::env::set_var("PATH", joined);
+        }
+    }
+}

@@ -1,0 +1,521 @@
+//! The Jupyter side of the kernel: sockets, signatures, one task per
+//! channel, busy/idle, execution counts and replies. Cells are run by an
+//! [`Engine`]; this module only keeps the protocol's books.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use jupyter_protocol::{
+    CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ExecuteInput, ExecuteReply, ExecuteRequest,
+    ExecutionCount, ExecutionState, HelpLink, HistoryReply, InputRequest, InspectReply, InterruptReply,
+    IsCompleteReply, JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, Payload, ReplyError,
+    ReplyStatus, ShutdownReply, Status,
+};
+use jupyter_zmq_client::{
+    create_kernel_control_connection, create_kernel_heartbeat_connection, create_kernel_iopub_xpub_connection,
+    create_kernel_shell_connection, create_kernel_stdin_connection, RouterRecvConnection, RouterSendConnection,
+};
+use tokio::sync::{mpsc, Notify};
+use vramlab::render::Bundle;
+use zeromq::{SocketRecv, SocketSend};
+
+use crate::cell::{self, Segment};
+use crate::display;
+use crate::engine::{CellError, Engine, ExecuteJob, InputFn, Output};
+use crate::history::History;
+use crate::iopub::Iopub;
+use crate::is_complete;
+use crate::magic::{self, Invocation};
+use crate::wire;
+
+pub const PROTOCOL_VERSION: &str = "5.3";
+
+/// Serves the kernel until a shutdown request.
+pub async fn serve(info: ConnectionInfo, engine: Arc<dyn Engine>) -> anyhow::Result<()> {
+    let session = uuid::Uuid::new_v4().to_string();
+    let sockets = Sockets::bind(&info, &session).await?;
+    let iopub = Iopub::start(sockets.iopub);
+    let (input_tx, input_rx) = mpsc::unbounded_channel();
+    let kernel = Arc::new(Kernel {
+        engine,
+        iopub,
+        inputs: input_tx,
+        input_cancelled: Arc::new(Notify::new()),
+        cancel_input: Arc::new(AtomicBool::new(false)),
+        execution_count: Mutex::new(0),
+        history: Mutex::new(History::default()),
+        shutdown: Notify::new(),
+    });
+    tokio::spawn(heartbeat(sockets.heartbeat));
+    tokio::spawn(stdin_loop(sockets.stdin, input_rx, Arc::clone(&kernel.input_cancelled)));
+    let (shell_send, shell_recv) = sockets.shell.split();
+    let (control_send, control_recv) = sockets.control.split();
+    tokio::spawn(shell_loop(Arc::clone(&kernel), shell_recv, shell_send));
+    tokio::spawn(control_loop(Arc::clone(&kernel), control_recv, control_send));
+    tokio::spawn(interrupt_on_sigint(Arc::clone(&kernel)));
+    kernel.iopub.send(Status { execution_state: ExecutionState::Starting }.into());
+    kernel.shutdown.notified().await;
+    kernel.iopub.flush().await;
+    Ok(())
+}
+
+struct Sockets {
+    shell: jupyter_zmq_client::KernelShellConnection,
+    control: jupyter_zmq_client::KernelControlConnection,
+    stdin: jupyter_zmq_client::KernelStdinConnection,
+    iopub: jupyter_zmq_client::KernelIoPubXPubConnection,
+    heartbeat: jupyter_zmq_client::KernelHeartbeatConnection,
+}
+
+impl Sockets {
+    async fn bind(info: &ConnectionInfo, session: &str) -> anyhow::Result<Sockets> {
+        let at = |name: &str, port: u16| format!("cannot listen on the {name} port {}:{port} (is it in use?)", info.ip);
+        Ok(Sockets {
+            shell: create_kernel_shell_connection(info, session).await.with_context(|| at("shell", info.shell_port))?,
+            control: create_kernel_control_connection(info, session)
+                .await
+                .with_context(|| at("control", info.control_port))?,
+            stdin: create_kernel_stdin_connection(info, session).await.with_context(|| at("stdin", info.stdin_port))?,
+            iopub: create_kernel_iopub_xpub_connection(info, session)
+                .await
+                .with_context(|| at("iopub", info.iopub_port))?,
+            heartbeat: create_kernel_heartbeat_connection(info)
+                .await
+                .with_context(|| at("heartbeat", info.hb_port))?,
+        })
+    }
+}
+
+struct Kernel {
+    engine: Arc<dyn Engine>,
+    iopub: Iopub,
+    inputs: mpsc::UnboundedSender<InputAsk>,
+    input_cancelled: Arc<Notify>,
+    cancel_input: Arc<AtomicBool>,
+    execution_count: Mutex<usize>,
+    history: Mutex<History>,
+    shutdown: Notify,
+}
+
+/// What the shell loop should do after a request.
+#[derive(PartialEq)]
+enum After {
+    Continue,
+    /// A cell failed with stop_on_error: abort the execute requests already queued.
+    AbortQueued,
+}
+
+async fn read(socket: &mut RouterRecvConnection, channel: &str) -> Option<JupyterMessage> {
+    loop {
+        let frames = match socket.socket.recv().await {
+            Ok(frames) => frames,
+            Err(err) => {
+                log::warn!("{channel}: receive failed: {err}");
+                return None;
+            }
+        };
+        match wire::decode(frames, &socket.mac) {
+            Ok(message) => return Some(message),
+            Err(err) => log::warn!("{channel}: dropped a message: {err}"),
+        }
+    }
+}
+
+async fn reply(socket: &mut RouterSendConnection, channel: &str, message: JupyterMessage) {
+    if let Err(err) = socket.send(message).await {
+        log::warn!("{channel}: could not send a reply: {err}");
+    }
+}
+
+async fn shell_loop(kernel: Arc<Kernel>, mut recv: RouterRecvConnection, mut send: RouterSendConnection) {
+    while let Some(request) = read(&mut recv, "shell").await {
+        if kernel.handle_shell(request, &mut send).await == After::AbortQueued {
+            kernel.abort_queued(&mut recv, &mut send).await;
+        }
+    }
+}
+
+async fn control_loop(kernel: Arc<Kernel>, mut recv: RouterRecvConnection, mut send: RouterSendConnection) {
+    while let Some(request) = read(&mut recv, "control").await {
+        kernel.status(&request, ExecutionState::Busy);
+        let answer = match &request.content {
+            JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(&request)),
+            JupyterMessageContent::InterruptRequest(_) => {
+                kernel.interrupt();
+                Some(InterruptReply { status: ReplyStatus::Ok, error: None }.as_child_of(&request))
+            }
+            JupyterMessageContent::ShutdownRequest(shutdown) => {
+                kernel.interrupt();
+                let answer = ShutdownReply { restart: shutdown.restart, status: ReplyStatus::Ok, error: None };
+                reply(&mut send, "control", answer.as_child_of(&request)).await;
+                kernel.status(&request, ExecutionState::Idle);
+                kernel.shutdown.notify_one();
+                return;
+            }
+            other => {
+                log::warn!("control: `{}` is not handled here; ignored", other.message_type());
+                None
+            }
+        };
+        if let Some(answer) = answer {
+            reply(&mut send, "control", answer).await;
+        }
+        kernel.status(&request, ExecutionState::Idle);
+    }
+}
+
+async fn interrupt_on_sigint(kernel: Arc<Kernel>) {
+    // Front ends that interrupt by signal reach the same path as interrupt_request.
+    while tokio::signal::ctrl_c().await.is_ok() {
+        kernel.interrupt();
+    }
+}
+
+async fn heartbeat(mut socket: jupyter_zmq_client::KernelHeartbeatConnection) {
+    loop {
+        match socket.socket.recv().await {
+            Ok(ping) => {
+                if let Err(err) = socket.socket.send(ping).await {
+                    log::warn!("heartbeat: could not answer: {err}");
+                }
+            }
+            Err(err) => log::warn!("heartbeat: receive failed: {err}"),
+        }
+    }
+}
+
+struct InputAsk {
+    prompt: String,
+    password: bool,
+    parent: JupyterMessage,
+    answer: std::sync::mpsc::Sender<Option<String>>,
+}
+
+async fn stdin_loop(
+    socket: jupyter_zmq_client::KernelStdinConnection,
+    mut asks: mpsc::UnboundedReceiver<InputAsk>,
+    cancelled: Arc<Notify>,
+) {
+    let (mut send, mut recv) = socket.split();
+    while let Some(ask) = asks.recv().await {
+        // The request goes to the client that sent the cell: its shell identities.
+        let request = InputRequest { prompt: ask.prompt, password: ask.password }.as_child_of(&ask.parent);
+        if let Err(err) = send.send(request).await {
+            log::warn!("stdin: could not ask for input: {err}");
+            let _ = ask.answer.send(None);
+            continue;
+        }
+        let value = loop {
+            tokio::select! {
+                message = read(&mut recv, "stdin") => match message.map(|m| m.content) {
+                    Some(JupyterMessageContent::InputReply(reply)) => break Some(reply.value),
+                    Some(other) => log::warn!("stdin: expected input_reply, got {}", other.message_type()),
+                    None => break None,
+                },
+                _ = cancelled.notified() => break None,
+            }
+        };
+        let _ = ask.answer.send(value);
+    }
+}
+
+impl Kernel {
+    fn status(&self, parent: &JupyterMessage, state: ExecutionState) {
+        self.iopub.send(Status { execution_state: state }.as_child_of(parent));
+    }
+
+    fn interrupt(&self) {
+        self.cancel_input.store(true, Ordering::SeqCst);
+        self.input_cancelled.notify_waiters();
+        if !self.engine.interrupt() {
+            log::info!("interrupt: no cell was running");
+        }
+    }
+
+    async fn handle_shell(&self, request: JupyterMessage, send: &mut RouterSendConnection) -> After {
+        self.status(&request, ExecutionState::Busy);
+        let mut after = After::Continue;
+        let answer = match &request.content {
+            JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(&request)),
+            JupyterMessageContent::ExecuteRequest(execute) => {
+                let (answer, failed) = self.execute(execute, &request).await;
+                if failed && execute.stop_on_error {
+                    after = After::AbortQueued;
+                }
+                Some(answer.as_child_of(&request))
+            }
+            JupyterMessageContent::CompleteRequest(complete) => {
+                Some(self.complete(&complete.code, complete.cursor_pos).await.as_child_of(&request))
+            }
+            JupyterMessageContent::InspectRequest(inspect) => {
+                Some(self.inspect(&inspect.code, inspect.cursor_pos).await.as_child_of(&request))
+            }
+            JupyterMessageContent::IsCompleteRequest(check) => {
+                let verdict = is_complete::check(&check.code);
+                Some(IsCompleteReply { status: verdict.status, indent: verdict.indent }.as_child_of(&request))
+            }
+            JupyterMessageContent::HistoryRequest(history) => {
+                let entries = self.history.lock().unwrap_or_else(|e| e.into_inner()).answer(history);
+                Some(HistoryReply { history: entries, status: ReplyStatus::Ok, error: None }.as_child_of(&request))
+            }
+            JupyterMessageContent::CommInfoRequest(_) => Some(CommInfoReply::default().as_child_of(&request)),
+            JupyterMessageContent::CommOpen(_) | JupyterMessageContent::CommMsg(_) | JupyterMessageContent::CommClose(_) => {
+                log::info!("shell: this kernel has no comm targets; `{}` ignored", request.message_type());
+                None
+            }
+            other => {
+                log::warn!("shell: unknown or unsupported message type `{}`; ignored", other.message_type());
+                None
+            }
+        };
+        if let Some(answer) = answer {
+            reply(send, "shell", answer).await;
+        }
+        self.status(&request, ExecutionState::Idle);
+        after
+    }
+
+    /// After a failed cell with stop_on_error: execute requests that were sent
+    /// before the failure was reported are answered `aborted`; the first
+    /// request sent after it ends the aborting.
+    async fn abort_queued(&self, recv: &mut RouterRecvConnection, send: &mut RouterSendConnection) {
+        let mut failed_at = chrono::Utc::now();
+        while let Ok(Some(queued)) = tokio::time::timeout(Duration::from_millis(1), read(recv, "shell")).await {
+            let sent_before = queued.header.date < failed_at;
+            if sent_before && matches!(queued.content, JupyterMessageContent::ExecuteRequest(_)) {
+                self.status(&queued, ExecutionState::Busy);
+                let count = ExecutionCount::new(*self.execution_count.lock().unwrap_or_else(|e| e.into_inner()));
+                let aborted = ExecuteReply { status: ReplyStatus::Aborted, execution_count: count, ..Default::default() };
+                reply(send, "shell", aborted.as_child_of(&queued)).await;
+                self.status(&queued, ExecutionState::Idle);
+                continue;
+            }
+            if self.handle_shell(queued, send).await == After::AbortQueued {
+                failed_at = chrono::Utc::now();
+            } else if !sent_before {
+                return;
+            }
+        }
+    }
+
+    /// Runs a cell; returns the reply and whether the cell failed.
+    async fn execute(&self, execute: &ExecuteRequest, request: &JupyterMessage) -> (ExecuteReply, bool) {
+        let store = execute.store_history && !execute.silent;
+        let count = {
+            let mut count = self.execution_count.lock().unwrap_or_else(|e| e.into_inner());
+            if store {
+                *count += 1;
+            }
+            *count
+        };
+        if !execute.silent {
+            self.iopub.send(ExecuteInput { code: execute.code.clone(), execution_count: ExecutionCount::new(count) }.as_child_of(request));
+        }
+        if store {
+            self.history.lock().unwrap_or_else(|e| e.into_inner()).record(count, &execute.code);
+        }
+        self.cancel_input.store(false, Ordering::SeqCst);
+        let output = Output::new(self.iopub.clone(), request.clone());
+        let mut payload = Vec::new();
+        let input = execute.allow_stdin.then(|| self.input_fn(request));
+        let result = self.run_cell(&execute.code, &output, input, &mut payload).await;
+        let reply = |status, error: Option<&CellError>| ExecuteReply {
+            status,
+            execution_count: ExecutionCount::new(count),
+            payload: payload.clone(),
+            user_expressions: Some(Default::default()),
+            error: error.map(|e| Box::new(ReplyError { ename: e.ename.clone(), evalue: e.evalue.clone(), traceback: e.traceback.clone() })),
+        };
+        match result {
+            Ok(value) => {
+                if let Some(value) = value.filter(|_| !execute.silent) {
+                    self.iopub.send(display::execute_result(&value, count, request));
+                    if store {
+                        self.history.lock().unwrap_or_else(|e| e.into_inner()).set_output(count, value.text());
+                    }
+                }
+                (reply(ReplyStatus::Ok, None), false)
+            }
+            Err(error) => {
+                if !execute.silent {
+                    self.iopub.send(display::error(&error, request));
+                }
+                (reply(ReplyStatus::Error, Some(&error)), true)
+            }
+        }
+    }
+
+    /// Runs each segment of a cell in order. Values of all but the last are
+    /// shown as they come; the last is the cell's result.
+    async fn run_cell(
+        &self,
+        code: &str,
+        output: &Output,
+        input: Option<InputFn>,
+        payload: &mut Vec<Payload>,
+    ) -> Result<Option<Bundle>, CellError> {
+        let segments = cell::split(code).map_err(|e| CellError::new("UsageError", e.to_string(), vec![e.to_string()]))?;
+        let mut value: Option<Bundle> = None;
+        for segment in segments {
+            if let Some(shown) = value.take() {
+                output.display(&shown);
+            }
+            value = match segment {
+                Segment::Rust(code) => {
+                    let job = ExecuteJob { code, output: output.clone(), input: input.clone() };
+                    self.engine.execute(job).await.map_err(|_| engine_stopped())??
+                }
+                Segment::Magic { name, args } => self.invoke(magic::run(&name, &args)?, payload).await?,
+                Segment::CellMagic { name, .. } => self.invoke(magic::run_cell(&name)?, payload).await?,
+            };
+        }
+        Ok(value)
+    }
+
+    async fn invoke(&self, invocation: Invocation, payload: &mut Vec<Payload>) -> Result<Option<Bundle>, CellError> {
+        match invocation {
+            Invocation::Show(bundle) => Ok(Some(bundle)),
+            Invocation::PageDocs(path) => {
+                let docs = self.engine.inspect(path.clone(), path.len()).await.map_err(|_| engine_stopped())?;
+                match docs {
+                    Ok(Some(docs)) => {
+                        payload.push(Payload::Page { data: display::media(&docs), start: 0 });
+                        Ok(None)
+                    }
+                    Ok(None) => Err(CellError::new("NotFound", format!("no documentation found for `{path}`"), vec![])),
+                    Err(err) => Err(CellError::new("NotFound", format!("documentation lookup for `{path}` failed: {err}"), vec![])),
+                }
+            }
+        }
+    }
+
+    fn input_fn(&self, request: &JupyterMessage) -> InputFn {
+        let asks = self.inputs.clone();
+        let cancelled = Arc::clone(&self.cancel_input);
+        let parent = request.clone();
+        Arc::new(move |prompt: &str, password: bool| {
+            let (answer, wait) = std::sync::mpsc::channel();
+            let ask = InputAsk { prompt: prompt.to_owned(), password, parent: parent.clone(), answer };
+            asks.send(ask).ok()?;
+            loop {
+                match wait.recv_timeout(Duration::from_millis(50)) {
+                    Ok(value) => return value,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) if !cancelled.load(Ordering::SeqCst) => continue,
+                    Err(_) => return None,
+                }
+            }
+        })
+    }
+
+    async fn complete(&self, code: &str, cursor_pos: usize) -> CompleteReply {
+        let cursor = byte_offset(code, cursor_pos);
+        match self.engine.complete(code.to_owned(), cursor).await {
+            Ok(Ok(found)) => {
+                let (start, end) = (char_offset(code, found.start), char_offset(code, found.end));
+                // JupyterLab shows each match's kind from this (ipykernel's) metadata.
+                let types: Vec<serde_json::Value> = found
+                    .matches
+                    .iter()
+                    .zip(&found.kinds)
+                    .map(|(text, kind)| serde_json::json!({"start": start, "end": end, "text": text, "type": kind}))
+                    .collect();
+                let mut metadata = serde_json::Map::new();
+                metadata.insert("_jupyter_types_experimental".into(), types.into());
+                CompleteReply { matches: found.matches, cursor_start: start, cursor_end: end, metadata, ..Default::default() }
+            }
+            Ok(Err(err)) => {
+                log::info!("completion failed: {err}");
+                CompleteReply { cursor_start: cursor_pos, cursor_end: cursor_pos, ..Default::default() }
+            }
+            Err(_) => CompleteReply { status: ReplyStatus::Error, error: Some(Box::new(stopped_reply())), ..Default::default() },
+        }
+    }
+
+    async fn inspect(&self, code: &str, cursor_pos: usize) -> InspectReply {
+        let found = match self.engine.inspect(code.to_owned(), byte_offset(code, cursor_pos)).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(err)) => {
+                log::info!("inspection failed: {err}");
+                None
+            }
+            Err(_) => return InspectReply { status: ReplyStatus::Error, error: Some(Box::new(stopped_reply())), ..Default::default() },
+        };
+        InspectReply {
+            found: found.is_some(),
+            data: found.as_ref().map(display::media).unwrap_or_else(|| Media::new(vec![])),
+            metadata: Default::default(),
+            status: ReplyStatus::Ok,
+            error: None,
+        }
+    }
+}
+
+fn engine_stopped() -> CellError {
+    let e = stopped_reply();
+    CellError::new(&e.ename, e.evalue, e.traceback)
+}
+
+fn stopped_reply() -> ReplyError {
+    ReplyError {
+        ename: "EngineStopped".into(),
+        evalue: "the Rust engine thread has stopped; restart the kernel".into(),
+        traceback: vec![],
+    }
+}
+
+/// Jupyter counts cursor positions in Unicode code points; Rust in bytes.
+fn byte_offset(code: &str, chars: usize) -> usize {
+    code.char_indices().nth(chars).map_or(code.len(), |(i, _)| i)
+}
+
+fn char_offset(code: &str, bytes: usize) -> usize {
+    code.get(..bytes.min(code.len())).map_or(0, |s| s.chars().count())
+}
+
+pub fn kernel_info() -> KernelInfoReply {
+    let link = |text: &str, url: &str| HelpLink { text: text.into(), url: url.into() };
+    KernelInfoReply {
+        status: ReplyStatus::Ok,
+        protocol_version: PROTOCOL_VERSION.into(),
+        implementation: "vramlab".into(),
+        implementation_version: env!("CARGO_PKG_VERSION").into(),
+        language_info: LanguageInfo {
+            name: "rust".into(),
+            version: env!("VRAMLAB_RUSTC_VERSION").into(),
+            mimetype: Some("text/rust".into()),
+            file_extension: Some(".rs".into()),
+            pygments_lexer: Some("rust".into()),
+            codemirror_mode: Some(CodeMirrorMode::Simple("rust".into())),
+            nbconvert_exporter: None,
+        },
+        banner: format!(
+            "vramlab {}: Rust cells (evcxr, rustc {}) with GPU-memory magics; %lsmagic lists them",
+            env!("CARGO_PKG_VERSION"),
+            env!("VRAMLAB_RUSTC_VERSION")
+        ),
+        help_links: vec![
+            link("The Rust standard library", "https://doc.rust-lang.org/std/"),
+            link("The Rust book", "https://doc.rust-lang.org/book/"),
+            link("evcxr (cells, :dep)", "https://github.com/evcxr/evcxr/blob/main/COMMON.md"),
+            link("candle", "https://docs.rs/candle-core/"),
+        ],
+        debugger: false,
+        error: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cursor_offsets_convert_between_code_points_and_bytes() {
+        let code = "let é = vec";
+        assert_eq!(byte_offset(code, 4), 4);
+        assert_eq!(byte_offset(code, 5), 6, "é takes two bytes");
+        assert_eq!(byte_offset(code, 100), code.len());
+        assert_eq!(char_offset(code, 6), 5);
+    }
+}

@@ -1,0 +1,107 @@
+//! A persistent, locked build directory for evcxr.
+//!
+//! evcxr compiles every cell and every `:dep` in its build directory. By
+//! default that is a temporary directory deleted on exit, so each restart
+//! compiled candle again. We keep it under the user's cache directory and
+//! lock it, so a restart reuses what was compiled and two running kernels
+//! never share one.
+
+use std::fs::{File, TryLockError};
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+const MAX_SLOTS: usize = 16;
+
+pub struct BuildSlot {
+    dir: PathBuf,
+    _lock: File,
+}
+
+impl BuildSlot {
+    /// Takes the first free slot under `VRAMLAB_CACHE_DIR` (default: the
+    /// user's cache directory, `vramlab/evcxr`).
+    pub fn acquire() -> anyhow::Result<BuildSlot> {
+        let root = match std::env::var_os("VRAMLAB_CACHE_DIR") {
+            Some(dir) => PathBuf::from(dir),
+            None => dirs::cache_dir().context("no cache directory (is HOME set?)")?.join("vramlab"),
+        }
+        .join("evcxr");
+        if let Some(project) = root.ancestors().find(|dir| dir.join("Cargo.toml").is_file()) {
+            bail!(
+                "the build cache {} is inside the Cargo project at {}; evcxr cannot build cells there \
+                 (set VRAMLAB_CACHE_DIR to a directory outside it)",
+                root.display(),
+                project.display()
+            );
+        }
+        for n in 0..MAX_SLOTS {
+            let dir = root.join(format!("slot-{n}"));
+            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            // rust-analyzer, inside evcxr, cannot load a project through a path with `..` in it.
+            let dir = dir.canonicalize()?;
+            let lock = File::create(dir.join(".lock"))?;
+            match lock.try_lock() {
+                Ok(()) => return Ok(BuildSlot { dir, _lock: lock }),
+                Err(TryLockError::WouldBlock) => continue,
+                Err(TryLockError::Error(err)) => {
+                    return Err(err).with_context(|| format!("cannot lock {}", dir.display()))
+                }
+            }
+        }
+        bail!("all {MAX_SLOTS} build directories under {} are in use by running kernels", root.display())
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Whether a previous kernel already compiled the library here.
+    pub fn has_compiled(&self, crate_name: &str) -> bool {
+        let deps = self.dir.join("target");
+        let prefix = format!("lib{crate_name}-");
+        walk_has_prefix(&deps, &prefix, 4)
+    }
+
+    /// Starts the build with the workspace's lock file, so cells get the
+    /// same dependency versions the library was tested with.
+    pub fn seed_lockfile(&self, workspace_lock: &Path) {
+        let target = self.dir.join("Cargo.lock");
+        if !target.exists() && workspace_lock.exists() {
+            if let Err(err) = std::fs::copy(workspace_lock, &target) {
+                log::warn!("could not seed {}: {err}", target.display());
+            }
+        }
+    }
+}
+
+fn walk_has_prefix(dir: &Path, prefix: &str, depth: usize) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else { return false };
+    entries.flatten().any(|entry| {
+        let path = entry.path();
+        if path.is_dir() {
+            depth > 0 && walk_has_prefix(&path, prefix, depth - 1)
+        } else {
+            entry.file_name().to_string_lossy().starts_with(prefix)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_kernels_get_different_slots_and_a_freed_slot_is_reused() {
+        let root = std::env::temp_dir().join(format!("vramlab-slot-test-{}", std::process::id()));
+        std::env::set_var("VRAMLAB_CACHE_DIR", &root);
+        let first = BuildSlot::acquire().unwrap();
+        let second = BuildSlot::acquire().unwrap();
+        assert_ne!(first.dir(), second.dir());
+        let first_dir = first.dir().to_path_buf();
+        drop(first);
+        let third = BuildSlot::acquire().unwrap();
+        assert_eq!(third.dir(), first_dir);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+}

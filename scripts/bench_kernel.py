@@ -1,0 +1,117 @@
+"""Kernel latency benchmarks, vramlab against peer kernels in the same run.
+
+For each kernelspec given: start to kernel_info_reply, warm `1 + 1` round
+trip (p50 of 20), and, where the kernel has them, a magic round trip and
+restart-then-first-candle-cell. Prints a JSON report.
+
+    .venv/bin/python scripts/bench_kernel.py vramlab evcxr
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+from jupyter_client.manager import KernelManager
+
+CANDLE_CELL = {
+    # Everything compiled before the restart: the library is in the kernel's build cache.
+    "vramlab": (
+        "use vramlab::candle::{DType, Device, Tensor};\n"
+        "Tensor::ones((64, 64), DType::F32, &Device::Cpu).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()"
+    ),
+    # evcxr_jupyter's build directory is temporary: after a restart it rebuilds candle.
+    "evcxr": (
+        ':dep candle-core = "=0.11.1"\n'
+        "use candle_core::{DType, Device, Tensor};\n"
+        "Tensor::ones((64, 64), DType::F32, &Device::Cpu).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()"
+    ),
+}
+MAGIC_CELL = {"vramlab": "%lsmagic"}
+
+
+def execute(client, code: str, timeout: float = 1800) -> float:
+    started = time.perf_counter()
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=lambda msg: None)
+    elapsed = time.perf_counter() - started
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"{code!r} failed: {reply['content'].get('evalue')}")
+    return elapsed
+
+
+def start(name: str) -> tuple[KernelManager, object, float]:
+    manager = KernelManager(kernel_name=name)
+    started = time.perf_counter()
+    manager.start_kernel()
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    return manager, client, time.perf_counter() - started
+
+
+def p50(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def bench(name: str, starts: int, repeats: int) -> dict:
+    result: dict = {"kernel": name}
+    start_times = []
+    for _ in range(starts):
+        manager, client, seconds = start(name)
+        start_times.append(seconds)
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    result["start_to_kernel_info_s"] = {"p50": p50(start_times), "samples": start_times}
+
+    manager, client, _ = start(name)
+    try:
+        result["first_cell_s"] = execute(client, "1 + 1")
+        samples = [execute(client, "1 + 1") for _ in range(repeats)]
+        result["warm_1_plus_1_s"] = {"p50": p50(samples), "min": min(samples), "max": max(samples)}
+        if name in MAGIC_CELL:
+            samples = [execute(client, MAGIC_CELL[name]) for _ in range(repeats)]
+            result["magic_round_trip_s"] = {"p50": p50(samples), "min": min(samples), "max": max(samples)}
+        if name in CANDLE_CELL:
+            result["candle_cell_before_restart_s"] = execute(client, CANDLE_CELL[name])
+            client.stop_channels()
+            started = time.perf_counter()
+            manager.restart_kernel(now=True)
+            client = manager.client()
+            client.start_channels()
+            client.wait_for_ready(timeout=120)
+            execute(client, CANDLE_CELL[name])
+            result["restart_to_first_candle_cell_s"] = time.perf_counter() - started
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("kernels", nargs="+")
+    parser.add_argument("--starts", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    report = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "machine": {
+            "cpu": subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True).stdout.strip(),
+            "cores": subprocess.run(["nproc"], capture_output=True, text=True).stdout.strip(),
+            "python": platform.python_version(),
+        },
+        "results": [],
+    }
+    for name in args.kernels:
+        print(f"benchmarking {name}...", file=sys.stderr)
+        report["results"].append(bench(name, args.starts, args.repeats))
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

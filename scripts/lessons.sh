@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Sets everything up and runs the day-39 lessons: every notebook in
+# notebooks/ is executed through the vramlab kernel and saved with its
+# outputs. CPU and the bundled synthetic data by default.
+source "$(dirname "$0")/setup.sh"
+
+say "installing the kernelspec for this user (JupyterLab, VS Code)"
+target/release/vramlab-kernel install --user
+
+say "running the lessons"
+.venv/bin/python scripts/run_notebooks.py --in-place notebooks/*.ipynb

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Everything the lessons and the tests need on a fresh machine: the rust-src
+# component (evcxr's rust-analyzer reads it), a Python venv with the Jupyter
+# clients, the release build, and the kernelspec inside the venv.
+# Sourced by scripts/lessons.sh and scripts/test.sh.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+say() { printf '\n==> %s\n' "$*"; }
+
+if ! rustup component list --installed 2>/dev/null | grep -q '^rust-src'; then
+    say "installing the rust-src component"
+    rustup component add rust-src
+fi
+
+if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
+    say "installing python3-venv"
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq python3-venv; else sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv; fi
+fi
+
+if [ ! -x .venv/bin/python ]; then
+    say "creating the Python venv (.venv)"
+    python3 -m venv .venv
+fi
+if ! .venv/bin/python -c 'import jupyter_client, jupyter_kernel_test, nbclient, nbformat, pytest' >/dev/null 2>&1; then
+    say "installing the Jupyter clients into .venv"
+    .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
+fi
+
+say "building (release; the first build takes about 20 minutes on 2 cores)"
+cargo build --release --locked --workspace --bins
+
+say "installing the kernelspec into .venv"
+VIRTUAL_ENV="$ROOT/.venv" target/release/vramlab-kernel install --sys-prefix
+export PATH="$ROOT/.venv/bin:$PATH"

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Every test: the Rust unit and end-to-end tests (the kernel binary driven
+# over ZeroMQ), then jupyter_kernel_test and the notebooks through nbclient.
+source "$(dirname "$0")/setup.sh"
+# One build cache for every kernel the tests start, so the library that cells
+# use is compiled once (kernel tests run one at a time for the same reason).
+# It must lie outside this Cargo workspace for evcxr to build there.
+export VRAMLAB_CACHE_DIR="${TMPDIR:-/tmp}/vramlab-test-cache"
+
+say "cargo test"
+cargo test --release --locked --workspace -- --test-threads=1
+
+say "Jupyter clients: jupyter_kernel_test, kernelspec, notebooks"
+.venv/bin/python -m pytest -q tests/python

@@ -1,0 +1,46 @@
+"""The committed notebooks run through the kernel without an error."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def test_kernelspec_is_listed() -> None:
+    listed = subprocess.run(
+        [str(pathlib.Path(sys.executable).parent / "jupyter"), "kernelspec", "list", "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    specs = json.loads(listed.stdout)["kernelspecs"]
+    assert "vramlab" in specs
+    spec = specs["vramlab"]["spec"]
+    assert spec["display_name"] == "Rust (vramlab)"
+    assert spec["language"] == "rust"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_without_error(notebook: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts/run_notebooks.py"), "--out", str(tmp_path), str(notebook)],
+        check=True,
+    )
+    executed = nbformat.read(tmp_path / notebook.name, as_version=4)
+    code = [c for c in executed.cells if c.cell_type == "code"]
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, errors
+
+
+def test_committed_notebooks_keep_their_outputs() -> None:
+    for path in NOTEBOOKS:
+        notebook = nbformat.read(path, as_version=4)
+        code = [c for c in notebook.cells if c.cell_type == "code"]
+        assert code and any(c.outputs for c in code), f"{path.name}: run scripts/lessons.sh and commit the outputs"

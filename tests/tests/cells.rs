@@ -1,0 +1,200 @@
+//! Running cells: streaming, errors that keep the kernel and its variables,
+//! interrupts, a dying cell process, input over stdin and live displays.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Kernel;
+use jupyter_protocol::{ExecuteRequest, InputReply, InterruptRequest, JupyterMessageContent, KernelInfoRequest, ReplyStatus};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn output_streams_while_the_cell_runs() {
+    let mut kernel = Kernel::start().await;
+    let run = kernel
+        .execute(
+            "println!(\"first\");\nstd::thread::sleep(std::time::Duration::from_millis(1500));\n\
+             eprintln!(\"to stderr\");\nprintln!(\"second\");",
+        )
+        .await;
+    assert_eq!(run.reply.status, ReplyStatus::Ok);
+    assert_eq!(run.stdout(), "first\nsecond\n");
+    assert_eq!(run.stderr(), "to stderr\n");
+    let first_at = run
+        .received
+        .iter()
+        .find(|(_, m)| matches!(&m.content, JupyterMessageContent::StreamContent(s) if s.text.contains("first")))
+        .map(|(t, _)| *t)
+        .unwrap();
+    let idle_at = run.received.last().unwrap().0;
+    assert!(idle_at - first_at >= Duration::from_millis(1000), "the first line must arrive before the cell ends");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn panics_and_compile_errors_keep_the_variables() {
+    let mut kernel = Kernel::start().await;
+    kernel.execute("let kept = 41;").await;
+
+    let panicked = kernel.execute("let mine = 1;\npanic!(\"boom {}\", kept);").await;
+    assert_eq!(panicked.reply.status, ReplyStatus::Error);
+    assert_eq!(panicked.types(), vec!["error"], "only the error is shown: no raw panic text on stderr");
+    let error = panicked.error().unwrap();
+    assert_eq!((error.ename.as_str(), error.evalue.as_str()), ("panic", "boom 41"));
+    assert!(error.traceback.iter().any(|l| l.contains("panicked")), "{:?}", error.traceback);
+
+    let broken = kernel.execute("let x: u32 = \"text\";").await;
+    let error = broken.error().unwrap();
+    assert_eq!(error.ename, "CompilationError");
+    assert!(error.evalue.contains("mismatched types"), "{}", error.evalue);
+    assert!(error.traceback.iter().any(|l| l.contains("let x: u32 = \"text\";")), "{:?}", error.traceback);
+
+    assert_eq!(kernel.execute("kept + 1").await.result_text().as_deref(), Some("42"));
+    let vars = kernel.execute(":vars").await;
+    assert!(vars.result_text().unwrap().contains("kept"));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dead_cell_process_is_reported_and_replaced() {
+    let mut kernel = Kernel::start().await;
+    kernel.execute("let doomed = 1;\nfn still_here() -> u8 { 7 }").await;
+    let died = kernel.execute("std::process::abort();").await;
+    let error = died.error().expect("an error for the dead process");
+    assert_eq!(error.ename, "CellProcessDied");
+    assert!(error.evalue.contains("died"), "{}", error.evalue);
+    let traceback = error.traceback.join("\n");
+    assert!(traceback.contains("SIGABRT") || traceback.contains("signal: 6"), "{traceback}");
+    assert!(traceback.contains("Variables lost: doomed"), "{traceback}");
+    assert_eq!(kernel.execute("still_here()").await.result_text().as_deref(), Some("7"));
+    let gone = kernel.execute("doomed").await;
+    assert_eq!(gone.error().unwrap().ename, "CompilationError");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn interrupt_stops_a_runaway_loop_and_control_stays_responsive() {
+    let mut kernel = Kernel::start().await;
+    kernel.execute("let survivor = 5; fn helper() -> i32 { 3 }").await;
+    let request = kernel.message(ExecuteRequest::new("let mut n: u64 = 0;\nloop { n = n.wrapping_add(1); }".into()));
+    let id = request.header.msg_id.clone();
+    kernel.shell.send(request).await.unwrap();
+    // Let it compile and start spinning.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+
+    let asked = Instant::now();
+    let info = kernel.control_request(KernelInfoRequest {}).await;
+    assert!(matches!(info.content, JupyterMessageContent::KernelInfoReply(_)));
+    let answered = asked.elapsed();
+    assert!(answered < Duration::from_millis(100), "kernel_info on control took {answered:?} during a cell");
+
+    let reply = kernel.control_request(InterruptRequest {}).await;
+    assert!(matches!(reply.content, JupyterMessageContent::InterruptReply(_)));
+    let received = kernel.iopub_until_idle(&id, Duration::from_secs(30)).await;
+    let error = received
+        .iter()
+        .find_map(|(_, m)| match &m.content {
+            JupyterMessageContent::ErrorOutput(e) => Some(e.clone()),
+            _ => None,
+        })
+        .expect("the interrupted cell reports an error");
+    assert_eq!(error.ename, "Interrupted");
+    assert!(error.traceback.iter().any(|l| l.contains("Variables lost: survivor")), "{:?}", error.traceback);
+    assert_eq!(kernel.execute("helper()").await.result_text().as_deref(), Some("3"), "items survive");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cells_can_ask_for_input_over_stdin() {
+    let mut kernel = Kernel::start().await;
+    let dep = kernel.execute(":dep evcxr_input = \"1\"").await;
+    assert_eq!(dep.reply.status, ReplyStatus::Ok, "{:?}", dep.error());
+    let request = kernel.message(ExecuteRequest {
+        allow_stdin: true,
+        ..ExecuteRequest::new("let name = evcxr_input::get_string(\"name? \");\nformat!(\"hello {name}\")".into())
+    });
+    let id = request.header.msg_id.clone();
+    kernel.shell.send(request).await.unwrap();
+    let asked = tokio::time::timeout(Duration::from_secs(300), kernel.stdin.read()).await.unwrap().unwrap();
+    let JupyterMessageContent::InputRequest(input) = &asked.content else { panic!("expected input_request") };
+    assert_eq!(input.prompt, "name? ");
+    assert!(!input.password);
+    let answer = InputReply { value: "vram".into(), ..Default::default() };
+    kernel.stdin.send(answer.as_child_of(&asked)).await.unwrap();
+    let received = kernel.iopub_until_idle(&id, Duration::from_secs(60)).await;
+    let result = received.iter().find_map(|(_, m)| match &m.content {
+        JupyterMessageContent::ExecuteResult(r) => serde_json::to_value(&r.data).unwrap()["text/plain"].as_str().map(str::to_owned),
+        _ => None,
+    });
+    assert_eq!(result.as_deref(), Some("\"hello vram\""));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn vramlab_renders_live_displays_and_rich_results() {
+    let mut kernel = Kernel::start().await;
+    let progress = kernel
+        .execute(
+            "use vramlab::render::{Progress, Table};\n\
+             let mut bar = Progress::new(\"steps\", 3).min_interval(std::time::Duration::ZERO);\n\
+             for _ in 0..3 { bar.inc(1); std::thread::sleep(std::time::Duration::from_millis(50)); }\n\
+             bar.finish();\n\
+             Table::new([\"layer\", \"params\"]).row([\"conv1\", \"9408\"])",
+        )
+        .await;
+    assert_eq!(progress.reply.status, ReplyStatus::Ok, "{:?}", progress.error());
+    let shown = progress.outputs.iter().find_map(|m| match &m.content {
+        JupyterMessageContent::DisplayData(d) => d.transient.as_ref().and_then(|t| t.display_id.clone()),
+        _ => None,
+    });
+    let display_id = shown.expect("a display_data with a display_id for the bar");
+    let updates: Vec<String> = progress
+        .outputs
+        .iter()
+        .filter_map(|m| match &m.content {
+            JupyterMessageContent::UpdateDisplayData(u) if u.transient.display_id.as_deref() == Some(display_id.as_str()) => {
+                serde_json::to_value(&u.data).unwrap()["text/plain"].as_str().map(str::to_owned)
+            }
+            _ => None,
+        })
+        .collect();
+    assert!(updates.len() >= 3, "{updates:?}");
+    assert!(updates.last().unwrap().contains("3/3 (100%)"));
+    let result = progress.outputs.iter().find_map(|m| match &m.content {
+        JupyterMessageContent::ExecuteResult(r) => Some(serde_json::to_value(&r.data).unwrap()),
+        _ => None,
+    });
+    let result = result.expect("the table is the cell's result");
+    assert!(result["text/html"].as_str().unwrap().contains("<td style=\"text-align:left\">conv1</td>"));
+    assert!(result["text/plain"].as_str().unwrap().contains("conv1"));
+    assert!(progress.stdout().is_empty(), "frames must not leak into stdout: {}", progress.stdout());
+}
+
+fn compiled_artifacts(name: &str) -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
+    fn walk(dir: &std::path::Path, prefix: &str, found: &mut Vec<(std::path::PathBuf, std::time::SystemTime)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, prefix, found);
+            } else if entry.file_name().to_string_lossy().starts_with(prefix) && path.extension().is_some_and(|e| e == "rlib") {
+                found.push((path.clone(), entry.metadata().unwrap().modified().unwrap()));
+            }
+        }
+    }
+    let mut found = Vec::new();
+    walk(&common::cache_dir(), &format!("lib{name}-"), &mut found);
+    found.sort();
+    found
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_kernel_does_not_recompile_its_dependencies() {
+    let code = ":dep evcxr_input = \"1\"\nevcxr_input::GET_CMD.len() > 0";
+    {
+        let mut kernel = Kernel::start().await;
+        assert_eq!(kernel.execute(code).await.result_text().as_deref(), Some("true"));
+    }
+    let before = compiled_artifacts("evcxr_input");
+    assert!(!before.is_empty(), "evcxr_input was compiled into the kernel's build cache");
+    let mut restarted = Kernel::start().await;
+    let started = Instant::now();
+    assert_eq!(restarted.execute(code).await.result_text().as_deref(), Some("true"));
+    let elapsed = started.elapsed();
+    assert_eq!(compiled_artifacts("evcxr_input"), before, "nothing recompiled after the restart ({elapsed:?})");
+}
