@@ -31,7 +31,12 @@ CANDLE_CELL = {
         "Tensor::ones((64, 64), DType::F32, &Device::Cpu).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()"
     ),
 }
-MAGIC_CELL = {"vramlab": "%lsmagic"}
+MAGIC_CELLS = {
+    "vramlab": {
+        "lsmagic": "%lsmagic",
+        "oomcheck": "%oomcheck resnet50 --batch 32 --res 224 --gpu rtx4060-laptop",
+    }
+}
 
 
 def execute(client, code: str, timeout: float = 1800) -> float:
@@ -72,9 +77,9 @@ def bench(name: str, starts: int, repeats: int) -> dict:
         result["first_cell_s"] = execute(client, "1 + 1")
         samples = [execute(client, "1 + 1") for _ in range(repeats)]
         result["warm_1_plus_1_s"] = {"p50": p50(samples), "min": min(samples), "max": max(samples)}
-        if name in MAGIC_CELL:
-            samples = [execute(client, MAGIC_CELL[name]) for _ in range(repeats)]
-            result["magic_round_trip_s"] = {"p50": p50(samples), "min": min(samples), "max": max(samples)}
+        for magic, cell in MAGIC_CELLS.get(name, {}).items():
+            samples = [execute(client, cell) for _ in range(repeats)]
+            result[f"{magic}_round_trip_s"] = {"p50": p50(samples), "min": min(samples), "max": max(samples)}
         if name in CANDLE_CELL:
             result["candle_cell_before_restart_s"] = execute(client, CANDLE_CELL[name])
             client.stop_channels()

@@ -433,7 +433,7 @@ impl PanicReport {
 fn user_frames(backtrace: &str) -> Vec<String> {
     let machinery = [
         "std::", "core::", "alloc::", "evcxr", "__rust", "rust_begin_unwind", "<alloc::", "<core::", "<std::", "_start",
-        "__libc", "vramlab_kernel::", "main", "run_user_code",
+        "__libc", "vramlab_kernel::", "main", "run_user_code", "ctx::run_user_code",
     ];
     backtrace
         .lines()
@@ -441,7 +441,8 @@ fn user_frames(backtrace: &str) -> Vec<String> {
         .filter_map(|line| line.split_once(": ").filter(|(n, _)| n.chars().all(|c| c.is_ascii_digit())).map(|(_, f)| f))
         .filter(|frame| !machinery.iter().any(|m| frame.starts_with(m)))
         .take(12)
-        .map(|frame| format!("  {frame}"))
+        // Cells compile into a crate named `ctx`.
+        .map(|frame| format!("  {}", frame.strip_prefix("ctx::").unwrap_or(frame)))
         .collect()
 }
 
@@ -596,8 +597,8 @@ mod tests {
     fn backtraces_keep_only_cell_frames() {
         let bt = "   0: std::backtrace::Backtrace::force_capture\n             at /rustc/x/library/std/src/backtrace.rs:1\n   \
                   1: run_user_code_3::{{closure}}\n   2: user_code_3::divide\n   3: core::ops::function::FnOnce::call_once\n   \
-                  4: vramlab_kernel::main\n   5: main\n";
-        assert_eq!(user_frames(bt), vec!["  user_code_3::divide"]);
+                  4: vramlab_kernel::main\n   5: main\n   6: ctx::run_user_code_1::{{closure}}\n   7: ctx::area\n";
+        assert_eq!(user_frames(bt), vec!["  user_code_3::divide", "  area"]);
     }
 
     #[test]

@@ -20,13 +20,17 @@ pub struct BuildSlot {
 
 impl BuildSlot {
     /// Takes the first free slot under `VRAMLAB_CACHE_DIR` (default: the
-    /// user's cache directory, `vramlab/evcxr`).
+    /// user's cache directory, `vramlab`).
     pub fn acquire() -> anyhow::Result<BuildSlot> {
-        let root = match std::env::var_os("VRAMLAB_CACHE_DIR") {
+        let cache = match std::env::var_os("VRAMLAB_CACHE_DIR") {
             Some(dir) => PathBuf::from(dir),
             None => dirs::cache_dir().context("no cache directory (is HOME set?)")?.join("vramlab"),
-        }
-        .join("evcxr");
+        };
+        Self::acquire_in(&cache)
+    }
+
+    fn acquire_in(cache: &Path) -> anyhow::Result<BuildSlot> {
+        let root = cache.join("evcxr");
         if let Some(project) = root.ancestors().find(|dir| dir.join("Cargo.toml").is_file()) {
             bail!(
                 "the build cache {} is inside the Cargo project at {}; evcxr cannot build cells there \
@@ -94,14 +98,23 @@ mod tests {
     #[test]
     fn two_kernels_get_different_slots_and_a_freed_slot_is_reused() {
         let root = std::env::temp_dir().join(format!("vramlab-slot-test-{}", std::process::id()));
-        std::env::set_var("VRAMLAB_CACHE_DIR", &root);
-        let first = BuildSlot::acquire().unwrap();
-        let second = BuildSlot::acquire().unwrap();
+        let first = BuildSlot::acquire_in(&root).unwrap();
+        let second = BuildSlot::acquire_in(&root).unwrap();
         assert_ne!(first.dir(), second.dir());
         let first_dir = first.dir().to_path_buf();
         drop(first);
-        let third = BuildSlot::acquire().unwrap();
+        let third = BuildSlot::acquire_in(&root).unwrap();
         assert_eq!(third.dir(), first_dir);
         std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_cache_inside_a_cargo_project_is_refused_by_name() {
+        let project = std::env::temp_dir().join(format!("vramlab-slot-project-{}", std::process::id()));
+        std::fs::create_dir_all(&project).unwrap();
+        std::fs::write(project.join("Cargo.toml"), "[workspace]\n").unwrap();
+        let err = BuildSlot::acquire_in(&project.join("cache")).err().unwrap().to_string();
+        assert!(err.contains("is inside the Cargo project at") && err.contains("VRAMLAB_CACHE_DIR"), "{err}");
+        std::fs::remove_dir_all(project).unwrap();
     }
 }

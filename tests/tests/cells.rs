@@ -40,7 +40,8 @@ async fn panics_and_compile_errors_keep_the_variables() {
     assert_eq!(panicked.types(), vec!["error"], "only the error is shown: no raw panic text on stderr");
     let error = panicked.error().unwrap();
     assert_eq!((error.ename.as_str(), error.evalue.as_str()), ("panic", "boom 41"));
-    assert!(error.traceback.iter().any(|l| l.contains("panicked")), "{:?}", error.traceback);
+    assert!(error.traceback[0].contains("panic") && error.traceback[0].contains("in this cell: boom 41"), "{:?}", error.traceback);
+    assert!(error.traceback.iter().all(|l| !l.contains("run_user_code")), "evcxr's wrappers are not the user's code: {:?}", error.traceback);
 
     let broken = kernel.execute("let x: u32 = \"text\";").await;
     let error = broken.error().unwrap();

@@ -4,6 +4,8 @@
 mod doc;
 mod help;
 mod lsmagic;
+mod oomcheck;
+mod summary;
 
 use vramlab::render::Bundle;
 
@@ -30,7 +32,7 @@ pub struct Magic {
     run: fn(&[String]) -> Result<Invocation, String>,
 }
 
-pub const MAGICS: &[Magic] = &[lsmagic::MAGIC, help::MAGIC, doc::MAGIC];
+pub const MAGICS: &[Magic] = &[lsmagic::MAGIC, help::MAGIC, doc::MAGIC, summary::MAGIC, oomcheck::MAGIC];
 
 pub fn find(name: &str) -> Result<&'static Magic, CellError> {
     MAGICS.iter().find(|m| m.name == name).ok_or_else(|| unknown(name))
