@@ -35,7 +35,8 @@ pub fn execute_result(bundle: &Bundle, count: usize, parent: &JupyterMessage) ->
         execution_count: ExecutionCount::new(count),
         data: media(bundle),
         metadata: Default::default(),
-        transient: None,
+        // The schema wants an object here; `None` would be sent as null.
+        transient: Some(Transient { display_id: None }),
     }
     .as_child_of(parent)
 }

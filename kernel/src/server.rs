@@ -11,7 +11,7 @@ use jupyter_protocol::{
     CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ExecuteInput, ExecuteReply, ExecuteRequest,
     ExecutionCount, ExecutionState, HelpLink, HistoryReply, InputRequest, InspectReply, InterruptReply,
     IsCompleteReply, JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, Payload, ReplyError,
-    ReplyStatus, ShutdownReply, Status,
+    ReplyStatus, ShutdownReply, Status, UnknownMessage,
 };
 use jupyter_zmq_client::{
     create_kernel_control_connection, create_kernel_heartbeat_connection, create_kernel_iopub_xpub_connection,
@@ -107,6 +107,9 @@ enum After {
     AbortQueued,
 }
 
+/// The next authentic message. Forged and unreadable ones are logged and
+/// dropped; an authentic request whose content does not fit its type is
+/// returned as it is (an `UnknownMessage`) so that it can be answered.
 async fn read(socket: &mut RouterRecvConnection, channel: &str) -> Option<JupyterMessage> {
     loop {
         let frames = match socket.socket.recv().await {
@@ -118,9 +121,33 @@ async fn read(socket: &mut RouterRecvConnection, channel: &str) -> Option<Jupyte
         };
         match wire::decode(frames, &socket.mac) {
             Ok(message) => return Some(message),
+            Err(wire::DecodeError::Content { request, source }) => {
+                log::warn!("{channel}: {}: content is not valid: {source}", request.header.msg_type);
+                let mut request = *request;
+                if let JupyterMessageContent::UnknownMessage(unknown) = &mut request.content {
+                    unknown.content["vramlab_malformed"] = source.to_string().into();
+                }
+                return Some(request);
+            }
             Err(err) => log::warn!("{channel}: dropped a message: {err}"),
         }
     }
+}
+
+/// An error reply to a request whose content could not be read, so the client
+/// is told what was wrong instead of waiting for a reply that never comes.
+fn malformed_reply(request: &JupyterMessage) -> Option<JupyterMessage> {
+    let JupyterMessageContent::UnknownMessage(unknown) = &request.content else { return None };
+    let problem = unknown.content.get("vramlab_malformed")?.as_str()?;
+    let reply_type = request.header.msg_type.strip_suffix("_request")?;
+    let evalue = format!("{}: {problem}", request.header.msg_type);
+    let content = serde_json::json!({
+        "status": "error",
+        "ename": "MalformedMessage",
+        "evalue": evalue,
+        "traceback": [evalue],
+    });
+    Some(UnknownMessage { msg_type: format!("{reply_type}_reply"), content }.as_child_of(request))
 }
 
 async fn reply(socket: &mut RouterSendConnection, channel: &str, message: JupyterMessage) {
@@ -154,6 +181,7 @@ async fn control_loop(kernel: Arc<Kernel>, mut recv: RouterRecvConnection, mut s
                 kernel.shutdown.notify_one();
                 return;
             }
+            JupyterMessageContent::UnknownMessage(_) if malformed_reply(&request).is_some() => malformed_reply(&request),
             other => {
                 log::warn!("control: `{}` is not handled here; ignored", other.message_type());
                 None
@@ -265,6 +293,7 @@ impl Kernel {
                 log::info!("shell: this kernel has no comm targets; `{}` ignored", request.message_type());
                 None
             }
+            JupyterMessageContent::UnknownMessage(_) if malformed_reply(&request).is_some() => malformed_reply(&request),
             other => {
                 log::warn!("shell: unknown or unsupported message type `{}`; ignored", other.message_type());
                 None

@@ -186,6 +186,17 @@ async fn bad_messages_are_dropped_and_the_kernel_survives() {
         let message = zeromq::ZmqMessage::try_from(parts.into_iter().map(bytes::Bytes::from).collect::<Vec<_>>()).unwrap();
         zeromq::SocketSend::send(&mut raw, message).await.unwrap();
     }
+    // Only the authentic request with content of the wrong shape is answered:
+    // an error reply that says what was wrong.
+    let answer = tokio::time::timeout(Duration::from_secs(10), zeromq::SocketRecv::recv(&mut raw)).await.unwrap().unwrap();
+    let parts: Vec<&[u8]> = answer.iter().map(|p| p.as_ref()).collect();
+    let delimiter = parts.iter().position(|p| *p == b"<IDS|MSG>").unwrap();
+    let header: serde_json::Value = serde_json::from_slice(parts[delimiter + 2]).unwrap();
+    let content: serde_json::Value = serde_json::from_slice(parts[delimiter + 5]).unwrap();
+    assert_eq!(header["msg_type"], "execute_reply");
+    assert_eq!((content["status"].as_str(), content["ename"].as_str()), (Some("error"), Some("MalformedMessage")));
+    assert!(content["evalue"].as_str().unwrap().contains("invalid type: integer `5`"), "{content}");
+    assert!(tokio::time::timeout(Duration::from_secs(1), zeromq::SocketRecv::recv(&mut raw)).await.is_err(), "one reply only");
     // An oversized message (over 64 MiB) is dropped unread.
     let huge = "x".repeat(65 << 20);
     kernel.shell.send(kernel.message(ExecuteRequest::new(huge))).await.unwrap();
