@@ -74,25 +74,18 @@ impl Ledger {
             "{} at its peak vs {}",
             self.model, self.device.name
         ))
-        .x_label("the step's peak")
+        .x_label("the step's peak, by bill")
         .y_label("GiB")
-        .size(560, 380);
-        // Bars of cumulative height drawn tallest first: each covers the one
-        // before except its own top slice, which reads as a stacked bar.
-        let mut cumulative: Vec<(BillKind, u64)> = Vec::new();
-        let mut running = 0;
+        .size(560, 380)
+        .hide_x_ticks();
         for kind in BillKind::ALL {
             let bytes = self.peak.bill(kind);
             if bytes > 0 {
-                running += bytes;
-                cumulative.push((kind, running));
+                chart = chart.series(Series::stacked(
+                    format!("{} {}", kind.title(), human(bytes)),
+                    [(1.0, bytes as f64 / GIB)],
+                ));
             }
-        }
-        for (kind, top) in cumulative.iter().rev() {
-            chart = chart.series(Series::bars(
-                format!("{} {}", kind.title(), human(self.peak.bill(*kind))),
-                [(1.0, *top as f64 / GIB)],
-            ));
         }
         chart.series(Series::limit(
             format!(

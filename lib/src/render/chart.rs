@@ -30,6 +30,8 @@ pub enum SeriesKind {
     Line,
     /// One bar per point, centred on x.
     Bars,
+    /// Bars stacked on those of earlier stacked series at the same x.
+    Stacked,
     /// A horizontal rule at the first point's y (a limit, such as a card's memory).
     Limit,
 }
@@ -50,6 +52,11 @@ impl Series {
         Series { name: name.into(), kind: SeriesKind::Bars, points: points.into_iter().collect() }
     }
 
+    /// A segment of a stacked bar: put the series in bottom-to-top order.
+    pub fn stacked(name: impl Into<String>, points: impl IntoIterator<Item = (f64, f64)>) -> Self {
+        Series { name: name.into(), kind: SeriesKind::Stacked, points: points.into_iter().collect() }
+    }
+
     pub fn limit(name: impl Into<String>, y: f64) -> Self {
         Series { name: name.into(), kind: SeriesKind::Limit, points: vec![(0.0, y)] }
     }
@@ -62,6 +69,7 @@ pub struct Chart {
     x_label: String,
     y_label: String,
     size: (u32, u32),
+    x_ticks: bool,
     series: Vec<Series>,
 }
 
@@ -76,7 +84,14 @@ const PALETTE: [RGBColor; 6] = [
 
 impl Chart {
     pub fn new(title: impl Into<String>) -> Self {
-        Chart { title: title.into(), x_label: String::new(), y_label: String::new(), size: (640, 360), series: Vec::new() }
+        Chart {
+            title: title.into(),
+            x_label: String::new(),
+            y_label: String::new(),
+            size: (640, 360),
+            x_ticks: true,
+            series: Vec::new(),
+        }
     }
 
     pub fn x_label(mut self, label: impl Into<String>) -> Self {
@@ -91,6 +106,12 @@ impl Chart {
 
     pub fn size(mut self, width: u32, height: u32) -> Self {
         self.size = (width, height);
+        self
+    }
+
+    /// Leaves the x axis without numbers, for a single category of bars.
+    pub fn hide_x_ticks(mut self) -> Self {
+        self.x_ticks = false;
         self
     }
 
@@ -109,6 +130,9 @@ impl Chart {
             y0 = y0.min(y);
             y1 = y1.max(y);
         }
+        for (_, top) in self.stack_tops() {
+            y1 = y1.max(top);
+        }
         for s in self.series.iter().filter(|s| s.kind == SeriesKind::Limit) {
             if let Some(&(_, y)) = s.points.first() {
                 y1 = y1.max(y);
@@ -117,7 +141,7 @@ impl Chart {
         if !x0.is_finite() || !y1.is_finite() {
             return None;
         }
-        let has_bars = self.series.iter().any(|s| s.kind == SeriesKind::Bars);
+        let has_bars = self.series.iter().any(|s| matches!(s.kind, SeriesKind::Bars | SeriesKind::Stacked));
         let pad = if has_bars || x0 == x1 { 0.5 * self.bar_width().max(1e-9) + if x0 == x1 { 0.5 } else { 0.0 } } else { 0.0 };
         let top = if y1 > y0 { y1 + 0.08 * (y1 - y0) } else { y0 + 1.0 };
         Some(((x0 - pad, x1 + pad), (y0, top)))
@@ -127,13 +151,25 @@ impl Chart {
         let mut xs: Vec<f64> = self
             .series
             .iter()
-            .filter(|s| s.kind == SeriesKind::Bars)
+            .filter(|s| matches!(s.kind, SeriesKind::Bars | SeriesKind::Stacked))
             .flat_map(|s| s.points.iter().map(|p| p.0))
             .collect();
         xs.sort_by(f64::total_cmp);
         xs.dedup();
         let gap = xs.windows(2).map(|w| w[1] - w[0]).fold(f64::INFINITY, f64::min);
         if gap.is_finite() { 0.8 * gap } else { 0.8 }
+    }
+
+    /// The height of each stacked column, by x.
+    fn stack_tops(&self) -> Vec<(f64, f64)> {
+        let mut tops: Vec<(f64, f64)> = Vec::new();
+        for &(x, y) in self.series.iter().filter(|s| s.kind == SeriesKind::Stacked).flat_map(|s| &s.points) {
+            match tops.iter_mut().find(|(at, _)| *at == x) {
+                Some((_, top)) => *top += y,
+                None => tops.push((x, y)),
+            }
+        }
+        tops
     }
 
     /// The chart as an SVG document.
@@ -152,14 +188,14 @@ impl Chart {
                 .y_label_area_size(64)
                 .build_cartesian_2d(x0..x1, y0..y1)
                 .map_err(|e| draw_err(&e))?;
-            chart
-                .configure_mesh()
-                .x_desc(&self.x_label)
-                .y_desc(&self.y_label)
-                .label_style(("sans-serif", 12))
-                .draw()
-                .map_err(|e| draw_err(&e))?;
+            let mut mesh = chart.configure_mesh();
+            mesh.x_desc(&self.x_label).y_desc(&self.y_label).label_style(("sans-serif", 12));
+            if !self.x_ticks {
+                mesh.x_labels(0).disable_x_mesh();
+            }
+            mesh.draw().map_err(|e| draw_err(&e))?;
             let half = self.bar_width() / 2.0;
+            let mut stacked: Vec<(f64, f64)> = Vec::new();
             for (i, series) in self.series.iter().enumerate() {
                 let color = PALETTE[i % PALETTE.len()];
                 let drawn = match series.kind {
@@ -170,6 +206,23 @@ impl Chart {
                     SeriesKind::Bars => chart.draw_series(series.points.iter().map(|&(x, y)| {
                         Rectangle::new([(x - half, 0.0), (x + half, y)], color.mix(0.8).filled())
                     })),
+                    SeriesKind::Stacked => {
+                        let rects: Vec<_> = series
+                            .points
+                            .iter()
+                            .map(|&(x, y)| {
+                                let base = match stacked.iter_mut().find(|(at, _)| *at == x) {
+                                    Some((_, top)) => std::mem::replace(top, *top + y),
+                                    None => {
+                                        stacked.push((x, y));
+                                        0.0
+                                    }
+                                };
+                                Rectangle::new([(x - half, base), (x + half, base + y)], color.filled())
+                            })
+                            .collect();
+                        chart.draw_series(rects)
+                    }
                     SeriesKind::Limit => {
                         let y = series.points[0].1;
                         chart.draw_series(LineSeries::new([(x0, y), (x1, y)], RED.stroke_width(2)))
@@ -235,6 +288,20 @@ mod tests {
         assert!(svg.contains("peak memory vs batch"));
         assert!(svg.contains("card (8 GiB)"));
         assert!(svg.matches("<rect").count() >= 3);
+    }
+
+    #[test]
+    fn stacked_series_pile_up_and_set_the_height() {
+        let chart = Chart::new("bills")
+            .hide_x_ticks()
+            .series(Series::stacked("parameters", [(1.0, 1.0)]))
+            .series(Series::stacked("activations", [(1.0, 6.0)]))
+            .series(Series::limit("card", 8.0));
+        assert_eq!(chart.stack_tops(), vec![(1.0, 7.0)]);
+        let ((_, _), (_, top)) = chart.ranges().unwrap();
+        assert!(top >= 8.0);
+        let svg = chart.to_svg().unwrap();
+        assert!(svg.contains("activations"));
     }
 
     #[test]
