@@ -212,3 +212,18 @@ async fn bad_messages_are_dropped_and_the_kernel_survives() {
     assert!(kernel.is_running());
     assert!(kernel.heartbeat_ok().await);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn shutdown_replies_then_ends_the_process() {
+    let mut kernel = Kernel::start().await;
+    kernel.execute("let x = 1;").await;
+    let reply = kernel.control_request(jupyter_protocol::ShutdownRequest { restart: true }).await;
+    let JupyterMessageContent::ShutdownReply(shutdown) = reply.content else { panic!("expected shutdown_reply") };
+    assert!(shutdown.restart && shutdown.status == ReplyStatus::Ok);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while kernel.is_running() {
+        assert!(std::time::Instant::now() < deadline, "the kernel process did not exit after shutdown");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(kernel.child.wait().unwrap().code(), Some(0));
+}
