@@ -1,8 +1,9 @@
 """Kernel latency benchmarks, vramlab against peer kernels in the same run.
 
 For each kernelspec given: start to kernel_info_reply, warm `1 + 1` round
-trip (p50 of 20), and, where the kernel has them, a magic round trip and
-restart-then-first-candle-cell. Prints a JSON report.
+trip (p50 of 20), and, where the kernel has them, magic round trips and
+restart-then-first-candle-cell; then warm `1 + 1` on all kernels in turn
+(interleaved, so that the machine's load falls on each alike). Prints JSON.
 
     .venv/bin/python scripts/bench_kernel.py vramlab evcxr
 """
@@ -96,11 +97,30 @@ def bench(name: str, starts: int, repeats: int) -> dict:
     return result
 
 
+def interleaved_warm(names: list[str], repeats: int) -> dict:
+    """`1 + 1` on each kernel in turn, so that load on the machine hits all alike."""
+    kernels = {name: start(name) for name in names}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    try:
+        for _, client, _ in kernels.values():
+            execute(client, "1 + 1")
+            execute(client, "1 + 1")
+        for _ in range(repeats):
+            for name, (_, client, _) in kernels.items():
+                samples[name].append(execute(client, "1 + 1"))
+    finally:
+        for manager, client, _ in kernels.values():
+            client.stop_channels()
+            manager.shutdown_kernel(now=True)
+    return {name: {"p50": p50(s), "min": min(s), "max": max(s), "repeats": len(s)} for name, s in samples.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("kernels", nargs="+")
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--only-interleaved", action="store_true", help="only the interleaved warm `1 + 1` comparison")
     args = parser.parse_args()
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -111,9 +131,13 @@ def main() -> int:
         },
         "results": [],
     }
-    for name in args.kernels:
-        print(f"benchmarking {name}...", file=sys.stderr)
-        report["results"].append(bench(name, args.starts, args.repeats))
+    if not args.only_interleaved:
+        for name in args.kernels:
+            print(f"benchmarking {name}...", file=sys.stderr)
+            report["results"].append(bench(name, args.starts, args.repeats))
+    if len(args.kernels) > 1:
+        print("interleaved warm 1 + 1...", file=sys.stderr)
+        report["interleaved_warm_1_plus_1_s"] = interleaved_warm(args.kernels, args.repeats)
     print(json.dumps(report, indent=2))
     return 0
 

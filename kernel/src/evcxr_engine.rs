@@ -24,7 +24,7 @@ const PANIC_PREFIX: &str = "\u{1e}vramlab:panic ";
 const PANIC_HOOK_CELL: &str = include_str!("../assets/panic_hook.rs");
 /// How long stderr must stay quiet after a cell ends before the cell is
 /// reported done: the cell's last stderr lines travel on their own pipe.
-const STDERR_SETTLE: Duration = Duration::from_millis(5);
+const STDERR_SETTLE: Duration = Duration::from_millis(2);
 
 enum Job {
     Execute(ExecuteJob, oneshot::Sender<Outcome>),
@@ -135,9 +135,6 @@ impl Worker {
             Ok((eval, outputs)) => (CommandContext::with_eval_context(eval), outputs),
             Err(err) => return Self::refuse_all(jobs, format!("the Rust engine (evcxr) failed to start: {err}")),
         };
-        if let Some(workspace) = library.dir.as_ref().and_then(|d| d.parent()) {
-            slot.seed_lockfile(&workspace.join("Cargo.lock"));
-        }
         let mut worker = Worker { ctx, pump: Pump::start(outputs), slot, library, running };
         if let Err(err) = worker.ctx.execute(PANIC_HOOK_CELL) {
             log::error!("could not install the panic hook in the cell process: {err}");
@@ -257,6 +254,11 @@ impl Worker {
                 .to_owned()
         };
         output.stream(Stdio::Stderr, note);
+        if let Some(workspace_lock) = self.library.dir.as_ref().and_then(|d| d.parent()).map(|w| w.join("Cargo.lock")) {
+            if workspace_lock.exists() {
+                self.slot.pin_dependencies(&workspace_lock);
+            }
+        }
         let started = Instant::now();
         self.ctx.execute(&command).map_err(|err| {
             let text = match &err {

@@ -67,14 +67,15 @@ impl BuildSlot {
         walk_has_prefix(&deps, &prefix, 4)
     }
 
-    /// Starts the build with the workspace's lock file, so cells get the
-    /// same dependency versions the library was tested with.
-    pub fn seed_lockfile(&self, workspace_lock: &Path) {
+    /// Puts the workspace's lock file in place before the library is added,
+    /// so that cells get the dependency versions the library was tested with.
+    /// (Cargo prunes a lock file to what the cells use at every build, so this
+    /// must happen right before `:dep vramlab`; crates added earlier are
+    /// resolved again, to the versions they had.)
+    pub fn pin_dependencies(&self, workspace_lock: &Path) {
         let target = self.dir.join("Cargo.lock");
-        if !target.exists() && workspace_lock.exists() {
-            if let Err(err) = std::fs::copy(workspace_lock, &target) {
-                log::warn!("could not seed {}: {err}", target.display());
-            }
+        if let Err(err) = std::fs::copy(workspace_lock, &target) {
+            log::warn!("could not pin the library's dependencies with {}: {err}", workspace_lock.display());
         }
     }
 }
