@@ -5,7 +5,7 @@
 source "$(dirname "$0")/setup.sh"
 
 say "installing the kernelspec for this user (JupyterLab, VS Code)"
-target/release/vramlab-kernel install --user
+"$KERNEL_BIN" install --user
 
 say "running the lessons"
 .venv/bin/python scripts/run_notebooks.py --in-place notebooks/*.ipynb

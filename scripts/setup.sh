@@ -31,6 +31,7 @@ fi
 say "building (release; the first build takes about 20 minutes on 2 cores)"
 cargo build --release --locked --workspace --bins
 
+KERNEL_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab-kernel"
 say "installing the kernelspec into .venv"
-VIRTUAL_ENV="$ROOT/.venv" target/release/vramlab-kernel install --sys-prefix
+VIRTUAL_ENV="$ROOT/.venv" "$KERNEL_BIN" install --sys-prefix
 export PATH="$ROOT/.venv/bin:$PATH"
