@@ -227,15 +227,13 @@ impl Worker {
         let report = self.pump.detach();
         let interrupted = self.running.interrupted.swap(false, Ordering::SeqCst);
         match result {
-            Ok(_) if interrupted => Err(interrupted_error(&variables_before, "")),
+            Ok(_) if interrupted => Err(interrupted_error(&variables_before)),
             Ok(outputs) => match report.panic {
                 Some(panic) => Err(panic.into_error()),
                 None if outputs.content_by_mime_type.is_empty() => Ok(None),
                 None => Ok(Some(bundle_of(outputs.content_by_mime_type))),
             },
-            Err(evcxr::Error::SubprocessTerminated(detail)) if interrupted => {
-                Err(interrupted_error(&variables_before, &detail))
-            }
+            Err(evcxr::Error::SubprocessTerminated(_)) if interrupted => Err(interrupted_error(&variables_before)),
             Err(evcxr::Error::SubprocessTerminated(detail)) => Err(process_died(&variables_before, &detail)),
             Err(evcxr::Error::CompilationErrors(errors)) => Err(compilation_error(&errors, &job.code)),
             Err(other) => Err(CellError::new("Error", other.to_string(), vec![other.to_string()])),
@@ -332,7 +330,7 @@ fn list(names: &BTreeSet<String>) -> String {
 
 const KEPT: &str = "Kept: functions, types, `use` statements and :dep crates defined so far.";
 
-fn interrupted_error(lost: &BTreeSet<String>, _detail: &str) -> CellError {
+fn interrupted_error(lost: &BTreeSet<String>) -> CellError {
     CellError::new(
         "Interrupted",
         "the cell was interrupted; its process was stopped and started again",
