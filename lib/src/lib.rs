@@ -8,7 +8,11 @@ pub use candle_nn;
 
 pub mod render;
 pub mod cli;
+pub mod data;
 pub mod gpus;
 pub mod ledger;
+pub mod memory;
 pub mod models;
 pub mod oom;
+pub mod ops;
+pub mod train;

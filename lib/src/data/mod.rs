@@ -1,0 +1,1 @@
+//! From disk to device: datasets, decoding, transforms, the loader, splits and the synthetic leaf-disease data.

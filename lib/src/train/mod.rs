@@ -1,0 +1,1 @@
+//! Training: optimizers, mixed precision, accumulation, checkpointing, clipping, schedules and the Trainer.
