@@ -1,7 +1,25 @@
 //! The tensor operations the zoo models are made of, with a backward for each:
-//! convolution (dense and depthwise) and max-pooling.
+//! convolution (dense, grouped and depthwise), max-pooling and training-mode
+//! batch-norm.
+//!
+//! On the CPU they are our own kernels (im2col + gemm for dense convolutions,
+//! direct loops for depthwise ones, pooling and batch-norm), threaded over
+//! the batch or the channels, for f32, f16 and bf16 (half-precision tensors
+//! are computed in f32 and stored back in their own dtype). Elsewhere they
+//! use candle's operations.
 
-use candle_core::{Result, Tensor};
+mod conv;
+mod depthwise;
+mod floats;
+mod norm;
+mod pool;
+
+#[cfg(test)]
+mod tests;
+
+use candle_core::{DType, Result, Tensor};
+
+pub use norm::{batch_norm_train, BatchNormTrain};
 
 /// Stride, zero padding (both sides) and groups of a square 2-D convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,23 +29,86 @@ pub struct ConvParams {
     pub groups: usize,
 }
 
-/// `x` is `N x C x H x W`, `weight` is `O x C/groups x K x K`.
-pub fn conv2d(x: &Tensor, weight: &Tensor, p: ConvParams) -> Result<Tensor> {
-    x.conv2d(weight, p.padding, p.stride, 1, p.groups)
+/// Shapes and parameters an operation refuses, named with the operation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OpError {
+    #[error("{op}: {what} must have 4 dimensions (N x C x H x W), got {dims:?}")]
+    NotFourDims { op: &'static str, what: &'static str, dims: Vec<usize> },
+    #[error("{op}: {what} must be at least 1")]
+    Zero { op: &'static str, what: &'static str },
+    #[error("{op}: {channels} {what} channels are not divisible by {groups} groups")]
+    Groups { op: &'static str, what: &'static str, channels: usize, groups: usize },
+    #[error("conv2d: weight {weight:?} expects {expected} input channels per group, input {input:?} with {groups} groups gives {got}")]
+    WeightChannels { input: Vec<usize>, weight: Vec<usize>, groups: usize, expected: usize, got: usize },
+    #[error("{op}: a {kernel_h}x{kernel_w} window does not fit the {height}x{width} input padded by {padding}")]
+    WindowTooLarge { op: &'static str, kernel_h: usize, kernel_w: usize, height: usize, width: usize, padding: usize },
+    #[error("max_pool2d: padding {padding} exceeds half the kernel {kernel}: some windows would hold only padding")]
+    PoolPadding { kernel: usize, padding: usize },
+    #[error("{op}: input is {input:?} but the other operand is {other:?}")]
+    DTypeMismatch { op: &'static str, input: DType, other: DType },
+    #[error("{op}: dtype {dtype:?} is not supported on the CPU (f32, f16 and bf16 are)")]
+    UnsupportedDType { op: &'static str, dtype: DType },
+    #[error("{op}: operand is not contiguous")]
+    NotContiguous { op: &'static str },
+    #[error("{op}: {what} must hold one value per channel ({channels}), got shape {dims:?}")]
+    PerChannel { op: &'static str, what: &'static str, channels: usize, dims: Vec<usize> },
+    #[error("{op}: input {dims:?} has fewer than 2 values per channel")]
+    TooFewValues { op: &'static str, dims: Vec<usize> },
+    #[error("{op}: expected CPU tensors, got one on {device}")]
+    NotOnCpu { op: &'static str, device: String },
+    #[error("batch_norm_train: the forward did not record its batch statistics")]
+    MissingStatistics,
 }
 
-/// Max over `kernel x kernel` windows; padding pads with -inf.
+impl From<OpError> for candle_core::Error {
+    fn from(e: OpError) -> Self {
+        candle_core::Error::wrap(e)
+    }
+}
+
+/// Output size of a window of `kernel` sliding with `stride` over `size`
+/// padded by `padding` on both sides; `None` when it does not fit once.
+fn window_count(size: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
+    let padded = size + 2 * padding;
+    (padded >= kernel).then(|| (padded - kernel) / stride + 1)
+}
+
+fn dims4(op: &'static str, what: &'static str, t: &Tensor) -> std::result::Result<[usize; 4], OpError> {
+    match *t.dims() {
+        [a, b, c, d] => Ok([a, b, c, d]),
+        _ => Err(OpError::NotFourDims { op, what, dims: t.dims().to_vec() }),
+    }
+}
+
+fn uses_own_kernels(x: &Tensor) -> bool {
+    x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// `x` is `N x C x H x W`, `weight` is `O x C/groups x K x K`.
+///
+/// Dense and grouped convolutions run as im2col + gemm; depthwise ones
+/// (`groups == C`) as a direct loop. Both have a backward for the input and
+/// the weight. f64 on the CPU and every dtype on other devices use candle's
+/// `conv2d`.
+pub fn conv2d(x: &Tensor, weight: &Tensor, p: ConvParams) -> Result<Tensor> {
+    let geometry = conv::Geometry::new(x, weight, p)?;
+    if !uses_own_kernels(x) {
+        return x.conv2d(weight, p.padding, p.stride, 1, p.groups);
+    }
+    if x.dtype() != weight.dtype() {
+        Err(OpError::DTypeMismatch { op: "conv2d", input: x.dtype(), other: weight.dtype() })?
+    }
+    x.contiguous()?.apply_op2(&weight.contiguous()?, conv::Conv2d(geometry))
+}
+
+/// Max over `kernel x kernel` windows; padding pads with -inf (at most half
+/// the kernel, as in PyTorch). The backward sends each output's gradient to
+/// the first maximum of its window, so overlapping windows (3x3 stride 2)
+/// train.
 pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
-    let padded = if padding == 0 {
-        x.clone()
-    } else {
-        let fill = f64::NEG_INFINITY;
-        let (n, c, h, w) = x.dims4()?;
-        let row = Tensor::full(fill, (n, c, padding, w), x.device())?.to_dtype(x.dtype())?;
-        let x = Tensor::cat(&[&row, x, &row], 2)?;
-        let col = Tensor::full(fill, (n, c, h + 2 * padding, padding), x.device())?
-            .to_dtype(x.dtype())?;
-        Tensor::cat(&[&col, &x, &col], 3)?
-    };
-    padded.max_pool2d_with_stride(kernel, stride)
+    let geometry = pool::Geometry::new(x, kernel, stride, padding)?;
+    if x.device().is_cpu() {
+        return x.contiguous()?.apply_op1(pool::MaxPool2d(geometry));
+    }
+    pool::max_pool2d_composed(x, geometry)
 }

@@ -1,0 +1,100 @@
+//! Timing of `vramlab::ops` against candle's own operations, on the CPU:
+//! each case forward only and forward + backward (gradients of input and
+//! weight), median of the repeats after one warm-up. Prints JSON (seconds);
+//! scripts/bench_ops.py runs PyTorch on the same cases and adds the ratios.
+//!
+//!     cargo bench -p vramlab --bench ops [-- --repeats N]
+
+use std::time::Instant;
+
+use vramlab::candle::{DType, Device, Tensor, Var};
+use vramlab::ops::{conv2d, max_pool2d, ConvParams};
+
+fn p50(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn time(repeats: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    p50((0..repeats)
+        .map(|_| {
+            let started = Instant::now();
+            f();
+            started.elapsed().as_secs_f64()
+        })
+        .collect())
+}
+
+/// Forward, and forward + backward of `sum(op(x, w))`, with `x` and `w` both trainable.
+fn fwd_and_bwd(repeats: usize, x: &Tensor, w: &Tensor, op: impl Fn(&Tensor, &Tensor) -> Tensor) -> serde_json::Value {
+    let (xv, wv) = (Var::from_tensor(x).expect("var"), Var::from_tensor(w).expect("var"));
+    let forward = time(repeats, || {
+        op(x, w);
+    });
+    let train = time(repeats, || {
+        op(xv.as_tensor(), wv.as_tensor()).sum_all().expect("sum").backward().expect("backward");
+    });
+    serde_json::json!({"fwd_s": forward, "fwd_bwd_s": train})
+}
+
+fn randn(dims: &[usize], dtype: DType) -> Tensor {
+    Tensor::randn(0f32, 1f32, dims, &Device::Cpu).expect("randn").to_dtype(dtype).expect("dtype")
+}
+
+struct Conv {
+    name: &'static str,
+    batch: usize,
+    channels: usize,
+    out_channels: usize,
+    size: usize,
+    kernel: usize,
+    params: ConvParams,
+}
+
+const CONVS: [Conv; 4] = [
+    Conv { name: "conv3x3_64_64_32x32_b32", batch: 32, channels: 64, out_channels: 64, size: 32, kernel: 3, params: ConvParams { stride: 1, padding: 1, groups: 1 } },
+    Conv { name: "conv7x7s2_3_64_224x224_b8", batch: 8, channels: 3, out_channels: 64, size: 224, kernel: 7, params: ConvParams { stride: 2, padding: 3, groups: 1 } },
+    Conv { name: "conv3x3_256_256_4x4_b32", batch: 32, channels: 256, out_channels: 256, size: 4, kernel: 3, params: ConvParams { stride: 1, padding: 1, groups: 1 } },
+    Conv { name: "dwconv3x3_96_56x56_b8", batch: 8, channels: 96, out_channels: 96, size: 56, kernel: 3, params: ConvParams { stride: 1, padding: 1, groups: 96 } },
+];
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let repeats = args
+        .iter()
+        .position(|a| a == "--repeats")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let mut report = serde_json::Map::new();
+    for c in &CONVS {
+        for dtype in [DType::F32, DType::F16] {
+            let x = randn(&[c.batch, c.channels, c.size, c.size], dtype);
+            let w = randn(&[c.out_channels, c.channels / c.params.groups, c.kernel, c.kernel], dtype);
+            let p = c.params;
+            let ours = fwd_and_bwd(repeats, &x, &w, |x, w| conv2d(x, w, p).expect("conv2d"));
+            let candle = fwd_and_bwd(repeats, &x, &w, |x, w| x.conv2d(w, p.padding, p.stride, 1, p.groups).expect("conv2d"));
+            report.insert(format!("{}_{dtype:?}", c.name).to_lowercase(), serde_json::json!({"ours": ours, "candle": candle}));
+        }
+    }
+    // Max-pool 3x3 stride 2 has no backward in candle: only its forward (on a padded input) is timed.
+    let x = randn(&[32, 64, 32, 32], DType::F32);
+    let xv = Var::from_tensor(&x).expect("var");
+    let ours_fwd = time(repeats, || {
+        max_pool2d(&x, 3, 2, 1).expect("pool");
+    });
+    let ours_train = time(repeats, || {
+        max_pool2d(xv.as_tensor(), 3, 2, 1).expect("pool").sum_all().expect("sum").backward().expect("backward");
+    });
+    let candle_fwd = time(repeats, || {
+        x.pad_with_zeros(2, 1, 1).expect("pad").pad_with_zeros(3, 1, 1).expect("pad").max_pool2d_with_stride(3, 2).expect("pool");
+    });
+    report.insert(
+        "maxpool3x3s2_64_32x32_b32_f32".into(),
+        serde_json::json!({"ours": {"fwd_s": ours_fwd, "fwd_bwd_s": ours_train}, "candle": {"fwd_s": candle_fwd}}),
+    );
+    report.insert("repeats".into(), repeats.into());
+    report.insert("threads".into(), vramlab::candle::utils::get_num_threads().into());
+    println!("{}", serde_json::to_string_pretty(&report).expect("json"));
+}

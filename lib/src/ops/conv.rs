@@ -1,0 +1,498 @@
+//! Dense and grouped convolution on the CPU: im2col + gemm forward, gemm +
+//! col2im for the input gradient, gemm against the im2col matrix for the
+//! weight gradient. Small images are stacked into one wider matrix so that
+//! late, spatially tiny layers still make gemm-sized products; chunks of
+//! images run on rayon's threads.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+use super::floats::{f32_view, storage_from_f32};
+use super::{depthwise, dims4, window_count, ConvParams, OpError};
+
+/// Shapes of one convolution, checked once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Geometry {
+    pub batch: usize,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub out_channels: usize,
+    pub kernel_h: usize,
+    pub kernel_w: usize,
+    pub stride: usize,
+    pub padding: usize,
+    pub groups: usize,
+    pub out_h: usize,
+    pub out_w: usize,
+}
+
+impl Geometry {
+    pub fn new(x: &Tensor, weight: &Tensor, p: ConvParams) -> std::result::Result<Self, OpError> {
+        let op = "conv2d";
+        let [batch, channels, height, width] = dims4(op, "input", x)?;
+        let [out_channels, per_group, kernel_h, kernel_w] = dims4(op, "weight", weight)?;
+        for (what, value) in [("stride", p.stride), ("groups", p.groups), ("kernel size", kernel_h.min(kernel_w))] {
+            if value == 0 {
+                return Err(OpError::Zero { op, what });
+            }
+        }
+        for (what, count) in [("input", channels), ("output", out_channels)] {
+            if count % p.groups != 0 {
+                return Err(OpError::Groups { op, what, channels: count, groups: p.groups });
+            }
+        }
+        if per_group != channels / p.groups {
+            return Err(OpError::WeightChannels {
+                input: x.dims().to_vec(),
+                weight: weight.dims().to_vec(),
+                groups: p.groups,
+                expected: per_group,
+                got: channels / p.groups,
+            });
+        }
+        let too_large =
+            || OpError::WindowTooLarge { op, kernel_h, kernel_w, height, width, padding: p.padding };
+        let out_h = window_count(height, kernel_h, p.stride, p.padding).ok_or_else(too_large)?;
+        let out_w = window_count(width, kernel_w, p.stride, p.padding).ok_or_else(too_large)?;
+        Ok(Self {
+            batch,
+            channels,
+            height,
+            width,
+            out_channels,
+            kernel_h,
+            kernel_w,
+            stride: p.stride,
+            padding: p.padding,
+            groups: p.groups,
+            out_h,
+            out_w,
+        })
+    }
+
+    pub fn in_per_group(&self) -> usize {
+        self.channels / self.groups
+    }
+
+    pub fn out_per_group(&self) -> usize {
+        self.out_channels / self.groups
+    }
+
+    /// Rows of the im2col matrix of one group: one per weight of an output channel.
+    pub fn patch(&self) -> usize {
+        self.in_per_group() * self.kernel_h * self.kernel_w
+    }
+
+    pub fn in_plane(&self) -> usize {
+        self.height * self.width
+    }
+
+    pub fn out_plane(&self) -> usize {
+        self.out_h * self.out_w
+    }
+
+    pub fn is_depthwise(&self) -> bool {
+        self.groups > 1 && self.groups == self.channels
+    }
+
+    /// A 1x1, stride-1, unpadded convolution reads its input as the im2col matrix.
+    fn is_pointwise(&self) -> bool {
+        self.kernel_h == 1 && self.kernel_w == 1 && self.stride == 1 && self.padding == 0
+    }
+
+    fn out_shape(&self) -> Shape {
+        (self.batch, self.out_channels, self.out_h, self.out_w).into()
+    }
+
+    fn in_shape(&self) -> Shape {
+        (self.batch, self.channels, self.height, self.width).into()
+    }
+
+    fn weight_shape(&self) -> Shape {
+        (self.out_channels, self.in_per_group(), self.kernel_h, self.kernel_w).into()
+    }
+}
+
+/// Outputs `o` in `lo..hi` read inside the input along one axis
+/// (`0 <= o * stride + offset - padding < size`); the others read padding.
+pub(super) fn valid_outputs(offset: usize, size: usize, outputs: usize, stride: usize, padding: usize) -> (usize, usize) {
+    let lo = if offset >= padding { 0 } else { (padding - offset).div_ceil(stride) };
+    let hi = if size + padding > offset { ((size + padding - offset - 1) / stride + 1).min(outputs) } else { 0 };
+    (lo.min(hi), hi)
+}
+
+/// Writes the patches of one image's group (`in_per_group x H x W`) into
+/// `col` (`patch` rows of `row_stride`), columns `column..column + out_plane`.
+fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], row_stride: usize, column: usize) {
+    let (s, p, w, ow_n) = (g.stride, g.padding, g.width, g.out_w);
+    for c in 0..g.in_per_group() {
+        let plane = &x[c * g.in_plane()..][..g.in_plane()];
+        for kh in 0..g.kernel_h {
+            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, s, p);
+            for kw in 0..g.kernel_w {
+                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, s, p);
+                let r = (c * g.kernel_h + kh) * g.kernel_w + kw;
+                let row = &mut col[r * row_stride + column..][..g.out_plane()];
+                for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
+                    if oh < oh_lo || oh >= oh_hi || ow_lo == ow_hi {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[(oh * s + kh - p) * w..][..w];
+                    dst[..ow_lo].fill(0.0);
+                    dst[ow_hi..].fill(0.0);
+                    let first = ow_lo * s + kw - p;
+                    if s == 1 {
+                        dst[ow_lo..ow_hi].copy_from_slice(&src[first..first + ow_hi - ow_lo]);
+                    } else {
+                        for (d, v) in dst[ow_lo..ow_hi].iter_mut().zip(src[first..].iter().step_by(s)) {
+                            *d = *v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds the columns `column..column + out_plane` of `col` back onto the
+/// input positions they were read from (`dx` is one image's group).
+fn col2im(g: &Geometry, col: &[f32], row_stride: usize, column: usize, dx: &mut [f32]) {
+    let (s, p, w, ow_n) = (g.stride, g.padding, g.width, g.out_w);
+    let in_plane = g.in_plane();
+    for c in 0..g.in_per_group() {
+        let plane = &mut dx[c * in_plane..][..in_plane];
+        for kh in 0..g.kernel_h {
+            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, s, p);
+            for kw in 0..g.kernel_w {
+                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, s, p);
+                if ow_lo == ow_hi {
+                    continue;
+                }
+                let r = (c * g.kernel_h + kh) * g.kernel_w + kw;
+                let row = &col[r * row_stride + column..][..g.out_plane()];
+                for oh in oh_lo..oh_hi {
+                    let src = &row[oh * ow_n + ow_lo..oh * ow_n + ow_hi];
+                    let first = ow_lo * s + kw - p;
+                    let dst = &mut plane[(oh * s + kh - p) * w..][..w];
+                    if s == 1 {
+                        for (d, v) in dst[first..first + src.len()].iter_mut().zip(src) {
+                            *d += *v;
+                        }
+                    } else {
+                        for (d, v) in dst[first..].iter_mut().step_by(s).zip(src) {
+                            *d += *v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A matrix inside a slice: element `(i, j)` is `data[i * row_stride + j * col_stride]`.
+#[derive(Clone, Copy)]
+struct Mat<'a> {
+    data: &'a [f32],
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl Mat<'_> {
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || (rows - 1) * self.row_stride + (cols - 1) * self.col_stride < self.data.len()
+    }
+}
+
+/// `dst (m x n, rows dst_row_stride apart) (+)= lhs (m x k) * rhs (k x n)`.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    dst: &mut [f32],
+    dst_row_stride: usize,
+    (m, n, k): (usize, usize, usize),
+    lhs: Mat,
+    rhs: Mat,
+    accumulate: bool,
+    parallelism: Parallelism,
+) {
+    // Bounds of the raw pointers handed to gemm below.
+    assert!(lhs.fits(m, k) && rhs.fits(k, n) && (m == 0 || n == 0 || (m - 1) * dst_row_stride + n <= dst.len()));
+    // SAFETY: the assertion keeps every element gemm reads or writes inside
+    // the three slices, and `dst` is borrowed mutably, so it overlaps neither input.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            dst_row_stride as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.col_stride as isize,
+            lhs.row_stride as isize,
+            rhs.data.as_ptr(),
+            rhs.col_stride as isize,
+            rhs.row_stride as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            parallelism,
+        )
+    }
+}
+
+/// Columns a chunk of stacked images aims for: wide enough for gemm to run
+/// at speed on 2x2 feature maps, narrow enough to keep the im2col buffer small.
+const CHUNK_COLUMNS: usize = 512;
+
+/// How a batch is cut into chunks of images and where the threads go:
+/// across chunks when there are enough of them, else inside gemm.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    images: usize,
+    chunks: usize,
+    threads: usize,
+    across_chunks: bool,
+}
+
+impl Plan {
+    fn new(batch: usize, out_plane: usize) -> Self {
+        let threads = rayon::current_num_threads().max(1);
+        let wanted = CHUNK_COLUMNS.div_ceil(out_plane.max(1)).max(1);
+        let fair = batch.div_ceil(threads).max(1);
+        let images = wanted.min(fair);
+        let chunks = batch.div_ceil(images);
+        Self { images, chunks, threads, across_chunks: threads == 1 || chunks >= threads }
+    }
+
+    fn gemm_parallelism(&self) -> Parallelism {
+        if self.across_chunks {
+            Parallelism::None
+        } else {
+            Parallelism::Rayon(self.threads)
+        }
+    }
+
+    /// Runs `f(first_image, chunk)` over `data` cut into chunks of `per_image * images`.
+    fn for_each_chunk(&self, data: &mut [f32], per_image: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+        let len = (per_image * self.images).max(1);
+        if self.across_chunks {
+            data.par_chunks_mut(len).enumerate().for_each(|(i, chunk)| f(i * self.images, chunk));
+        } else {
+            data.chunks_mut(len).enumerate().for_each(|(i, chunk)| f(i * self.images, chunk));
+        }
+    }
+}
+
+/// Copies rows `first_row..first_row + rows` of each of `images` consecutive
+/// `per_image`-element blocks of `src` (rows `width` long) side by side:
+/// row `r` of the result holds image 0's row, then image 1's, ...
+fn stack_images(src: &[f32], per_image: usize, first_row: usize, rows: usize, width: usize, images: usize, dst: &mut [f32]) {
+    let cols = images * width;
+    for j in 0..images {
+        for r in 0..rows {
+            dst[r * cols + j * width..][..width]
+                .copy_from_slice(&src[j * per_image + (first_row + r) * width..][..width]);
+        }
+    }
+}
+
+fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
+    let (op, patch, og, cg) = (g.out_plane(), g.patch(), g.out_per_group(), g.in_per_group());
+    let x_image = g.channels * g.in_plane();
+    let out_image = g.out_channels * op;
+    let plan = Plan::new(g.batch, op);
+    let parallelism = plan.gemm_parallelism();
+    let mut out = vec![0f32; g.batch * out_image];
+    plan.for_each_chunk(&mut out, out_image, |n0, out_chunk| {
+        let nb = out_chunk.len() / out_image;
+        let cols = nb * op;
+        let direct_input = g.is_pointwise() && nb == 1;
+        let mut col = if direct_input { Vec::new() } else { vec![0f32; patch * cols] };
+        let mut stacked = if nb > 1 { vec![0f32; og * cols] } else { Vec::new() };
+        for grp in 0..g.groups {
+            let rhs = if direct_input {
+                Mat { data: &x[n0 * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()], row_stride: op, col_stride: 1 }
+            } else {
+                for j in 0..nb {
+                    let image = &x[(n0 + j) * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
+                    im2col(g, image, &mut col, cols, j * op);
+                }
+                Mat { data: &col, row_stride: cols, col_stride: 1 }
+            };
+            let lhs = Mat { data: &w[grp * og * patch..][..og * patch], row_stride: patch, col_stride: 1 };
+            if nb == 1 {
+                matmul(&mut out_chunk[grp * og * op..][..og * op], op, (og, op, patch), lhs, rhs, false, parallelism);
+            } else {
+                matmul(&mut stacked, cols, (og, cols, patch), lhs, rhs, false, parallelism);
+                for j in 0..nb {
+                    for o in 0..og {
+                        out_chunk[(j * g.out_channels + grp * og + o) * op..][..op]
+                            .copy_from_slice(&stacked[o * cols + j * op..][..op]);
+                    }
+                }
+            }
+        }
+    });
+    out
+}
+
+fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
+    let (op, patch, og, cg) = (g.out_plane(), g.patch(), g.out_per_group(), g.in_per_group());
+    let x_image = g.channels * g.in_plane();
+    let out_image = g.out_channels * op;
+    let plan = Plan::new(g.batch, op);
+    let parallelism = plan.gemm_parallelism();
+    let mut dx = vec![0f32; g.batch * x_image];
+    plan.for_each_chunk(&mut dx, x_image, |n0, dx_chunk| {
+        let nb = dx_chunk.len() / x_image;
+        let cols = nb * op;
+        let direct_output = g.is_pointwise() && nb == 1;
+        let mut dcol = if direct_output { Vec::new() } else { vec![0f32; patch * cols] };
+        let mut stacked = if nb > 1 { vec![0f32; og * cols] } else { Vec::new() };
+        for grp in 0..g.groups {
+            let rhs = if nb == 1 {
+                Mat { data: &dy[n0 * out_image + grp * og * op..][..og * op], row_stride: op, col_stride: 1 }
+            } else {
+                stack_images(&dy[n0 * out_image..], out_image, grp * og, og, op, nb, &mut stacked);
+                Mat { data: &stacked, row_stride: cols, col_stride: 1 }
+            };
+            // The transposed weight of the group: element (r, o) is w[o * patch + r].
+            let lhs = Mat { data: &w[grp * og * patch..][..og * patch], row_stride: 1, col_stride: patch };
+            if direct_output {
+                let dst = &mut dx_chunk[grp * cg * g.in_plane()..][..cg * g.in_plane()];
+                matmul(dst, op, (patch, op, og), lhs, rhs, false, parallelism);
+            } else {
+                matmul(&mut dcol, cols, (patch, cols, og), lhs, rhs, false, parallelism);
+                for j in 0..nb {
+                    let image = &mut dx_chunk[j * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
+                    col2im(g, &dcol, cols, j * op, image);
+                }
+            }
+        }
+    });
+    dx
+}
+
+fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    let (op, patch, og, cg) = (g.out_plane(), g.patch(), g.out_per_group(), g.in_per_group());
+    let x_image = g.channels * g.in_plane();
+    let out_image = g.out_channels * op;
+    let plan = Plan::new(g.batch, op);
+    let parallelism = plan.gemm_parallelism();
+    let weights = g.out_channels * patch;
+    let accumulate_chunk = |chunk: usize, dw: &mut [f32]| {
+        let n0 = chunk * plan.images;
+        let nb = plan.images.min(g.batch - n0);
+        let cols = nb * op;
+        let direct_input = g.is_pointwise() && nb == 1;
+        let mut col = if direct_input { Vec::new() } else { vec![0f32; patch * cols] };
+        let mut stacked = if nb > 1 { vec![0f32; og * cols] } else { Vec::new() };
+        for grp in 0..g.groups {
+            let col_t = if direct_input {
+                let data = &x[n0 * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
+                Mat { data, row_stride: 1, col_stride: op }
+            } else {
+                for j in 0..nb {
+                    let image = &x[(n0 + j) * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
+                    im2col(g, image, &mut col, cols, j * op);
+                }
+                Mat { data: &col, row_stride: 1, col_stride: cols }
+            };
+            let dy_g = if nb == 1 {
+                Mat { data: &dy[n0 * out_image + grp * og * op..][..og * op], row_stride: op, col_stride: 1 }
+            } else {
+                stack_images(&dy[n0 * out_image..], out_image, grp * og, og, op, nb, &mut stacked);
+                Mat { data: &stacked, row_stride: cols, col_stride: 1 }
+            };
+            let dst = &mut dw[grp * og * patch..][..og * patch];
+            matmul(dst, patch, (og, patch, cols), dy_g, col_t, true, parallelism);
+        }
+    };
+    if !plan.across_chunks {
+        let mut dw = vec![0f32; weights];
+        (0..plan.chunks).for_each(|chunk| accumulate_chunk(chunk, &mut dw));
+        return dw;
+    }
+    // One partial sum per thread over a contiguous run of chunks, added at the end.
+    let workers = plan.threads.min(plan.chunks);
+    let partials: Vec<Vec<f32>> = (0..workers)
+        .into_par_iter()
+        .map(|t| {
+            let mut dw = vec![0f32; weights];
+            (t * plan.chunks / workers..(t + 1) * plan.chunks / workers).for_each(|chunk| accumulate_chunk(chunk, &mut dw));
+            dw
+        })
+        .collect();
+    let mut partials = partials.into_iter();
+    let mut dw = partials.next().unwrap_or_else(|| vec![0f32; weights]);
+    for partial in partials {
+        dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
+    }
+    dw
+}
+
+/// The convolution as a candle op: `x` and `weight` in, output out, and a
+/// backward made of the two ops below.
+pub(super) struct Conv2d(pub Geometry);
+
+impl CustomOp2 for Conv2d {
+    fn name(&self) -> &'static str {
+        "conv2d"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let x = f32_view(self.name(), s1, l1)?;
+        let w = f32_view(self.name(), s2, l2)?;
+        let out = if g.is_depthwise() { depthwise::forward(g, &x, &w) } else { forward(g, &x, &w) };
+        Ok((storage_from_f32(self.name(), out, s1.dtype())?, g.out_shape()))
+    }
+
+    fn bwd(&self, x: &Tensor, weight: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let grad_x = if x.track_op() { Some(grad.apply_op2_no_bwd(weight, &Conv2dGradInput(self.0))?) } else { None };
+        let grad_w = if weight.track_op() { Some(x.apply_op2_no_bwd(&grad, &Conv2dGradWeight(self.0))?) } else { None };
+        Ok((grad_x, grad_w))
+    }
+}
+
+/// `(grad_out, weight) -> grad_x`.
+pub(super) struct Conv2dGradInput(pub Geometry);
+
+impl CustomOp2 for Conv2dGradInput {
+    fn name(&self) -> &'static str {
+        "conv2d-grad-input"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let dy = f32_view(self.name(), s1, l1)?;
+        let w = f32_view(self.name(), s2, l2)?;
+        let dx = if g.is_depthwise() { depthwise::grad_input(g, &dy, &w) } else { grad_input(g, &dy, &w) };
+        Ok((storage_from_f32(self.name(), dx, s1.dtype())?, g.in_shape()))
+    }
+}
+
+/// `(x, grad_out) -> grad_weight`.
+pub(super) struct Conv2dGradWeight(pub Geometry);
+
+impl CustomOp2 for Conv2dGradWeight {
+    fn name(&self) -> &'static str {
+        "conv2d-grad-weight"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let x = f32_view(self.name(), s1, l1)?;
+        let dy = f32_view(self.name(), s2, l2)?;
+        let dw = if g.is_depthwise() { depthwise::grad_weight(g, &x, &dy) } else { grad_weight(g, &x, &dy) };
+        Ok((storage_from_f32(self.name(), dw, s1.dtype())?, g.weight_shape()))
+    }
+}

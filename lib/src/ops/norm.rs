@@ -1,0 +1,246 @@
+//! Training-mode batch-norm as one op. On the CPU the forward reads the input
+//! twice (statistics, then the normalised output) and the backward twice
+//! (per-channel sums, then the input gradient), where the same computation
+//! from candle's elementwise ops makes about a dozen passes each way and keeps
+//! their intermediates alive for backward.
+
+use std::sync::{Arc, OnceLock};
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+use rayon::prelude::*;
+
+use super::floats::{f32_view, storage_from_f32};
+use super::{dims4, uses_own_kernels, OpError};
+
+const OP: &str = "batch_norm_train";
+
+/// What a training-mode batch-norm computes: the output (differentiable with
+/// respect to input, weight and bias) and the batch statistics per channel
+/// (f32, detached), from which the caller updates its running statistics.
+#[derive(Debug, Clone)]
+pub struct BatchNormTrain {
+    pub y: Tensor,
+    pub mean: Tensor,
+    /// Biased (divided by the count): multiply by `count / (count - 1)` for the running variance.
+    pub var: Tensor,
+    /// Values per channel, `N * H * W`.
+    pub count: usize,
+}
+
+/// `y = (x - mean) / sqrt(var + eps) * weight + bias` with the statistics of
+/// this batch per channel; `x` is `N x C x H x W`, `weight` and `bias` hold
+/// `C` values. `y` has `x`'s dtype; the arithmetic is f32.
+pub fn batch_norm_train(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<BatchNormTrain> {
+    let [n, c, h, w] = dims4(OP, "input", x)?;
+    for (what, t) in [("weight", weight), ("bias", bias)] {
+        if t.dims() != [c] {
+            Err(OpError::PerChannel { op: OP, what, channels: c, dims: t.dims().to_vec() })?
+        }
+    }
+    let count = n * h * w;
+    if count < 2 {
+        Err(OpError::TooFewValues { op: OP, dims: x.dims().to_vec() })?
+    }
+    if !uses_own_kernels(x) {
+        return composed(x, weight, bias, eps, count);
+    }
+    let geometry = Geometry { batch: n, channels: c, plane: h * w };
+    let stats = Arc::new(OnceLock::new());
+    let op = BatchNormOp { geometry, shape: x.shape().clone(), eps, stats: Arc::clone(&stats) };
+    let y = x.contiguous()?.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)?;
+    let stats = stats.get().ok_or(OpError::MissingStatistics)?;
+    Ok(BatchNormTrain {
+        y,
+        mean: Tensor::from_slice(&stats.mean, c, x.device())?,
+        var: Tensor::from_slice(&stats.var, c, x.device())?,
+        count,
+    })
+}
+
+/// The same from candle's operations, for devices and dtypes without our kernel.
+pub(super) fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64, count: usize) -> Result<BatchNormTrain> {
+    let channels = weight.dim(0)?;
+    let per_channel = |t: &Tensor| t.to_dtype(DType::F32)?.reshape((1, channels, 1, 1));
+    let x32 = x.to_dtype(DType::F32)?;
+    let mean = x32.mean_keepdim((0, 2, 3))?;
+    let centred = x32.broadcast_sub(&mean)?;
+    let var = centred.sqr()?.mean_keepdim((0, 2, 3))?;
+    let y = centred
+        .broadcast_div(&(&var + eps)?.sqrt()?)?
+        .broadcast_mul(&per_channel(weight)?)?
+        .broadcast_add(&per_channel(bias)?)?;
+    Ok(BatchNormTrain {
+        y: y.to_dtype(x.dtype())?,
+        mean: mean.flatten_all()?.detach(),
+        var: var.flatten_all()?.detach(),
+        count,
+    })
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    batch: usize,
+    channels: usize,
+    plane: usize,
+}
+
+impl Geometry {
+    fn count(&self) -> usize {
+        self.batch * self.plane
+    }
+
+    /// The planes of channel `c`, one per image.
+    fn planes<'a>(&self, data: &'a [f32], c: usize) -> impl Iterator<Item = &'a [f32]> + 'a {
+        let (channels, plane) = (self.channels, self.plane);
+        (0..self.batch).map(move |n| &data[(n * channels + c) * plane..][..plane])
+    }
+}
+
+#[derive(Debug)]
+struct Statistics {
+    mean: Vec<f32>,
+    var: Vec<f32>,
+    inv_std: Vec<f32>,
+}
+
+const LANES: usize = 16;
+
+/// `sum f(a[i], b[i])` in f32 lanes that vectorise, totalled in f64.
+fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
+    let mut lanes = [0f32; LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f64 = a_chunks.remainder().iter().zip(b_chunks.remainder()).map(|(&x, &y)| f(x, y) as f64).sum();
+    for (ca, cb) in a_chunks.zip(b_chunks) {
+        for i in 0..LANES {
+            lanes[i] += f(ca[i], cb[i]);
+        }
+    }
+    lanes.iter().map(|&v| v as f64).sum::<f64>() + tail
+}
+
+fn statistics(g: &Geometry, x: &[f32], eps: f64) -> Statistics {
+    let per_channel: Vec<(f32, f32)> = (0..g.channels)
+        .into_par_iter()
+        .map(|c| {
+            let sum: f64 = g.planes(x, c).map(|p| lane_sum(p, p, |v, _| v)).sum();
+            let mean = (sum / g.count() as f64) as f32;
+            let squares: f64 = g.planes(x, c).map(|p| lane_sum(p, p, |v, _| (v - mean) * (v - mean))).sum();
+            (mean, (squares / g.count() as f64) as f32)
+        })
+        .collect();
+    let (mean, var): (Vec<f32>, Vec<f32>) = per_channel.into_iter().unzip();
+    let inv_std = var.iter().map(|&v| (1.0 / (v as f64 + eps).sqrt()) as f32).collect();
+    Statistics { mean, var, inv_std }
+}
+
+/// `out[n, c, i] = x[n, c, i] * scale[c] + shift[c]`, and `+ dy * dy_scale[c]` when given.
+fn affine(g: &Geometry, x: &[f32], scale: &[f32], shift: &[f32], dy: Option<(&[f32], &[f32])>) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(g.plane).enumerate().for_each(|(i, dst)| {
+        let c = i % g.channels;
+        let src = &x[i * g.plane..][..g.plane];
+        match dy {
+            None => dst.iter_mut().zip(src).for_each(|(d, &v)| *d = v * scale[c] + shift[c]),
+            Some((dy, dy_scale)) => {
+                let dy = &dy[i * g.plane..][..g.plane];
+                dst.iter_mut().zip(src).zip(dy).for_each(|((d, &v), &e)| *d = v * scale[c] + shift[c] + e * dy_scale[c])
+            }
+        }
+    });
+    out
+}
+
+struct BatchNormOp {
+    geometry: Geometry,
+    shape: Shape,
+    eps: f64,
+    stats: Arc<OnceLock<Statistics>>,
+}
+
+fn cpu_f32<'a>(t: &'a Storage, layout: &Layout) -> Result<std::borrow::Cow<'a, [f32]>> {
+    match t {
+        Storage::Cpu(cpu) => f32_view(OP, cpu, layout),
+        other => Err(OpError::NotOnCpu { op: OP, device: format!("{:?}", other.device().location()) })?,
+    }
+}
+
+impl CustomOp3 for BatchNormOp {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geometry;
+        let x = f32_view(OP, s1, l1)?;
+        let (weight, bias) = (f32_view(OP, s2, l2)?, f32_view(OP, s3, l3)?);
+        let stats = self.stats.get_or_init(|| statistics(g, &x, self.eps));
+        let scale: Vec<f32> = weight.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
+        let shift: Vec<f32> = bias.iter().zip(&scale).zip(&stats.mean).map(|((b, s), m)| b - m * s).collect();
+        let y = affine(g, &x, &scale, &shift, None);
+        Ok((storage_from_f32(OP, y, s1.dtype())?, self.shape.clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = &self.geometry;
+        let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
+        let grad = grad.contiguous()?;
+        let (sum_dy, sum_dy_xhat, dx) = {
+            let (xs, xl) = x.storage_and_layout();
+            let (gs, gl) = grad.storage_and_layout();
+            let (ws, wl) = weight.storage_and_layout();
+            let (xv, dy, wv) = (cpu_f32(&xs, xl)?, cpu_f32(&gs, gl)?, cpu_f32(&ws, wl)?);
+            let sums: Vec<(f64, f64)> = (0..g.channels)
+                .into_par_iter()
+                .map(|c| {
+                    let mean = stats.mean[c];
+                    g.planes(&xv, c).zip(g.planes(&dy, c)).fold((0.0, 0.0), |(s, sx), (xp, dp)| {
+                        (s + lane_sum(dp, dp, |d, _| d), sx + lane_sum(xp, dp, |v, d| (v - mean) * d))
+                    })
+                })
+                .collect();
+            let sum_dy: Vec<f32> = sums.iter().map(|s| s.0 as f32).collect();
+            let sum_dy_xhat: Vec<f32> = sums.iter().zip(&stats.inv_std).map(|(s, i)| (s.1 * *i as f64) as f32).collect();
+            let dx = if x.track_op() {
+                // dx = k (dy - sum_dy / M - xhat * sum_dy_xhat / M) with k = weight * inv_std,
+                // written as dx = x * scale + shift + dy * k.
+                let m = g.count() as f32;
+                let k: Vec<f32> = wv.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
+                let scale: Vec<f32> = (0..g.channels).map(|c| -k[c] * stats.inv_std[c] * sum_dy_xhat[c] / m).collect();
+                let shift: Vec<f32> =
+                    (0..g.channels).map(|c| -k[c] * sum_dy[c] / m - scale[c] * stats.mean[c]).collect();
+                Some(affine(g, &xv, &scale, &shift, Some((&dy, &k))))
+            } else {
+                None
+            };
+            (sum_dy, sum_dy_xhat, dx)
+        };
+        let device = x.device();
+        let grad_x = match dx {
+            Some(dx) => Some(Tensor::from_vec(dx, x.shape(), device)?.to_dtype(x.dtype())?),
+            None => None,
+        };
+        let per_channel = |values: Vec<f32>, like: &Tensor| -> Result<Option<Tensor>> {
+            if !like.track_op() {
+                return Ok(None);
+            }
+            Ok(Some(Tensor::from_vec(values, g.channels, device)?.to_dtype(like.dtype())?))
+        };
+        Ok((grad_x, per_channel(sum_dy_xhat, weight)?, per_channel(sum_dy, bias)?))
+    }
+}

@@ -1,0 +1,202 @@
+//! Max-pooling with -inf padding. On the CPU: a direct kernel whose backward
+//! finds each window's first maximum again (no index tensor is kept alive
+//! between forward and backward). Elsewhere: a maximum over the window's
+//! strided taps, whose backward candle already has (ties share the gradient).
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
+use rayon::prelude::*;
+
+use super::{dims4, window_count, OpError};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Geometry {
+    batch: usize,
+    channels: usize,
+    height: usize,
+    width: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    out_h: usize,
+    out_w: usize,
+}
+
+impl Geometry {
+    pub fn new(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> std::result::Result<Self, OpError> {
+        let op = "max_pool2d";
+        let [batch, channels, height, width] = dims4(op, "input", x)?;
+        for (what, value) in [("kernel size", kernel), ("stride", stride)] {
+            if value == 0 {
+                return Err(OpError::Zero { op, what });
+            }
+        }
+        if padding > kernel / 2 {
+            return Err(OpError::PoolPadding { kernel, padding });
+        }
+        let too_large = || OpError::WindowTooLarge { op, kernel_h: kernel, kernel_w: kernel, height, width, padding };
+        let out_h = window_count(height, kernel, stride, padding).ok_or_else(too_large)?;
+        let out_w = window_count(width, kernel, stride, padding).ok_or_else(too_large)?;
+        Ok(Self { batch, channels, height, width, kernel, stride, padding, out_h, out_w })
+    }
+
+    fn in_plane(&self) -> usize {
+        self.height * self.width
+    }
+
+    fn out_plane(&self) -> usize {
+        self.out_h * self.out_w
+    }
+
+    /// Input rows (or columns) of output `o`'s window along an axis of `size`.
+    fn span(&self, o: usize, size: usize) -> std::ops::Range<usize> {
+        let start = o * self.stride;
+        start.saturating_sub(self.padding)..(start + self.kernel).saturating_sub(self.padding).min(size)
+    }
+
+    /// Index in `plane` of the first maximum of output `(oh, ow)`'s window;
+    /// a NaN wins over any number, as in PyTorch.
+    fn argmax<T: WithDType>(&self, plane: &[T], oh: usize, ow: usize) -> Option<usize> {
+        let mut best: Option<(usize, T)> = None;
+        for ih in self.span(oh, self.height) {
+            for iw in self.span(ow, self.width) {
+                let i = ih * self.width + iw;
+                let v = plane[i];
+                let better = match best {
+                    None => true,
+                    #[allow(clippy::eq_op)]
+                    Some((_, b)) => b == b && (v > b || v != v),
+                };
+                if better {
+                    best = Some((i, v));
+                }
+            }
+        }
+        best.map(|(i, _)| i)
+    }
+
+    fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
+        let mut out = vec![T::zero(); self.batch * self.channels * self.out_plane()];
+        out.par_chunks_mut(self.out_plane()).enumerate().for_each(|(i, out_plane)| {
+            let plane = &x[i * self.in_plane()..][..self.in_plane()];
+            for (j, o) in out_plane.iter_mut().enumerate() {
+                *o = match self.argmax(plane, j / self.out_w, j % self.out_w) {
+                    Some(k) => plane[k],
+                    None => T::from_f64(f64::NEG_INFINITY),
+                };
+            }
+        });
+        out
+    }
+
+    fn grad_input<T: WithDType>(&self, x: &[T], dy: &[T]) -> Vec<T> {
+        let mut dx = vec![T::zero(); self.batch * self.channels * self.in_plane()];
+        dx.par_chunks_mut(self.in_plane()).enumerate().for_each(|(i, dx_plane)| {
+            let plane = &x[i * self.in_plane()..][..self.in_plane()];
+            let dy_plane = &dy[i * self.out_plane()..][..self.out_plane()];
+            for (j, g) in dy_plane.iter().enumerate() {
+                if let Some(k) = self.argmax(plane, j / self.out_w, j % self.out_w) {
+                    dx_plane[k] += *g;
+                }
+            }
+        });
+        dx
+    }
+}
+
+fn contiguous<'a, T>(data: &'a [T], layout: &Layout) -> Result<&'a [T]> {
+    let (start, end) = layout.contiguous_offsets().ok_or(OpError::NotContiguous { op: "max_pool2d" })?;
+    Ok(&data[start..end])
+}
+
+pub(super) struct MaxPool2d(pub Geometry);
+
+impl CustomOp1 for MaxPool2d {
+    fn name(&self) -> &'static str {
+        "max_pool2d"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let out = match storage {
+            CpuStorage::F32(x) => CpuStorage::F32(g.forward(contiguous(x, layout)?)),
+            CpuStorage::F16(x) => CpuStorage::F16(g.forward(contiguous(x, layout)?)),
+            CpuStorage::BF16(x) => CpuStorage::BF16(g.forward(contiguous(x, layout)?)),
+            CpuStorage::F64(x) => CpuStorage::F64(g.forward(contiguous(x, layout)?)),
+            other => Err(OpError::UnsupportedDType { op: self.name(), dtype: other.dtype() })?,
+        };
+        Ok((out, (g.batch, g.channels, g.out_h, g.out_w).into()))
+    }
+
+    fn bwd(&self, x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &MaxPool2dGrad(self.0))?))
+    }
+}
+
+/// `(x, grad_out) -> grad_x`.
+struct MaxPool2dGrad(Geometry);
+
+impl CustomOp2 for MaxPool2dGrad {
+    fn name(&self) -> &'static str {
+        "max_pool2d-grad"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let dx = match (s1, s2) {
+            (CpuStorage::F32(x), CpuStorage::F32(dy)) => CpuStorage::F32(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),
+            (CpuStorage::F16(x), CpuStorage::F16(dy)) => CpuStorage::F16(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),
+            (CpuStorage::BF16(x), CpuStorage::BF16(dy)) => CpuStorage::BF16(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),
+            (CpuStorage::F64(x), CpuStorage::F64(dy)) => CpuStorage::F64(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),
+            (x, dy) if x.dtype() != dy.dtype() => {
+                Err(OpError::DTypeMismatch { op: self.name(), input: x.dtype(), other: dy.dtype() })?
+            }
+            (x, _) => Err(OpError::UnsupportedDType { op: self.name(), dtype: x.dtype() })?,
+        };
+        Ok((dx, (g.batch, g.channels, g.height, g.width).into()))
+    }
+}
+
+/// The same pooling from candle's operations, for devices without our kernel.
+pub(super) fn max_pool2d_composed(x: &Tensor, g: Geometry) -> Result<Tensor> {
+    let (k, s, p) = (g.kernel, g.stride, g.padding);
+    // Every tap reads `out * stride` rows from its offset; pad up to that.
+    let hp = (k - 1 + g.out_h * s).max(g.height + 2 * p);
+    let wp = (k - 1 + g.out_w * s).max(g.width + 2 * p);
+    let tall = pad_neg_inf(x, 2, p, hp - g.height - p)?;
+    let padded = pad_neg_inf(&tall, 3, p, wp - g.width - p)?;
+    let mut best: Option<Tensor> = None;
+    for kh in 0..k {
+        let rows = padded.narrow(2, kh, g.out_h * s)?.reshape((g.batch, g.channels, g.out_h, s, wp))?.narrow(3, 0, 1)?;
+        for kw in 0..k {
+            let tap = rows
+                .narrow(4, kw, g.out_w * s)?
+                .reshape((g.batch, g.channels, g.out_h, g.out_w, s))?
+                .narrow(4, 0, 1)?
+                .reshape((g.batch, g.channels, g.out_h, g.out_w))?;
+            best = Some(match best {
+                None => tap,
+                Some(b) => b.maximum(&tap)?,
+            });
+        }
+    }
+    best.ok_or_else(|| OpError::Zero { op: "max_pool2d", what: "kernel size" }.into())
+}
+
+/// `t` with `before` and `after` slices of -inf added along `dim`.
+pub(super) fn pad_neg_inf(t: &Tensor, dim: usize, before: usize, after: usize) -> Result<Tensor> {
+    let fill = |size: usize| {
+        let mut dims = t.dims().to_vec();
+        dims[dim] = size;
+        Tensor::full(f32::NEG_INFINITY, dims, t.device())?.to_dtype(t.dtype())
+    };
+    let mut parts = Vec::with_capacity(3);
+    if before > 0 {
+        parts.push(fill(before)?);
+    }
+    parts.push(t.clone());
+    if after > 0 {
+        parts.push(fill(after)?);
+    }
+    Tensor::cat(&parts, dim)
+}
