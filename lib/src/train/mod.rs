@@ -19,7 +19,9 @@ pub use optim::{
     OptimizerConfig, Sgd, SgdConfig,
 };
 pub use schedule::Schedule;
-pub use step::{accumulate, cross_entropy, forward_backward, CheckpointPlan, Gradients};
+pub use step::{
+    accumulate, cross_entropy, forward_backward, forward_backward_watched, CheckpointPlan, Gradients,
+};
 pub use task::Stripes;
 pub use trainer::{BatchSource, InMemory, TrainConfig, TrainError, Trainer};
 

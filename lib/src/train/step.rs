@@ -117,12 +117,32 @@ pub fn forward_backward(
     plan: &CheckpointPlan,
     loss_scale: f64,
 ) -> Result<Gradients> {
+    forward_backward_watched(net, images, labels, pass, plan, loss_scale, &mut |_| {})
+}
+
+/// [`forward_backward`], calling `phase` with the name of each phase as it
+/// ends (the ledger's names: `forward layer1`, `backward layer4`, ...), so a
+/// probe can read memory between phases.
+pub fn forward_backward_watched(
+    net: &Network,
+    images: &Tensor,
+    labels: &Tensor,
+    pass: Pass,
+    plan: &CheckpointPlan,
+    loss_scale: f64,
+    phase: &mut dyn FnMut(&str),
+) -> Result<Gradients> {
     let segments = plan.segments();
     let mut inputs: Vec<Input> = Vec::with_capacity(segments.len());
     let mut graphs: Vec<Option<Tensor>> = Vec::with_capacity(segments.len());
     let mut x = Input::Batch(net.enter(images, pass)?);
+    let stage_names = net.stage_names();
+    let mut forward_phase = |stage: usize| {
+        let what = if stage + 1 == stage_names.len() { " and loss" } else { "" };
+        phase(&format!("forward {}{what}", stage_names[stage]));
+    };
     for (i, segment) in segments.iter().enumerate() {
-        let out = run(net, segment, x.tensor(), pass)?;
+        let out = run(net, segment, x.tensor(), pass, &mut forward_phase)?;
         let last = i + 1 == segments.len();
         let next = if segment.checkpointed && !last {
             graphs.push(None);
@@ -154,7 +174,7 @@ pub fn forward_backward(
                     Input::Boundary(v) => v.as_tensor().clone(),
                     Input::Attached(t) => Var::from_tensor(t)?.as_tensor().clone(),
                 };
-                let out = run(net, segment, &tracked, pass.recompute())?;
+                let out = run(net, segment, &tracked, pass.recompute(), &mut |_| {})?;
                 (tracked, out)
             }
         };
@@ -185,6 +205,8 @@ pub fn forward_backward(
                 ))
             })?);
         }
+        drop(segment_grads);
+        phase(&format!("backward {}", stage_names[segment.start..segment.end].join(", ")));
     }
     Ok(Gradients {
         loss,
@@ -194,10 +216,17 @@ pub fn forward_backward(
     })
 }
 
-fn run(net: &Network, segment: &Segment, x: &Tensor, pass: Pass) -> Result<Tensor> {
+fn run(
+    net: &Network,
+    segment: &Segment,
+    x: &Tensor,
+    pass: Pass,
+    stage_done: &mut dyn FnMut(usize),
+) -> Result<Tensor> {
     let mut x = x.clone();
     for stage in segment.start..segment.end {
         x = net.forward_stage(stage, &x, pass)?;
+        stage_done(stage);
     }
     Ok(x)
 }
