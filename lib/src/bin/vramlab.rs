@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Args, ColorChoice, Parser, Subcommand};
 use serde::Serialize;
-use vramlab::cli::{run_oomcheck, run_summary, OomcheckArgs, SummaryArgs, UsageError};
+use vramlab::cli::{run_oomcheck, run_summary, OomcheckArgs, SummaryArgs, TrainRunArgs, UsageError};
 use vramlab::render::Render;
 
 #[derive(Parser)]
@@ -20,6 +20,15 @@ enum Command {
     Summary(WithJson<SummaryArgs>),
     /// Will a training step fit? The five bills, the peak, and ranked fixes
     Oomcheck(WithJson<OomcheckArgs>),
+    /// Benchmarks on this machine
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Time real training steps of a zoo model on synthetic images (seconds, after warm-up)
+    Train(WithJson<TrainRunArgs>),
 }
 
 #[derive(Args)]
@@ -52,6 +61,8 @@ fn main() -> ExitCode {
         }),
         Command::Oomcheck(cmd) => run_oomcheck(&cmd.args)
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
+        Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args)
+            .and_then(|report| emit(cmd.json, &report, || report_text(&report))),
     };
     match printed {
         Ok(()) => ExitCode::SUCCESS,
@@ -75,4 +86,39 @@ fn emit<T: Serialize>(
         print!("{}", text());
     }
     Ok(())
+}
+
+fn bench_train(args: &TrainRunArgs) -> Result<vramlab::train::BenchReport, UsageError> {
+    let spec = vramlab::train::BenchSpec {
+        model: args.model,
+        classes: args.classes,
+        batch: args.batch,
+        res: args.res,
+        config: args.train_config(),
+        warmup: args.warmup,
+        steps: args.steps,
+        seed: args.seed,
+    };
+    vramlab::train::bench_train(&spec, &vramlab::candle::Device::Cpu).map_err(|e| UsageError(e.to_string()))
+}
+
+fn report_text(report: &vramlab::train::BenchReport) -> String {
+    let mut text = format!(
+        "{} batch {} at {}x{}, {}, {}, accumulation {}, checkpointing {}: median step {:.3} s ({:.1} images/s, {} threads)\n",
+        report.model,
+        report.batch,
+        report.res,
+        report.res,
+        report.precision,
+        report.optimizer,
+        report.accumulation,
+        report.checkpointing,
+        report.median_seconds,
+        report.images_per_second,
+        report.threads,
+    );
+    if let Some(peak) = report.peak_bytes {
+        text.push_str(&format!("peak in use during a step: {}\n", vramlab::ledger::units::human(peak)));
+    }
+    text
 }

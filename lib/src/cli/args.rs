@@ -151,12 +151,12 @@ impl From<Opt> for Optimizer {
     }
 }
 
-fn parse_model(text: &str) -> Result<ModelName, String> {
+pub(crate) fn parse_model(text: &str) -> Result<ModelName, String> {
     text.parse()
         .map_err(|e: crate::models::ModelError| e.to_string())
 }
 
-fn positive(text: &str) -> Result<usize, String> {
+pub(crate) fn positive(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(n) if n > 0 => Ok(n),
         _ => Err("expected a whole number of at least 1".to_owned()),
@@ -182,7 +182,7 @@ fn parse_input(text: &str) -> Result<InputShape, String> {
     }
 }
 
-fn parse_checkpointing(text: &str) -> Result<Checkpointing, String> {
+pub(crate) fn parse_checkpointing(text: &str) -> Result<Checkpointing, String> {
     match text.trim().to_ascii_lowercase().as_str() {
         "none" | "off" => Ok(Checkpointing::None),
         "stages" | "all" => Ok(Checkpointing::Stages),

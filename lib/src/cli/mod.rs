@@ -4,10 +4,12 @@
 mod args;
 mod compose;
 mod report;
+mod train;
 
 pub use args::{Amp, Dtype, InputShape, OomcheckArgs, Opt, SummaryArgs};
 pub use compose::Composer;
 pub use report::Oomcheck;
+pub use train::TrainRunArgs;
 
 use clap::error::ErrorKind;
 use clap::Parser;

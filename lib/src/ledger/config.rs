@@ -156,6 +156,12 @@ pub enum Checkpointing {
 impl Checkpointing {
     /// For each stage, whether it is checkpointed.
     pub fn resolve(&self, stages: &[StageCost]) -> Result<Vec<bool>, LedgerError> {
+        let names: Vec<&str> = stages.iter().map(|s| s.name.as_str()).collect();
+        self.resolve_names(&names)
+    }
+
+    /// For each of the named stages, in order, whether it is checkpointed.
+    pub fn resolve_names(&self, stages: &[&str]) -> Result<Vec<bool>, LedgerError> {
         let last = stages.len().saturating_sub(1);
         match self {
             Checkpointing::None => Ok(vec![false; stages.len()]),
@@ -163,14 +169,10 @@ impl Checkpointing {
             Checkpointing::Segments(names) => {
                 let mut chosen = vec![false; stages.len()];
                 for name in names {
-                    let index = stages.iter().position(|s| &s.name == name).ok_or_else(|| {
+                    let index = stages.iter().position(|s| s == name).ok_or_else(|| {
                         LedgerError::UnknownStage {
                             name: name.clone(),
-                            valid: stages
-                                .iter()
-                                .map(|s| s.name.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", "),
+                            valid: stages.join(", "),
                         }
                     })?;
                     chosen[index] = true;

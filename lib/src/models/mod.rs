@@ -5,6 +5,8 @@
 mod analysis;
 mod cost;
 mod efficientnet;
+mod layers;
+mod net;
 mod precision;
 mod resnet;
 mod rules;
@@ -12,17 +14,21 @@ mod shape;
 mod small_cnn;
 mod spec;
 mod summary;
+mod weights;
 mod zoo;
 
 pub use analysis::{analyze, ModelCost, Row, StageCost};
 pub use cost::{Cost, SMALL_TENSOR_ELEMS};
 pub use efficientnet::efficientnet_b0;
+pub use layers::{global_avg_pool, Named, Pass};
+pub use net::Network;
 pub use precision::{Precision, F32_BYTES};
 pub use resnet::{resnet18, resnet34, resnet50};
 pub use shape::Shape;
 pub use small_cnn::small_cnn;
 pub use spec::{Block, Conv2d, Grouping, Layer, ModelSpec, Op, Shortcut, Stage};
 pub use summary::Summary;
+pub use weights::{Mismatch, WeightsError};
 pub use zoo::{model, ModelName};
 
 /// The input every zoo model is described for: one RGB image of 224 x 224.
@@ -47,6 +53,12 @@ pub enum ModelError {
         kind: &'static str,
         input: Shape,
         reason: String,
+    },
+    #[error("{model}: cannot build layer `{layer}`: {source}")]
+    Build {
+        model: String,
+        layer: String,
+        source: candle_core::Error,
     },
 }
 

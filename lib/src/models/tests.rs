@@ -150,3 +150,128 @@ fn the_small_cnn_runs_on_a_tiny_input() {
         (32 * 27) + 64 + (64 * 32 * 9) + 128 + (128 * 64 * 9) + 256 + 128 * 10 + 10
     );
 }
+
+mod network {
+    use candle_core::{DType, Device, Tensor};
+
+    use super::super::*;
+
+    fn build(name: ModelName, classes: usize, res: usize) -> Network {
+        Network::new(&name.spec(classes), Shape::map(3, res, res), &Device::Cpu, 7).unwrap()
+    }
+
+    #[test]
+    fn every_zoo_model_has_its_specs_parameters_and_output_shape() {
+        for name in ModelName::ALL {
+            let net = build(name, 10, 32);
+            let spec_params = analyze(net.spec(), net.input(), Precision::F32)
+                .unwrap()
+                .total
+                .params;
+            assert_eq!(net.param_count(), spec_params, "{}", name.as_str());
+            let x = Tensor::zeros((2, 3, 32, 32), DType::F32, &Device::Cpu).unwrap();
+            let logits = net.forward(&x, Pass::eval(DType::F32)).unwrap();
+            assert_eq!(logits.dims(), &[2, 10], "{}", name.as_str());
+        }
+    }
+
+    #[test]
+    fn names_follow_torchvision() {
+        let net = build(ModelName::Resnet18, 10, 32);
+        let names: Vec<&str> = net.params().iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names[0], "conv1.weight");
+        assert!(names.contains(&"layer2.0.downsample.0.weight"));
+        assert!(names.contains(&"layer4.1.bn2.bias"));
+        assert_eq!(names.last(), Some(&"fc.bias"));
+        let buffers: Vec<&str> = net.buffers().iter().map(|b| b.name.as_str()).collect();
+        assert!(buffers.contains(&"bn1.running_mean"));
+        assert!(buffers.contains(&"layer1.0.bn1.num_batches_tracked"));
+    }
+
+    #[test]
+    fn the_same_seed_builds_the_same_weights() {
+        let a = build(ModelName::SmallCnn, 4, 16);
+        let b = build(ModelName::SmallCnn, 4, 16);
+        let first = |n: &Network| n.params()[0].var.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(first(&a), first(&b));
+        let c = Network::new(&small_cnn(4), Shape::map(3, 16, 16), &Device::Cpu, 8).unwrap();
+        assert_ne!(first(&a), first(&c));
+    }
+
+    #[test]
+    fn batch_norm_updates_running_statistics_in_training_only() {
+        let net = build(ModelName::SmallCnn, 4, 16);
+        let x = (Tensor::randn(0f32, 1.0, (4, 3, 16, 16), &Device::Cpu).unwrap() + 3.0).unwrap();
+        let mean = |n: &Network| {
+            n.buffers()[0].var.to_vec1::<f32>().unwrap()
+        };
+        net.forward(&x, Pass::eval(DType::F32)).unwrap();
+        assert!(mean(&net).iter().all(|&m| m == 0.0));
+        net.forward(&x, Pass::train(DType::F32)).unwrap();
+        assert!(mean(&net).iter().any(|&m| m != 0.0));
+        let counter = net.buffers()[2].var.to_scalar::<i64>().unwrap();
+        assert_eq!(counter, 1);
+    }
+
+    #[test]
+    fn half_precision_forward_returns_half_logits() {
+        let net = build(ModelName::SmallCnn, 4, 16);
+        let x = Tensor::randn(0f32, 1.0, (2, 3, 16, 16), &Device::Cpu).unwrap();
+        let logits = net.forward(&x, Pass::train(DType::F16)).unwrap();
+        assert_eq!(logits.dtype(), DType::F16);
+    }
+
+    #[test]
+    fn weights_round_trip_through_safetensors() {
+        let dir = std::env::temp_dir().join(format!("vramlab-weights-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("small.safetensors");
+        let a = build(ModelName::SmallCnn, 4, 16);
+        let x = Tensor::randn(0f32, 1.0, (4, 3, 16, 16), &Device::Cpu).unwrap();
+        a.forward(&x, Pass::train(DType::F32)).unwrap();
+        a.save(&path).unwrap();
+        let b = Network::new(&small_cnn(4), Shape::map(3, 16, 16), &Device::Cpu, 99).unwrap();
+        b.load(&path).unwrap();
+        for (p, q) in a.params().iter().chain(a.buffers()).zip(b.params().iter().chain(b.buffers())) {
+            assert_eq!(p.name, q.name);
+            let diff = (p.var.as_tensor().to_dtype(DType::F64).unwrap()
+                - q.var.as_tensor().to_dtype(DType::F64).unwrap())
+            .unwrap()
+            .abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap();
+            assert_eq!(diff, 0.0, "{}", p.name);
+        }
+        let ya = a.forward(&x, Pass::eval(DType::F32)).unwrap();
+        let yb = b.forward(&x, Pass::eval(DType::F32)).unwrap();
+        assert_eq!(ya.to_vec2::<f32>().unwrap(), yb.to_vec2::<f32>().unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn loading_names_every_mismatch() {
+        let dir = std::env::temp_dir().join(format!("vramlab-mismatch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("ten.safetensors");
+        build(ModelName::SmallCnn, 10, 16).save(&path).unwrap();
+        let four = build(ModelName::SmallCnn, 4, 16);
+        let before = four.params()[0].var.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let err = four.load(&path).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("`fc.weight`: the network has [4, 128], the file [10, 128]"), "{text}");
+        assert!(text.contains("`fc.bias`"), "{text}");
+        let WeightsError::Mismatch { mismatches, .. } = err else { panic!("{text}") };
+        assert_eq!(mismatches.len(), 2);
+        let after = four.params()[0].var.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(before, after, "a failed load changes nothing");
+        let r18 = build(ModelName::Resnet18, 10, 32);
+        let text = r18.load(&path).unwrap_err().to_string();
+        assert!(text.contains("`conv1.weight`: the network has [64, 3, 7, 7], the file [32, 3, 3, 3]"), "{text}");
+        assert!(text.contains("missing `layer1.0.conv1.weight` [64, 64, 3, 3]"), "{text}");
+        assert!(text.contains("unexpected `conv2.weight` [64, 32, 3, 3]"), "{text}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

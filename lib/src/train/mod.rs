@@ -1,1 +1,29 @@
 //! Training: optimizers, mixed precision, accumulation, checkpointing, clipping, schedules and the Trainer.
+
+pub mod amp;
+mod bench;
+pub mod clip;
+mod events;
+pub mod optim;
+pub mod schedule;
+mod step;
+mod task;
+mod trainer;
+
+pub use amp::{GradScaler, GradScalerConfig};
+pub use bench::{bench_train, BenchReport, BenchSpec};
+pub use clip::{clip_grad_norm, grad_norm};
+pub use events::{EpochReport, EvalReport, History, MemorySample, ProgressView, StepReport, TrainEvent};
+pub use optim::{
+    Adam, Adam8bit, Adam8bitConfig, AdamConfig, AdamW, AdamWConfig, OptimError, Optimizer,
+    OptimizerConfig, Sgd, SgdConfig,
+};
+pub use schedule::Schedule;
+pub use step::{
+    accumulate, cross_entropy, forward_backward, forward_backward_watched, CheckpointPlan, Gradients,
+};
+pub use task::Stripes;
+pub use trainer::{BatchSource, InMemory, TrainConfig, TrainError, Trainer};
+
+#[cfg(test)]
+mod tests;

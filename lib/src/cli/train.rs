@@ -1,0 +1,67 @@
+//! The arguments of `vramlab bench train` (and of every command that runs real
+//! training steps on a zoo model).
+
+use clap::{ColorChoice, Parser};
+
+use super::args::{parse_checkpointing, parse_model, positive, Amp, Opt};
+use crate::ledger::Checkpointing;
+use crate::models::{ModelName, Precision};
+use crate::train::{OptimizerConfig, TrainConfig};
+
+/// `bench train --model M --batch B --res R [--amp f16] [--ckpt stages] [--opt adam] [--accum N] --steps N`
+#[derive(Debug, Clone, Parser)]
+#[command(name = "train", color = ColorChoice::Never, about = "Time real training steps of a zoo model on synthetic images")]
+pub struct TrainRunArgs {
+    /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
+    #[arg(long, value_parser = parse_model)]
+    pub model: ModelName,
+    /// Samples per forward pass (the micro-batch when accumulating)
+    #[arg(long, value_parser = positive)]
+    pub batch: usize,
+    /// Square input resolution in pixels
+    #[arg(long, value_parser = positive)]
+    pub res: usize,
+    /// Number of classes of the classifier
+    #[arg(long, default_value_t = 10, value_parser = positive)]
+    pub classes: usize,
+    /// Mixed precision
+    #[arg(long, value_enum)]
+    pub amp: Option<Amp>,
+    /// Optimizer
+    #[arg(long, value_enum, default_value_t = Opt::SgdMomentum)]
+    pub opt: Opt,
+    /// Learning rate
+    #[arg(long, default_value_t = 0.01)]
+    pub lr: f64,
+    /// Gradient accumulation steps per optimizer step
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub accum: usize,
+    /// Activation checkpointing: none, stages, or stage names (layer3,layer4)
+    #[arg(long, value_parser = parse_checkpointing, default_value = "none")]
+    pub ckpt: Checkpointing,
+    /// Timed optimizer steps
+    #[arg(long, default_value_t = 5, value_parser = positive)]
+    pub steps: usize,
+    /// Untimed steps first (allocator and caches warm up)
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Seed of the weights and the synthetic images
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl TrainRunArgs {
+    pub fn precision(&self) -> Precision {
+        self.amp.map_or(Precision::F32, Precision::from)
+    }
+
+    pub fn train_config(&self) -> TrainConfig {
+        TrainConfig {
+            precision: self.precision(),
+            accumulation: self.accum,
+            checkpointing: self.ckpt.clone(),
+            optimizer: OptimizerConfig::for_kind(self.opt.into(), self.lr),
+            ..TrainConfig::default()
+        }
+    }
+}

@@ -1,0 +1,101 @@
+//! Timing real training steps: the library side of `vramlab bench train`.
+
+use std::time::Instant;
+
+use candle_core::Device;
+use serde::Serialize;
+
+use super::task::Stripes;
+use super::trainer::{TrainConfig, TrainError, Trainer};
+use crate::models::{ModelName, Network, Precision, Shape};
+
+/// What to time: a zoo model at one batch and resolution, with one training setup.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    pub model: ModelName,
+    pub classes: usize,
+    pub batch: usize,
+    pub res: usize,
+    pub config: TrainConfig,
+    pub warmup: usize,
+    pub steps: usize,
+    pub seed: u64,
+}
+
+/// Step times in seconds, after the warm-up, and what they were measured on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BenchReport {
+    pub model: String,
+    pub batch: usize,
+    pub res: usize,
+    pub precision: Precision,
+    pub optimizer: String,
+    pub accumulation: usize,
+    pub checkpointing: String,
+    pub parameters: u64,
+    pub threads: usize,
+    pub step_seconds: Vec<f64>,
+    pub median_seconds: f64,
+    pub images_per_second: f64,
+    /// The highest bytes in use during a timed step, where the process counts them exactly.
+    pub peak_bytes: Option<u64>,
+    pub final_loss: f32,
+}
+
+pub fn bench_train(spec: &BenchSpec, device: &Device) -> Result<BenchReport, TrainError> {
+    let net = Network::new(
+        &spec.model.spec(spec.classes),
+        Shape::map(3, spec.res, spec.res),
+        device,
+        spec.seed,
+    )?;
+    let parameters = net.param_count();
+    let mut trainer = Trainer::new(net, spec.config.clone())?;
+    let task = Stripes::new(spec.classes, spec.res);
+    let micro_batches = (0..spec.config.accumulation)
+        .map(|i| task.generate(spec.batch, spec.seed.wrapping_add(i as u64), device))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    for _ in 0..spec.warmup {
+        trainer.step(&micro_batches, 0)?;
+    }
+    let mut step_seconds = Vec::with_capacity(spec.steps);
+    let mut peak_bytes: Option<u64> = None;
+    let mut final_loss = f32::NAN;
+    for _ in 0..spec.steps {
+        let started = Instant::now();
+        let report = trainer.step(&micro_batches, 0)?;
+        step_seconds.push(started.elapsed().as_secs_f64());
+        final_loss = report.loss;
+        if let Some(memory) = report.memory {
+            peak_bytes = Some(peak_bytes.unwrap_or(0).max(memory.peak));
+        }
+    }
+    let median_seconds = median(&step_seconds);
+    let images = (spec.batch * spec.config.accumulation) as f64;
+    Ok(BenchReport {
+        model: spec.model.as_str().to_owned(),
+        batch: spec.batch,
+        res: spec.res,
+        precision: spec.config.precision,
+        optimizer: trainer.optimizer().name().to_owned(),
+        accumulation: spec.config.accumulation,
+        checkpointing: spec.config.checkpointing.to_string(),
+        parameters,
+        threads: candle_core::utils::get_num_threads(),
+        median_seconds,
+        images_per_second: images / median_seconds.max(1e-12),
+        step_seconds,
+        peak_bytes,
+        final_loss,
+    })
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}

@@ -1,0 +1,154 @@
+//! What training reports as it goes, and the renderers that show it.
+
+use serde::Serialize;
+
+use crate::render::Progress;
+
+/// One event of a training run. Computation emits these; renderers consume them.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum TrainEvent {
+    /// An optimizer step is done (or skipped on an inf/NaN gradient under AMP).
+    Step(StepReport),
+    /// A pass over the validation batches.
+    Eval(EvalReport),
+    /// An epoch is done.
+    Epoch(EpochReport),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepReport {
+    pub epoch: usize,
+    /// Optimizer steps taken so far, this one included (skipped ones count).
+    pub step: u64,
+    /// Mean loss over the step's micro-batches (unscaled).
+    pub loss: f32,
+    /// Share of the step's samples classified right.
+    pub accuracy: f64,
+    pub samples: usize,
+    pub seconds: f64,
+    pub images_per_second: f64,
+    pub learning_rate: f64,
+    /// The loss scale the step used, under mixed precision.
+    pub loss_scale: Option<f64>,
+    /// Whether the optimizer step was skipped (inf/NaN gradients).
+    pub skipped: bool,
+    /// The gradients' global L2 norm before clipping, when clipping is on.
+    pub grad_norm: Option<f64>,
+    pub memory: Option<MemorySample>,
+}
+
+/// Host memory around a step, when the process can measure it exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct MemorySample {
+    /// Bytes in use after the step.
+    pub in_use: u64,
+    /// Highest bytes in use during the step.
+    pub peak: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalReport {
+    pub epoch: usize,
+    pub loss: f32,
+    pub accuracy: f64,
+    pub samples: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EpochReport {
+    pub epoch: usize,
+    pub loss: f32,
+    pub accuracy: f64,
+    pub seconds: f64,
+    pub images_per_second: f64,
+}
+
+/// Everything a run emitted, in order: what the notebook plots afterwards.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct History {
+    pub events: Vec<TrainEvent>,
+}
+
+impl History {
+    pub fn steps(&self) -> impl Iterator<Item = &StepReport> {
+        self.events.iter().filter_map(|e| match e {
+            TrainEvent::Step(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    pub fn evals(&self) -> impl Iterator<Item = &EvalReport> {
+        self.events.iter().filter_map(|e| match e {
+            TrainEvent::Eval(e) => Some(e),
+            _ => None,
+        })
+    }
+
+    pub fn epochs(&self) -> impl Iterator<Item = &EpochReport> {
+        self.events.iter().filter_map(|e| match e {
+            TrainEvent::Epoch(e) => Some(e),
+            _ => None,
+        })
+    }
+
+    /// The last validation accuracy, if the run evaluated.
+    pub fn final_accuracy(&self) -> Option<f64> {
+        self.evals().last().map(|e| e.accuracy)
+    }
+}
+
+/// A progress bar over a run's steps: live in a notebook (the kernel's
+/// display updates), a carriage-return line in a terminal.
+#[derive(Debug)]
+pub struct ProgressView {
+    bar: Progress,
+}
+
+impl ProgressView {
+    pub fn new(label: impl Into<String>, total_steps: u64) -> Self {
+        ProgressView {
+            bar: Progress::new(label, total_steps),
+        }
+    }
+
+    pub fn on_event(&mut self, event: &TrainEvent) {
+        match event {
+            TrainEvent::Step(s) => {
+                let mut message = format!(
+                    "epoch {} loss {:.4} acc {:.1}% {:.1} img/s",
+                    s.epoch + 1,
+                    s.loss,
+                    s.accuracy * 100.0,
+                    s.images_per_second
+                );
+                if let Some(scale) = s.loss_scale {
+                    message.push_str(&format!(" scale {scale}"));
+                }
+                if s.skipped {
+                    message.push_str(" (skipped: inf/NaN)");
+                }
+                if let Some(memory) = s.memory {
+                    message.push_str(&format!(
+                        " mem {} peak {}",
+                        crate::ledger::units::human(memory.in_use),
+                        crate::ledger::units::human(memory.peak)
+                    ));
+                }
+                self.bar.set_message(message);
+                self.bar.set(s.step);
+            }
+            TrainEvent::Eval(e) => self.bar.set_message(format!(
+                "epoch {} val loss {:.4} val acc {:.1}%",
+                e.epoch + 1,
+                e.loss,
+                e.accuracy * 100.0
+            )),
+            TrainEvent::Epoch(_) => {}
+        }
+    }
+
+    pub fn finish(&mut self) {
+        self.bar.finish();
+    }
+}

@@ -1,0 +1,189 @@
+use candle_core::{DType, Device, Tensor};
+
+use super::*;
+use crate::ledger::Checkpointing;
+use crate::models::{Conv2d, Layer, ModelName, ModelSpec, Network, Op, Pass, Shape, Stage};
+
+fn net(name: ModelName, classes: usize, res: usize) -> Network {
+    Network::new(&name.spec(classes), Shape::map(3, res, res), &Device::Cpu, 3).unwrap()
+}
+
+fn max_relative_error(a: &Tensor, b: &Tensor) -> f64 {
+    let a = a.to_dtype(DType::F64).unwrap();
+    let b = b.to_dtype(DType::F64).unwrap();
+    let diff = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+    let scale = b.abs().unwrap().max_all().unwrap().to_scalar::<f64>().unwrap();
+    diff / scale.max(1e-12)
+}
+
+fn assert_same_grads(net: &Network, a: &Gradients, b: &Gradients, tolerance: f64) {
+    for named in net.params() {
+        let ga = a.grads.get(named.var.as_tensor()).unwrap_or_else(|| panic!("{}: no grad", named.name));
+        let gb = b.grads.get(named.var.as_tensor()).unwrap_or_else(|| panic!("{}: no grad", named.name));
+        let err = max_relative_error(ga, gb);
+        assert!(err < tolerance, "{}: relative error {err:e}", named.name);
+    }
+}
+
+fn buffers(net: &Network) -> Vec<Vec<f32>> {
+    net.buffers()
+        .iter()
+        .filter(|b| b.var.dtype() == DType::F32)
+        .map(|b| b.var.to_vec1::<f32>().unwrap())
+        .collect()
+}
+
+#[test]
+fn checkpointed_gradients_equal_plain_gradients() {
+    for (name, res, policy) in [
+        (ModelName::SmallCnn, 16, Checkpointing::Stages),
+        (ModelName::Resnet18, 32, Checkpointing::Stages),
+        (ModelName::Resnet18, 32, Checkpointing::Segments(vec!["layer2".into(), "layer3".into()])),
+        (ModelName::EfficientnetB0, 32, Checkpointing::Segments(vec!["stem".into(), "stage4".into()])),
+    ] {
+        let plain_net = net(name, 5, res);
+        let ckpt_net = net(name, 5, res);
+        let (x, y) = Stripes::new(5, res).generate(4, 1, &Device::Cpu).unwrap();
+        let pass = Pass::train(DType::F32);
+        let plain = forward_backward(&plain_net, &x, &y, pass, &CheckpointPlan::none(&plain_net), 1.0).unwrap();
+        let plan = CheckpointPlan::new(&ckpt_net, &policy).unwrap();
+        let ckpt = forward_backward(&ckpt_net, &x, &y, pass, &plan, 1.0).unwrap();
+        assert_eq!(plain.loss, ckpt.loss, "{}", name.as_str());
+        assert_same_grads(&plain_net, &plain, &ckpt_with(&plain_net, &ckpt_net, &ckpt), 1e-5);
+        assert_eq!(buffers(&plain_net), buffers(&ckpt_net), "{}: running statistics move once", name.as_str());
+    }
+}
+
+/// Re-keys `ckpt`'s gradients (of `from`'s parameters) to `to`'s parameters, by name.
+fn ckpt_with(to: &Network, from: &Network, ckpt: &Gradients) -> Gradients {
+    let mut grads = candle_core::backprop::GradStore::default();
+    for (a, b) in to.params().iter().zip(from.params()) {
+        assert_eq!(a.name, b.name);
+        if let Some(g) = ckpt.grads.get(b.var.as_tensor()) {
+            grads.insert(a.var.as_tensor(), g.clone());
+        }
+    }
+    Gradients {
+        loss: ckpt.loss,
+        correct: ckpt.correct,
+        samples: ckpt.samples,
+        grads,
+    }
+}
+
+#[test]
+fn an_unknown_stage_is_named_with_the_valid_ones() {
+    let net = net(ModelName::Resnet18, 5, 32);
+    let err = CheckpointPlan::new(&net, &Checkpointing::Segments(vec!["layer9".into()])).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("layer9") && text.contains("layer4"), "{text}");
+}
+
+fn batch_norm_free() -> ModelSpec {
+    let conv = |out| Op::Conv2d(Conv2d { bias: true, ..Conv2d::new(out, 3, 1, 1) });
+    ModelSpec {
+        name: "conv-relu".into(),
+        num_classes: 3,
+        stages: vec![
+            Stage {
+                name: "features".into(),
+                layers: vec![
+                    Layer::new("conv1", conv(8)),
+                    Layer::new("relu1", Op::Relu),
+                    Layer::new("pool", Op::MaxPool2d { kernel: 3, stride: 2, padding: 1 }),
+                    Layer::new("conv2", conv(16)),
+                    Layer::new("relu2", Op::Relu),
+                ],
+            },
+            Stage {
+                name: "head".into(),
+                layers: vec![
+                    Layer::new("avgpool", Op::GlobalAvgPool),
+                    Layer::new("flatten", Op::Flatten),
+                    Layer::new("fc", Op::Linear { out_features: 3, bias: true }),
+                ],
+            },
+        ],
+    }
+}
+
+#[test]
+fn accumulated_micro_batches_equal_one_large_batch() {
+    let net = Network::new(&batch_norm_free(), Shape::map(3, 12, 12), &Device::Cpu, 5).unwrap();
+    let (x, y) = Stripes::new(3, 12).generate(12, 2, &Device::Cpu).unwrap();
+    let pass = Pass::train(DType::F32);
+    let plan = CheckpointPlan::none(&net);
+    let whole = forward_backward(&net, &x, &y, pass, &plan, 1.0).unwrap();
+    let n = 4;
+    let mut acc = candle_core::backprop::GradStore::default();
+    for i in 0..n {
+        let xs = x.narrow(0, i * 3, 3).unwrap();
+        let ys = y.narrow(0, i * 3, 3).unwrap();
+        let part = forward_backward(&net, &xs, &ys, pass, &plan, 1.0 / n as f64).unwrap();
+        accumulate(&mut acc, &net, part.grads).unwrap();
+    }
+    let summed = Gradients { loss: 0.0, correct: 0, samples: 12, grads: acc };
+    assert_same_grads(&net, &summed, &whole, 1e-5);
+}
+
+#[test]
+fn mixed_precision_gradients_reach_the_f32_master_weights() {
+    let net = net(ModelName::SmallCnn, 4, 16);
+    let (x, y) = Stripes::new(4, 16).generate(4, 3, &Device::Cpu).unwrap();
+    let out = forward_backward(&net, &x, &y, Pass::train(DType::F16), &CheckpointPlan::none(&net), 1024.0).unwrap();
+    for named in net.params() {
+        let g = out.grads.get(named.var.as_tensor()).unwrap();
+        assert_eq!(g.dtype(), DType::F32, "{}", named.name);
+    }
+    assert!(out.loss.is_finite());
+}
+
+fn train_stripes(precision: crate::models::Precision) -> (f64, Trainer) {
+    let device = Device::Cpu;
+    let task = Stripes::new(4, 16);
+    let (x, y) = task.generate(384, 11, &device).unwrap();
+    let (vx, vy) = task.generate(256, 12, &device).unwrap();
+    let net = Network::new(&ModelName::SmallCnn.spec(4), Shape::map(3, 16, 16), &device, 1).unwrap();
+    let config = TrainConfig {
+        precision,
+        optimizer: OptimizerConfig::for_kind(crate::ledger::Optimizer::Adam, 3e-3),
+        ..TrainConfig::default()
+    };
+    let mut trainer = Trainer::new(net, config).unwrap();
+    let mut train = InMemory::new(x, y, 32).shuffled(5);
+    let mut val = InMemory::new(vx, vy, 128);
+    trainer.fit(&mut train, Some(&mut val), 3, &mut |_| {}).unwrap();
+    let accuracy = trainer.history().final_accuracy().unwrap();
+    (accuracy, trainer)
+}
+
+#[test]
+fn mixed_precision_training_reaches_the_f32_accuracy() {
+    let (f32_accuracy, _) = train_stripes(crate::models::Precision::F32);
+    let (f16_accuracy, trainer) = train_stripes(crate::models::Precision::F16Amp);
+    assert!(f32_accuracy > 0.9, "the task is learnable: f32 reached {f32_accuracy}");
+    assert!(
+        (f32_accuracy - f16_accuracy).abs() <= 0.02,
+        "f32 {f32_accuracy} vs f16 {f16_accuracy}"
+    );
+    let scales: Vec<f64> = trainer.history().steps().filter_map(|s| s.loss_scale).collect();
+    assert_eq!(scales.len(), 36);
+}
+
+#[test]
+fn bf16_on_the_cpu_is_refused_before_any_step() {
+    let net = net(ModelName::SmallCnn, 4, 16);
+    let config = TrainConfig { precision: crate::models::Precision::Bf16Amp, ..TrainConfig::default() };
+    let err = Trainer::new(net, config).unwrap_err().to_string();
+    assert!(err.contains("bf16") && err.contains("f16 mixed precision"), "{err}");
+}
+
+#[test]
+fn a_step_wants_as_many_micro_batches_as_the_accumulation() {
+    let net = net(ModelName::SmallCnn, 4, 16);
+    let config = TrainConfig { accumulation: 2, ..TrainConfig::default() };
+    let mut trainer = Trainer::new(net, config).unwrap();
+    let batch = Stripes::new(4, 16).generate(4, 1, &Device::Cpu).unwrap();
+    let err = trainer.step(&[batch], 0).unwrap_err().to_string();
+    assert!(err.contains("needs 2 micro-batches"), "{err}");
+}

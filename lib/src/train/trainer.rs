@@ -1,0 +1,368 @@
+//! The Trainer: optimizer steps over micro-batches with every lever of the
+//! lesson (mixed precision with loss scaling, accumulation, checkpointing,
+//! clipping, a learning-rate schedule), epochs over any batch source, and
+//! events for whoever is watching.
+
+use std::time::Instant;
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use serde::Serialize;
+
+use super::amp::{GradScaler, GradScalerConfig};
+use super::clip::clip_grad_norm;
+use super::events::{EpochReport, EvalReport, History, StepReport, TrainEvent};
+use super::optim::{OptimError, Optimizer, OptimizerConfig};
+use super::schedule::Schedule;
+use super::step::{accumulate, cross_entropy, forward_backward, CheckpointPlan};
+use crate::ledger::{Checkpointing, LedgerError};
+use crate::models::{Network, Pass, Precision};
+
+/// How to train. Defaults: f32, no accumulation, no checkpointing, SGD with
+/// momentum 0.9 at 0.01, no clipping, a constant learning rate.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainConfig {
+    pub precision: Precision,
+    /// Micro-batches per optimizer step; the loss of each is divided by this.
+    pub accumulation: usize,
+    pub checkpointing: Checkpointing,
+    pub optimizer: OptimizerConfig,
+    /// Clip the gradients' global L2 norm to this before each step.
+    pub clip_norm: Option<f64>,
+    /// The learning rate per optimizer step; `None` keeps the optimizer's.
+    #[serde(skip)]
+    pub schedule: Option<Schedule>,
+    /// Loss scaling under f16 (bf16 has f32's range and needs none).
+    pub scaler: GradScalerConfig,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            precision: Precision::F32,
+            accumulation: 1,
+            checkpointing: Checkpointing::None,
+            optimizer: OptimizerConfig::for_kind(crate::ledger::Optimizer::SgdMomentum, 0.01),
+            clip_norm: None,
+            schedule: None,
+            scaler: GradScalerConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("training step failed: {0}")]
+    Candle(#[from] candle_core::Error),
+    #[error(transparent)]
+    Optimizer(#[from] OptimError),
+    #[error(transparent)]
+    Checkpointing(#[from] LedgerError),
+    #[error(transparent)]
+    Model(#[from] crate::models::ModelError),
+    #[error("accumulation must be at least 1 micro-batch per step, got {0}")]
+    Accumulation(usize),
+    #[error("{precision} cannot run on {device}: {reason}")]
+    Precision {
+        precision: Precision,
+        device: String,
+        reason: String,
+    },
+    #[error("a step needs {expected} micro-batches (accumulation), got {got}")]
+    MicroBatches { expected: usize, got: usize },
+    #[error("the batch source gave no batches")]
+    Empty,
+}
+
+/// Batches of `(images N x C x H x W f32, labels N u32)`, epoch after epoch.
+pub trait BatchSource {
+    /// Batches per epoch.
+    fn batches_per_epoch(&self) -> usize;
+    /// The batches of `epoch`, in that epoch's order.
+    fn epoch(&mut self, epoch: usize) -> Box<dyn Iterator<Item = candle_core::Result<(Tensor, Tensor)>> + '_>;
+}
+
+/// A dataset held in memory as two tensors, served in batches, shuffled per
+/// epoch from a seed (the same order for the same seed and epoch).
+#[derive(Debug, Clone)]
+pub struct InMemory {
+    images: Tensor,
+    labels: Tensor,
+    batch_size: usize,
+    shuffle: Option<u64>,
+    drop_last: bool,
+}
+
+impl InMemory {
+    pub fn new(images: Tensor, labels: Tensor, batch_size: usize) -> Self {
+        InMemory {
+            images,
+            labels,
+            batch_size: batch_size.max(1),
+            shuffle: None,
+            drop_last: false,
+        }
+    }
+
+    pub fn shuffled(mut self, seed: u64) -> Self {
+        self.shuffle = Some(seed);
+        self
+    }
+
+    pub fn drop_last(mut self) -> Self {
+        self.drop_last = true;
+        self
+    }
+
+    fn len(&self) -> usize {
+        self.labels.dim(0).unwrap_or(0)
+    }
+}
+
+impl BatchSource for InMemory {
+    fn batches_per_epoch(&self) -> usize {
+        if self.drop_last {
+            self.len() / self.batch_size
+        } else {
+            self.len().div_ceil(self.batch_size)
+        }
+    }
+
+    fn epoch(&mut self, epoch: usize) -> Box<dyn Iterator<Item = candle_core::Result<(Tensor, Tensor)>> + '_> {
+        let mut order: Vec<u32> = (0..self.len() as u32).collect();
+        if let Some(seed) = self.shuffle {
+            order.shuffle(&mut StdRng::seed_from_u64(seed.wrapping_add(epoch as u64)));
+        }
+        let batches = self.batches_per_epoch();
+        let batch_size = self.batch_size;
+        Box::new((0..batches).map(move |b| {
+            let end = ((b + 1) * batch_size).min(order.len());
+            let index = Tensor::new(&order[b * batch_size..end], self.images.device())?;
+            Ok((
+                self.images.index_select(&index, 0)?,
+                self.labels.index_select(&index, 0)?,
+            ))
+        }))
+    }
+}
+
+/// A network with its optimizer and levers, ready to step.
+pub struct Trainer {
+    net: Network,
+    config: TrainConfig,
+    optimizer: Box<dyn Optimizer>,
+    scaler: GradScaler,
+    plan: CheckpointPlan,
+    pass: Pass,
+    steps: u64,
+    history: History,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("net", &self.net)
+            .field("config", &self.config)
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+impl Trainer {
+    pub fn new(net: Network, config: TrainConfig) -> Result<Self, TrainError> {
+        if config.accumulation == 0 {
+            return Err(TrainError::Accumulation(0));
+        }
+        check_precision(config.precision, net.device())?;
+        let optimizer = config.optimizer.build(net.vars())?;
+        let scaler = if config.precision == Precision::F16Amp {
+            GradScaler::new(config.scaler.clone())?
+        } else {
+            GradScaler::disabled()
+        };
+        let plan = CheckpointPlan::new(&net, &config.checkpointing)?;
+        let pass = Pass::train(Network::compute_dtype(config.precision));
+        Ok(Trainer {
+            net,
+            config,
+            optimizer,
+            scaler,
+            plan,
+            pass,
+            steps: 0,
+            history: History::default(),
+        })
+    }
+
+    pub fn net(&self) -> &Network {
+        &self.net
+    }
+
+    pub fn config(&self) -> &TrainConfig {
+        &self.config
+    }
+
+    pub fn optimizer(&self) -> &dyn Optimizer {
+        self.optimizer.as_ref()
+    }
+
+    pub fn scaler(&self) -> &GradScaler {
+        &self.scaler
+    }
+
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Optimizer steps taken (skipped ones included).
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// One optimizer step over `micro_batches` (as many as the accumulation).
+    pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)], epoch: usize) -> Result<StepReport, TrainError> {
+        if micro_batches.len() != self.config.accumulation {
+            return Err(TrainError::MicroBatches {
+                expected: self.config.accumulation,
+                got: micro_batches.len(),
+            });
+        }
+        let started = Instant::now();
+        if let Some(schedule) = &self.config.schedule {
+            schedule.apply(self.optimizer.as_mut(), self.steps);
+        }
+        let loss_scale = self.scaler.scale_factor() / self.config.accumulation as f64;
+        let mut grads = GradStore::default();
+        let (mut loss, mut correct, mut samples) = (0.0f32, 0, 0);
+        for (images, labels) in micro_batches {
+            let part = forward_backward(&self.net, images, labels, self.pass, &self.plan, loss_scale)?;
+            loss += part.loss / self.config.accumulation as f32;
+            correct += part.correct;
+            samples += part.samples;
+            accumulate(&mut grads, &self.net, part.grads)?;
+        }
+        let vars = self.net.vars();
+        self.scaler.unscale(&mut grads, &vars)?;
+        let grad_norm = match self.config.clip_norm {
+            Some(max_norm) => Some(clip_grad_norm(&mut grads, &vars, max_norm, 2.0)?),
+            None => None,
+        };
+        let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
+        let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
+        self.scaler.update()?;
+        drop(grads);
+        self.steps += 1;
+        let seconds = started.elapsed().as_secs_f64();
+        let report = StepReport {
+            epoch,
+            step: self.steps,
+            loss,
+            accuracy: correct as f64 / samples.max(1) as f64,
+            samples,
+            seconds,
+            images_per_second: samples as f64 / seconds.max(1e-9),
+            learning_rate: self.optimizer.learning_rate(),
+            loss_scale,
+            skipped: !stepped,
+            grad_norm,
+            memory: None,
+        };
+        self.history.events.push(TrainEvent::Step(report.clone()));
+        Ok(report)
+    }
+
+    /// Mean loss and accuracy over `batches`, batch-norm on its running statistics.
+    pub fn evaluate(&mut self, batches: &mut dyn BatchSource, epoch: usize) -> Result<EvalReport, TrainError> {
+        let pass = Pass::eval(self.pass.compute);
+        let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
+        for batch in batches.epoch(0) {
+            let (images, labels) = batch?;
+            let logits = self.net.forward(&images, pass)?;
+            let n = labels.dim(0)?;
+            loss_sum += cross_entropy(&logits, &labels)?.to_scalar::<f32>()? as f64 * n as f64;
+            let predicted = logits.argmax(1)?;
+            correct += predicted
+                .eq(&labels.to_dtype(predicted.dtype())?)?
+                .to_dtype(DType::U32)?
+                .sum_all()?
+                .to_scalar::<u32>()? as usize;
+            samples += n;
+        }
+        if samples == 0 {
+            return Err(TrainError::Empty);
+        }
+        let report = EvalReport {
+            epoch,
+            loss: (loss_sum / samples as f64) as f32,
+            accuracy: correct as f64 / samples as f64,
+            samples,
+        };
+        self.history.events.push(TrainEvent::Eval(report.clone()));
+        Ok(report)
+    }
+
+    /// `epochs` passes over `train`, grouping its batches `accumulation` at a
+    /// time (a short remainder at the end of an epoch is left out), evaluating on
+    /// `val` after each epoch. `watch` sees every event as it happens.
+    pub fn fit(
+        &mut self,
+        train: &mut dyn BatchSource,
+        mut val: Option<&mut dyn BatchSource>,
+        epochs: usize,
+        watch: &mut dyn FnMut(&TrainEvent),
+    ) -> Result<&History, TrainError> {
+        for epoch in 0..epochs {
+            let started = Instant::now();
+            let (mut loss_sum, mut correct, mut samples, mut steps) = (0.0f64, 0.0f64, 0usize, 0usize);
+            let mut group = Vec::with_capacity(self.config.accumulation);
+            let batches: Vec<_> = train.epoch(epoch).collect();
+            for batch in batches {
+                group.push(batch?);
+                if group.len() < self.config.accumulation {
+                    continue;
+                }
+                let report = self.step(&group, epoch)?;
+                group.clear();
+                loss_sum += report.loss as f64;
+                correct += report.accuracy * report.samples as f64;
+                samples += report.samples;
+                steps += 1;
+                watch(&TrainEvent::Step(report));
+            }
+            if steps == 0 {
+                return Err(TrainError::Empty);
+            }
+            let seconds = started.elapsed().as_secs_f64();
+            let epoch_report = EpochReport {
+                epoch,
+                loss: (loss_sum / steps as f64) as f32,
+                accuracy: correct / samples.max(1) as f64,
+                seconds,
+                images_per_second: samples as f64 / seconds.max(1e-9),
+            };
+            self.history.events.push(TrainEvent::Epoch(epoch_report.clone()));
+            watch(&TrainEvent::Epoch(epoch_report));
+            if let Some(val) = val.as_deref_mut() {
+                let report = self.evaluate(val, epoch)?;
+                watch(&TrainEvent::Eval(report));
+            }
+        }
+        Ok(&self.history)
+    }
+}
+
+/// Refuses a precision the device cannot run, before any step fails half-way:
+/// candle's CPU matmul has no bf16 kernel, so bf16 convolutions fail there.
+fn check_precision(precision: Precision, device: &Device) -> Result<(), TrainError> {
+    if precision == Precision::Bf16Amp && device.is_cpu() {
+        return Err(TrainError::Precision {
+            precision,
+            device: "the CPU".into(),
+            reason: "candle's CPU matmul has no bf16 kernel (\"unsupported dtype BF16 for op matmul\"); use f16 mixed precision or f32 on the CPU, bf16 on a CUDA GPU".into(),
+        });
+    }
+    Ok(())
+}
