@@ -3,7 +3,7 @@
 //! weight), median of the repeats after one warm-up. Prints JSON (seconds);
 //! scripts/bench_ops.py runs PyTorch on the same cases and adds the ratios.
 //!
-//!     cargo bench -p vramlab --bench ops [-- --repeats N]
+//!     cargo bench -p vramlab --bench ops [-- --repeats N] [--only NAME] [--ours-only]
 
 use std::time::Instant;
 
@@ -67,33 +67,46 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
+    // `--only NAME` times the cases whose name contains NAME (for profiling one).
+    let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned().unwrap_or_default();
+    let with_candle = !args.iter().any(|a| a == "--ours-only");
     let mut report = serde_json::Map::new();
-    for c in &CONVS {
+    for c in CONVS.iter().filter(|c| c.name.contains(&only)) {
         for dtype in [DType::F32, DType::F16] {
             let x = randn(&[c.batch, c.channels, c.size, c.size], dtype);
             let w = randn(&[c.out_channels, c.channels / c.params.groups, c.kernel, c.kernel], dtype);
             let p = c.params;
             let ours = fwd_and_bwd(repeats, &x, &w, |x, w| conv2d(x, w, p).expect("conv2d"));
-            let candle = fwd_and_bwd(repeats, &x, &w, |x, w| x.conv2d(w, p.padding, p.stride, 1, p.groups).expect("conv2d"));
+            let candle_conv = |x: &Tensor, w: &Tensor| x.conv2d(w, p.padding, p.stride, 1, p.groups).expect("conv2d");
+            // candle's f16 backward takes tens of seconds per step here: its forward alone is timed.
+            let candle = if !with_candle {
+                serde_json::Value::Null
+            } else if dtype == DType::F32 {
+                fwd_and_bwd(repeats, &x, &w, candle_conv)
+            } else {
+                serde_json::json!({"fwd_s": time(repeats, || { candle_conv(&x, &w); })})
+            };
             report.insert(format!("{}_{dtype:?}", c.name).to_lowercase(), serde_json::json!({"ours": ours, "candle": candle}));
         }
     }
-    // Max-pool 3x3 stride 2 has no backward in candle: only its forward (on a padded input) is timed.
-    let x = randn(&[32, 64, 32, 32], DType::F32);
-    let xv = Var::from_tensor(&x).expect("var");
-    let ours_fwd = time(repeats, || {
-        max_pool2d(&x, 3, 2, 1).expect("pool");
-    });
-    let ours_train = time(repeats, || {
-        max_pool2d(xv.as_tensor(), 3, 2, 1).expect("pool").sum_all().expect("sum").backward().expect("backward");
-    });
-    let candle_fwd = time(repeats, || {
-        x.pad_with_zeros(2, 1, 1).expect("pad").pad_with_zeros(3, 1, 1).expect("pad").max_pool2d_with_stride(3, 2).expect("pool");
-    });
-    report.insert(
-        "maxpool3x3s2_64_32x32_b32_f32".into(),
-        serde_json::json!({"ours": {"fwd_s": ours_fwd, "fwd_bwd_s": ours_train}, "candle": {"fwd_s": candle_fwd}}),
-    );
+    if "maxpool3x3s2_64_32x32_b32".contains(&only) {
+        // Max-pool 3x3 stride 2 has no backward in candle: only its forward (on a padded input) is timed.
+        let x = randn(&[32, 64, 32, 32], DType::F32);
+        let xv = Var::from_tensor(&x).expect("var");
+        let ours_fwd = time(repeats, || {
+            max_pool2d(&x, 3, 2, 1).expect("pool");
+        });
+        let ours_train = time(repeats, || {
+            max_pool2d(xv.as_tensor(), 3, 2, 1).expect("pool").sum_all().expect("sum").backward().expect("backward");
+        });
+        let candle_fwd = time(repeats, || {
+            x.pad_with_zeros(2, 1, 1).expect("pad").pad_with_zeros(3, 1, 1).expect("pad").max_pool2d_with_stride(3, 2).expect("pool");
+        });
+        report.insert(
+            "maxpool3x3s2_64_32x32_b32_f32".into(),
+            serde_json::json!({"ours": {"fwd_s": ours_fwd, "fwd_bwd_s": ours_train}, "candle": {"fwd_s": candle_fwd}}),
+        );
+    }
     report.insert("repeats".into(), repeats.into());
     report.insert("threads".into(), vramlab::candle::utils::get_num_threads().into());
     println!("{}", serde_json::to_string_pretty(&report).expect("json"));

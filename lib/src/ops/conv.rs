@@ -279,15 +279,34 @@ impl Plan {
         }
     }
 
-    /// Runs `f(first_image, chunk)` over `data` cut into chunks of `per_image * images`.
-    fn for_each_chunk(&self, data: &mut [f32], per_image: usize, f: impl Fn(usize, &mut [f32]) + Sync + Send) {
+    /// Runs `f(scratch, first_image, chunk)` over `data` cut into chunks of `per_image * images`.
+    fn for_each_chunk(&self, data: &mut [f32], per_image: usize, f: impl Fn(&mut Scratch, usize, &mut [f32]) + Sync + Send) {
         let len = (per_image * self.images).max(1);
         if self.across_chunks {
-            data.par_chunks_mut(len).enumerate().for_each(|(i, chunk)| f(i * self.images, chunk));
+            data.par_chunks_mut(len)
+                .enumerate()
+                .for_each_init(Scratch::default, |scratch, (i, chunk)| f(scratch, i * self.images, chunk));
         } else {
-            data.chunks_mut(len).enumerate().for_each(|(i, chunk)| f(i * self.images, chunk));
+            let mut scratch = Scratch::default();
+            data.chunks_mut(len).enumerate().for_each(|(i, chunk)| f(&mut scratch, i * self.images, chunk));
         }
     }
+}
+
+/// Buffers a thread reuses from chunk to chunk. Every user overwrites what it
+/// takes, so they are grown but never cleared: zeroing megabytes per image
+/// would cost as much as the copies it precedes.
+#[derive(Default)]
+struct Scratch {
+    col: Vec<f32>,
+    stacked: Vec<f32>,
+}
+
+fn take(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buffer.len() < len {
+        buffer.resize(len, 0.0);
+    }
+    &mut buffer[..len]
 }
 
 /// Copies rows `first_row..first_row + rows` of each of `images` consecutive
@@ -310,27 +329,27 @@ fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
     let mut out = vec![0f32; g.batch * out_image];
-    plan.for_each_chunk(&mut out, out_image, |n0, out_chunk| {
+    plan.for_each_chunk(&mut out, out_image, |scratch, n0, out_chunk| {
         let nb = out_chunk.len() / out_image;
         let cols = nb * op;
         let direct_input = g.is_pointwise() && nb == 1;
-        let mut col = if direct_input { Vec::new() } else { vec![0f32; patch * cols] };
-        let mut stacked = if nb > 1 { vec![0f32; og * cols] } else { Vec::new() };
+        let col = take(&mut scratch.col, if direct_input { 0 } else { patch * cols });
+        let stacked = take(&mut scratch.stacked, if nb > 1 { og * cols } else { 0 });
         for grp in 0..g.groups {
             let rhs = if direct_input {
                 Mat { data: &x[n0 * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()], row_stride: op, col_stride: 1 }
             } else {
                 for j in 0..nb {
                     let image = &x[(n0 + j) * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
-                    im2col(g, image, &mut col, cols, j * op);
+                    im2col(g, image, col, cols, j * op);
                 }
-                Mat { data: &col, row_stride: cols, col_stride: 1 }
+                Mat { data: col, row_stride: cols, col_stride: 1 }
             };
             let lhs = Mat { data: &w[grp * og * patch..][..og * patch], row_stride: patch, col_stride: 1 };
             if nb == 1 {
                 matmul(&mut out_chunk[grp * og * op..][..og * op], op, (og, op, patch), lhs, rhs, false, parallelism);
             } else {
-                matmul(&mut stacked, cols, (og, cols, patch), lhs, rhs, false, parallelism);
+                matmul(stacked, cols, (og, cols, patch), lhs, rhs, false, parallelism);
                 for j in 0..nb {
                     for o in 0..og {
                         out_chunk[(j * g.out_channels + grp * og + o) * op..][..op]
@@ -350,18 +369,18 @@ fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
     let mut dx = vec![0f32; g.batch * x_image];
-    plan.for_each_chunk(&mut dx, x_image, |n0, dx_chunk| {
+    plan.for_each_chunk(&mut dx, x_image, |scratch, n0, dx_chunk| {
         let nb = dx_chunk.len() / x_image;
         let cols = nb * op;
         let direct_output = g.is_pointwise() && nb == 1;
-        let mut dcol = if direct_output { Vec::new() } else { vec![0f32; patch * cols] };
-        let mut stacked = if nb > 1 { vec![0f32; og * cols] } else { Vec::new() };
+        let dcol = take(&mut scratch.col, if direct_output { 0 } else { patch * cols });
+        let stacked = take(&mut scratch.stacked, if nb > 1 { og * cols } else { 0 });
         for grp in 0..g.groups {
             let rhs = if nb == 1 {
                 Mat { data: &dy[n0 * out_image + grp * og * op..][..og * op], row_stride: op, col_stride: 1 }
             } else {
-                stack_images(&dy[n0 * out_image..], out_image, grp * og, og, op, nb, &mut stacked);
-                Mat { data: &stacked, row_stride: cols, col_stride: 1 }
+                stack_images(&dy[n0 * out_image..], out_image, grp * og, og, op, nb, stacked);
+                Mat { data: stacked, row_stride: cols, col_stride: 1 }
             };
             // The transposed weight of the group: element (r, o) is w[o * patch + r].
             let lhs = Mat { data: &w[grp * og * patch..][..og * patch], row_stride: 1, col_stride: patch };
@@ -369,10 +388,10 @@ fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
                 let dst = &mut dx_chunk[grp * cg * g.in_plane()..][..cg * g.in_plane()];
                 matmul(dst, op, (patch, op, og), lhs, rhs, false, parallelism);
             } else {
-                matmul(&mut dcol, cols, (patch, cols, og), lhs, rhs, false, parallelism);
+                matmul(dcol, cols, (patch, cols, og), lhs, rhs, false, parallelism);
                 for j in 0..nb {
                     let image = &mut dx_chunk[j * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
-                    col2im(g, &dcol, cols, j * op, image);
+                    col2im(g, dcol, cols, j * op, image);
                 }
             }
         }
@@ -387,13 +406,13 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
     let weights = g.out_channels * patch;
-    let accumulate_chunk = |chunk: usize, dw: &mut [f32]| {
+    let accumulate_chunk = |scratch: &mut Scratch, chunk: usize, dw: &mut [f32]| {
         let n0 = chunk * plan.images;
         let nb = plan.images.min(g.batch - n0);
         let cols = nb * op;
         let direct_input = g.is_pointwise() && nb == 1;
-        let mut col = if direct_input { Vec::new() } else { vec![0f32; patch * cols] };
-        let mut stacked = if nb > 1 { vec![0f32; og * cols] } else { Vec::new() };
+        let col = take(&mut scratch.col, if direct_input { 0 } else { patch * cols });
+        let stacked = take(&mut scratch.stacked, if nb > 1 { og * cols } else { 0 });
         for grp in 0..g.groups {
             let col_t = if direct_input {
                 let data = &x[n0 * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
@@ -401,23 +420,23 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
             } else {
                 for j in 0..nb {
                     let image = &x[(n0 + j) * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
-                    im2col(g, image, &mut col, cols, j * op);
+                    im2col(g, image, col, cols, j * op);
                 }
-                Mat { data: &col, row_stride: 1, col_stride: cols }
+                Mat { data: col, row_stride: 1, col_stride: cols }
             };
             let dy_g = if nb == 1 {
                 Mat { data: &dy[n0 * out_image + grp * og * op..][..og * op], row_stride: op, col_stride: 1 }
             } else {
-                stack_images(&dy[n0 * out_image..], out_image, grp * og, og, op, nb, &mut stacked);
-                Mat { data: &stacked, row_stride: cols, col_stride: 1 }
+                stack_images(&dy[n0 * out_image..], out_image, grp * og, og, op, nb, stacked);
+                Mat { data: stacked, row_stride: cols, col_stride: 1 }
             };
             let dst = &mut dw[grp * og * patch..][..og * patch];
             matmul(dst, patch, (og, patch, cols), dy_g, col_t, true, parallelism);
         }
     };
     if !plan.across_chunks {
-        let mut dw = vec![0f32; weights];
-        (0..plan.chunks).for_each(|chunk| accumulate_chunk(chunk, &mut dw));
+        let (mut dw, mut scratch) = (vec![0f32; weights], Scratch::default());
+        (0..plan.chunks).for_each(|chunk| accumulate_chunk(&mut scratch, chunk, &mut dw));
         return dw;
     }
     // One partial sum per thread over a contiguous run of chunks, added at the end.
@@ -425,8 +444,9 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let partials: Vec<Vec<f32>> = (0..workers)
         .into_par_iter()
         .map(|t| {
-            let mut dw = vec![0f32; weights];
-            (t * plan.chunks / workers..(t + 1) * plan.chunks / workers).for_each(|chunk| accumulate_chunk(chunk, &mut dw));
+            let (mut dw, mut scratch) = (vec![0f32; weights], Scratch::default());
+            (t * plan.chunks / workers..(t + 1) * plan.chunks / workers)
+                .for_each(|chunk| accumulate_chunk(&mut scratch, chunk, &mut dw));
             dw
         })
         .collect();

@@ -57,22 +57,26 @@ impl Geometry {
     /// Index in `plane` of the first maximum of output `(oh, ow)`'s window;
     /// a NaN wins over any number, as in PyTorch.
     fn argmax<T: WithDType>(&self, plane: &[T], oh: usize, ow: usize) -> Option<usize> {
-        let mut best: Option<(usize, T)> = None;
-        for ih in self.span(oh, self.height) {
-            for iw in self.span(ow, self.width) {
-                let i = ih * self.width + iw;
-                let v = plane[i];
-                let better = match best {
-                    None => true,
-                    #[allow(clippy::eq_op)]
-                    Some((_, b)) => b == b && (v > b || v != v),
-                };
-                if better {
-                    best = Some((i, v));
+        let (rows, cols) = (self.span(oh, self.height), self.span(ow, self.width));
+        if rows.is_empty() || cols.is_empty() {
+            return None;
+        }
+        let mut best_index = rows.start * self.width + cols.start;
+        let mut best = plane[best_index];
+        for ih in rows {
+            let row = ih * self.width;
+            for (i, &v) in plane[row + cols.start..row + cols.end].iter().enumerate() {
+                if v > best {
+                    best = v;
+                    best_index = row + cols.start + i;
+                }
+                #[allow(clippy::eq_op)]
+                if v != v {
+                    return Some(row + cols.start + i);
                 }
             }
         }
-        best.map(|(i, _)| i)
+        Some(best_index)
     }
 
     fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
