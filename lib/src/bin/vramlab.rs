@@ -1,10 +1,15 @@
-//! `vramlab`: the command-line twin of the `%summary` and `%oomcheck` magics.
+//! `vramlab`: the command-line twin of the `%summary` and `%oomcheck` magics,
+//! and the data pipeline's commands (`synth`, `preprocess`, `bench loader`).
 
 use std::process::ExitCode;
 
 use clap::{Args, ColorChoice, Parser, Subcommand};
 use serde::Serialize;
-use vramlab::cli::{run_oomcheck, run_summary, OomcheckArgs, SummaryArgs, TrainRunArgs, UsageError};
+use vramlab::cli::{
+    run_oomcheck, run_summary, BenchLoaderArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs, TrainRunArgs,
+    UsageError,
+};
+use vramlab::data::{bench_loader, preprocess};
 use vramlab::render::Render;
 
 #[derive(Parser)]
@@ -20,6 +25,10 @@ enum Command {
     Summary(WithJson<SummaryArgs>),
     /// Will a training step fit? The five bills, the peak, and ranked fixes
     Oomcheck(WithJson<OomcheckArgs>),
+    /// Write the synthetic leaf-disease dataset (ImageFolder layout + manifest.csv)
+    Synth(WithJson<SynthArgs>),
+    /// Resize an ImageFolder offline to a short side and save compressed JPEGs
+    Preprocess(WithJson<PreprocessArgs>),
     /// Benchmarks on this machine
     #[command(subcommand)]
     Bench(Bench),
@@ -29,6 +38,8 @@ enum Command {
 enum Bench {
     /// Time real training steps of a zoo model on synthetic images (seconds, after warm-up)
     Train(WithJson<TrainRunArgs>),
+    /// One pass of the data loader (decode, resize, flip, normalise): images/s
+    Loader(WithJson<BenchLoaderArgs>),
 }
 
 #[derive(Args)]
@@ -63,6 +74,18 @@ fn main() -> ExitCode {
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
         Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args)
             .and_then(|report| emit(cmd.json, &report, || report_text(&report))),
+        Command::Synth(cmd) => data_error(cmd.args.generator().generate(&cmd.args.out)).and_then(|manifest| {
+            emit(cmd.json, &manifest, || {
+                format!("wrote {}\n{}\n{}", cmd.args.out.display(), manifest.table(), manifest.size_table())
+            })
+        }),
+        Command::Preprocess(cmd) => {
+            let a = &cmd.args;
+            data_error(preprocess(&a.src, &a.out, a.short_side, a.quality))
+                .and_then(|report| emit(cmd.json, &report, || report.bundle().text().to_owned()))
+        }
+        Command::Bench(Bench::Loader(cmd)) => data_error(bench_loader(&cmd.args.root, &cmd.args.config()))
+            .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
     };
     match printed {
         Ok(()) => ExitCode::SUCCESS,
@@ -71,6 +94,10 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+fn data_error<T>(result: Result<T, vramlab::data::DataError>) -> Result<T, UsageError> {
+    result.map_err(|e| UsageError(e.to_string()))
 }
 
 fn emit<T: Serialize>(

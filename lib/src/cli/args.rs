@@ -2,6 +2,7 @@
 
 use clap::{ColorChoice, Parser, ValueEnum};
 
+use crate::data::LoaderShape;
 use crate::gpus::Device;
 use crate::ledger::{Checkpointing, Mode, Optimizer, StepConfig};
 use crate::models::{ModelName, Precision, Shape};
@@ -71,9 +72,32 @@ pub struct OomcheckArgs {
     /// Inference instead of training
     #[arg(long)]
     pub eval: bool,
+    /// Data loader workers: adds the loader's host memory to the report (the second kind of OOM)
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Batches each loader worker queues ahead (PyTorch's prefetch_factor)
+    #[arg(long, default_value_t = 2, value_parser = positive)]
+    pub prefetch: usize,
+    /// Largest photo a loader worker decodes, WIDTHxHEIGHT
+    #[arg(long, value_parser = parse_dims, default_value = "4000x3000")]
+    pub source: (u32, u32),
+    /// Host RAM to judge the loader against, such as 32GiB
+    #[arg(long, value_parser = parse_bytes)]
+    pub host_ram: Option<u64>,
 }
 
 impl OomcheckArgs {
+    /// The loader settings, when `--workers` asks for the host-memory report.
+    pub fn loader_shape(&self) -> Option<LoaderShape> {
+        self.workers.map(|num_workers| LoaderShape {
+            batch_size: self.batch,
+            sample: [self.channels, self.res, self.res],
+            num_workers,
+            prefetch: self.prefetch,
+            source: self.source,
+        })
+    }
+
     pub fn step_config(&self) -> StepConfig {
         StepConfig {
             batch: self.batch,
@@ -208,4 +232,37 @@ fn parse_device(text: &str) -> Result<Device, String> {
 fn parse_sweep(text: &str) -> Result<SweepSpec, String> {
     text.parse()
         .map_err(|e: crate::oom::SweepParseError| e.to_string())
+}
+
+/// `WIDTHxHEIGHT`, both at least 1.
+pub(crate) fn parse_dims(text: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("expected WIDTHxHEIGHT such as 4000x3000, got `{text}`");
+    let (w, h) = text.split_once(['x', 'X']).ok_or_else(bad)?;
+    match (w.trim().parse::<u32>(), h.trim().parse::<u32>()) {
+        (Ok(w), Ok(h)) if w > 0 && h > 0 => Ok((w, h)),
+        _ => Err(bad()),
+    }
+}
+
+/// `32GiB`, `16 GB`, `512MiB`: binary units GiB/MiB/TiB, decimal GB/MB/TB.
+pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("expected a size such as 32GiB, got `{text}`"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "tib" => (1u64 << 40) as f64,
+        "gib" => (1u64 << 30) as f64,
+        "mib" => (1u64 << 20) as f64,
+        "tb" => 1e12,
+        "gb" => 1e9,
+        "mb" => 1e6,
+        _ => return Err(format!("give a unit (GiB, GB, MiB, MB, TiB, TB) in `{text}`")),
+    };
+    let bytes = value * scale;
+    if bytes >= 1.0 {
+        Ok(bytes as u64)
+    } else {
+        Err(format!("`{text}` is not a positive size"))
+    }
 }

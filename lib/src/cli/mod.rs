@@ -3,11 +3,13 @@
 
 mod args;
 mod compose;
+mod data;
 mod report;
 mod train;
 
 pub use args::{Amp, Dtype, InputShape, OomcheckArgs, Opt, SummaryArgs};
 pub use compose::Composer;
+pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 pub use report::Oomcheck;
 pub use train::TrainRunArgs;
 
@@ -15,7 +17,7 @@ use clap::error::ErrorKind;
 use clap::Parser;
 
 use crate::models::Summary;
-use crate::oom::{check, sweep};
+use crate::oom::{check, host_check, sweep};
 use crate::render::{Bundle, Render};
 
 /// Bad arguments, or a configuration the model cannot take. Display is one
@@ -66,7 +68,8 @@ pub fn run_oomcheck(args: &OomcheckArgs) -> Result<Oomcheck, UsageError> {
         .map(|plan| sweep(&spec, &config, &args.gpu, plan))
         .transpose()
         .map_err(usage)?;
-    Ok(Oomcheck { report, sweep })
+    let host = args.loader_shape().map(|shape| host_check(shape, args.host_ram));
+    Ok(Oomcheck { report, sweep, host })
 }
 
 /// `%summary MODEL [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]` as a bundle.

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::ledger::units::{human, percent};
-use crate::oom::{FitReport, Sweep, Verdict};
+use crate::oom::{FitReport, HostReport, Sweep, Verdict};
 use crate::render::{Bundle, Render, Table};
 
 use super::compose::Composer;
@@ -13,6 +13,8 @@ use super::compose::Composer;
 pub struct Oomcheck {
     pub report: FitReport,
     pub sweep: Option<Sweep>,
+    /// The data loader's host memory, when loader settings were given.
+    pub host: Option<HostReport>,
 }
 
 impl FitReport {
@@ -86,6 +88,10 @@ impl Render for Oomcheck {
             composer = composer
                 .html_only(&sweep.chart().bundle())
                 .part(&sweep.table().bundle());
+        }
+        if let Some(host) = &self.host {
+            let color = if host.too_large() { "#b22222" } else { "#2a7d2a" };
+            composer = composer.headline(&host.verdict_line(), color).part(&host.table().bundle());
         }
         composer.finish()
     }

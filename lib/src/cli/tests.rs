@@ -111,3 +111,17 @@ fn help_is_a_plain_bundle_not_an_error() {
     assert!(help.text().contains("--sweep"));
     assert!(!help.text().contains('\u{1b}'));
 }
+
+#[test]
+fn oomcheck_reports_the_loaders_host_memory_when_given_workers() {
+    let bundle = oomcheck(&words("resnet18 --batch 32 --res 224 --workers 16 --prefetch 4 --host-ram 2GiB")).unwrap();
+    let text = bundle.text();
+    assert!(text.contains("HOST RAM AT RISK"), "{text}");
+    assert!(text.contains("--workers 8") && text.contains("batches in flight"), "{text}");
+    let without = oomcheck(&words("resnet18 --batch 32 --res 224")).unwrap();
+    assert!(!without.text().contains("Host RAM"));
+    let err = oomcheck(&words("resnet18 --batch 32 --res 224 --workers 2 --host-ram 32")).unwrap_err();
+    assert!(err.0.contains("give a unit"), "{}", err.0);
+    let err = oomcheck(&words("resnet18 --batch 32 --res 224 --workers 2 --source 4000")).unwrap_err();
+    assert!(err.0.contains("WIDTHxHEIGHT"), "{}", err.0);
+}

@@ -1,1 +1,93 @@
 //! From disk to device: datasets, decoding, transforms, the loader, splits and the synthetic leaf-disease data.
+
+mod baseline;
+mod bench;
+mod decode;
+mod folder;
+mod footprint;
+mod loader;
+mod manifest;
+mod mix;
+mod preprocess;
+mod report;
+mod split;
+mod synth;
+mod transform;
+
+pub use baseline::{colour_histogram, histogram_baseline, BaselineReport, HISTOGRAM_BINS};
+pub use bench::{bench_decoders, bench_loader, DecoderBench, LoaderBench, LoaderBenchConfig};
+pub use decode::{decode_bytes, decode_file, Decoded, DecodeOptions, Decoder, RgbImage};
+pub use folder::{ImageDataset, ImageFolder, ImageItem, OnError, IMAGE_EXTENSIONS};
+pub use footprint::{HostFootprint, LoaderShape};
+pub use loader::{Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, MemoryGauge, Sampler};
+pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
+pub use mix::{cutmix, mixup, one_hot, Mixed};
+pub use preprocess::{preprocess, PreprocessReport};
+pub use report::{contact_sheet, decoder_table, loader_bench_table};
+pub use split::{group_split, stratified_group_kfold, stratified_split, Split};
+pub use synth::{LeafDiseaseSynth, PhotoPlan, SizeShare, CLASSES};
+pub use transform::{to_image, ColorJitter, Normalize, Transform, Transforms};
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong between a file on disk and a batch tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("decoding {path}: {message}")]
+    Decode { path: PathBuf, message: String },
+    #[error("encoding {path}: {message}")]
+    Encode { path: PathBuf, message: String },
+    #[error("resizing {from_w}x{from_h} to {to_w}x{to_h}: {message}")]
+    Resize { from_w: u32, from_h: u32, to_w: u32, to_h: u32, message: String },
+    #[error("no images found under {root} (expected root/class/*.jpg or *.png)")]
+    Empty { root: PathBuf },
+    #[error("manifest {path}, line {line}: {message}")]
+    Manifest { path: PathBuf, line: usize, message: String },
+    #[error("{what}: {message}")]
+    Invalid { what: &'static str, message: String },
+    #[error("{op} on tensor of shape {shape:?}: {source}")]
+    Tensor {
+        op: &'static str,
+        shape: Vec<usize>,
+        #[source]
+        source: candle_core::Error,
+    },
+    #[error("loader worker {worker} stopped without finishing batch {batch}")]
+    WorkerLost { worker: usize, batch: usize },
+}
+
+impl DataError {
+    pub(crate) fn invalid(what: &'static str, message: impl Into<String>) -> Self {
+        DataError::Invalid { what, message: message.into() }
+    }
+
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| DataError::Io { op, path, source }
+    }
+}
+
+/// The seeded generator used everywhere: ChaCha8 is portable and stable across versions.
+pub type Rng = rand_chacha::ChaCha8Rng;
+
+/// A generator for one item of a seeded stream: the same (seed, stream, index)
+/// always gives the same numbers, whichever thread asks.
+pub fn rng_for(seed: u64, stream: u64, index: u64) -> Rng {
+    use rand::SeedableRng;
+    let mixed = splitmix(splitmix(splitmix(seed) ^ stream) ^ index);
+    Rng::seed_from_u64(mixed)
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}

@@ -1,0 +1,72 @@
+//! The loader's host memory: batches in flight times their size, plus the
+//! images each worker is decoding. The lesson's second kind of OOM (4.3).
+
+use serde::Serialize;
+
+/// The settings that decide the loader's host memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LoaderShape {
+    pub batch_size: usize,
+    /// One sample: channels, height, width (f32 values).
+    pub sample: [usize; 3],
+    pub num_workers: usize,
+    pub prefetch: usize,
+    /// The largest source image a worker decodes: width, height (8-bit RGB).
+    pub source: (u32, u32),
+}
+
+/// What those settings hold on the host at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct HostFootprint {
+    pub shape: LoaderShape,
+    /// One batch: images as f32 plus u32 labels.
+    pub batch_bytes: u64,
+    /// Batches that can exist at once: per worker its queue plus the one it
+    /// is building, and the one the training loop holds.
+    pub batches_in_flight: u64,
+    /// One decoded source image, while a worker transforms it.
+    pub decode_bytes_per_worker: u64,
+    /// Everything above together.
+    pub total_bytes: u64,
+}
+
+impl LoaderShape {
+    pub fn footprint(&self) -> HostFootprint {
+        let values: u64 = self.sample.iter().map(|&d| d as u64).product();
+        let batch_bytes = self.batch_size as u64 * (values * 4 + 4);
+        let builders = self.num_workers.max(1) as u64;
+        let batches_in_flight = if self.num_workers == 0 {
+            1
+        } else {
+            self.num_workers as u64 * (self.prefetch as u64 + 1) + 1
+        };
+        let decode_bytes_per_worker = self.source.0 as u64 * self.source.1 as u64 * 3;
+        HostFootprint {
+            shape: *self,
+            batch_bytes,
+            batches_in_flight,
+            decode_bytes_per_worker,
+            total_bytes: batches_in_flight * batch_bytes + builders * decode_bytes_per_worker,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_batches_grow_with_workers_times_prefetch() {
+        let shape = LoaderShape { batch_size: 32, sample: [3, 224, 224], num_workers: 4, prefetch: 2, source: (4000, 3000) };
+        let f = shape.footprint();
+        assert_eq!(f.batch_bytes, 32 * (3 * 224 * 224 * 4 + 4));
+        assert_eq!(f.batches_in_flight, 4 * 3 + 1);
+        assert_eq!(f.decode_bytes_per_worker, 36_000_000);
+        assert_eq!(f.total_bytes, 13 * f.batch_bytes + 4 * 36_000_000);
+        let inline = LoaderShape { num_workers: 0, ..shape }.footprint();
+        assert_eq!(inline.batches_in_flight, 1);
+        assert_eq!(inline.total_bytes, f.batch_bytes + 36_000_000);
+        let wide = LoaderShape { num_workers: 16, prefetch: 4, ..shape }.footprint();
+        assert!(wide.total_bytes > 5 * f.total_bytes);
+    }
+}

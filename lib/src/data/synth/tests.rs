@@ -1,0 +1,153 @@
+use std::collections::HashMap;
+
+use super::*;
+use crate::data::{
+    decode_file, group_split, histogram_baseline, preprocess, DataLoader, DecodeOptions, ImageFolder, LoaderConfig, Manifest,
+    OnError, Transforms,
+};
+
+fn tiny(images: usize, seed: u64) -> LeafDiseaseSynth {
+    LeafDiseaseSynth::new(images, seed).with_sizes(vec![
+        SizeShare { width: 48, height: 32, share: 0.7 },
+        SizeShare { width: 96, height: 64, share: 0.3 },
+    ])
+}
+
+#[test]
+fn the_default_plan_is_imbalanced_grouped_and_mixed_in_size() {
+    let synth = LeafDiseaseSynth::default();
+    let plan = synth.plan().unwrap();
+    assert_eq!(plan.len(), 3000);
+    let counts = synth.class_counts();
+    assert_eq!(counts.len(), 12);
+    let (max, min) = (*counts.iter().max().unwrap(), *counts.iter().min().unwrap());
+    assert!(max >= 8 * min, "imbalance {max}/{min}");
+    let mut class_of_plant = HashMap::new();
+    for p in &plan {
+        assert_eq!(*class_of_plant.entry(p.plant).or_insert(p.class), p.class, "a plant has one disease");
+    }
+    assert!(class_of_plant.len() < 1500, "several photos per plant");
+    let huge = plan.iter().filter(|p| p.width == 4000).count();
+    assert!((200..400).contains(&huge), "{huge} photos at 4000x3000");
+    assert!(plan.iter().any(|p| p.width == 224));
+    assert!(plan.iter().any(|p| p.orientation == 6) && plan.iter().any(|p| p.orientation == 1));
+    let qualities: std::collections::BTreeSet<u8> = plan.iter().map(|p| p.quality).collect();
+    assert!(qualities.len() > 20);
+    assert_eq!(plan, synth.plan().unwrap());
+    assert!(LeafDiseaseSynth::new(5, 0).plan().is_err());
+}
+
+#[test]
+fn generation_is_deterministic_and_writes_an_image_folder_with_a_manifest() {
+    let (a, b, c) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let manifest = tiny(40, 7).generate(a.path()).unwrap();
+    tiny(40, 7).generate(b.path()).unwrap();
+    tiny(40, 8).generate(c.path()).unwrap();
+    assert_eq!(manifest.entries.len(), 40);
+    let mut differs = false;
+    for e in &manifest.entries {
+        let bytes = std::fs::read(a.path().join(&e.path)).unwrap();
+        assert_eq!(bytes, std::fs::read(b.path().join(&e.path)).unwrap(), "{}", e.path.display());
+        assert_eq!(bytes.len() as u64, e.bytes);
+        differs |= std::fs::read(c.path().join(&e.path)).map(|other| other != bytes).unwrap_or(true);
+    }
+    assert!(differs, "another seed gives other photos");
+    assert_eq!(Manifest::read(a.path()).unwrap(), manifest);
+
+    let folder = ImageFolder::open(a.path(), OnError::Fail).unwrap();
+    assert_eq!(folder.classes, CLASSES.to_vec());
+    assert_eq!(folder.items.len(), 40);
+    assert!(folder.items.iter().all(|i| i.group.is_some()));
+    for e in manifest.entries.iter().filter(|e| e.orientation == 6).take(2) {
+        assert!(e.width < e.height, "stored turned");
+        let d = decode_file(&a.path().join(&e.path), DecodeOptions::default()).unwrap();
+        assert!(d.image.width() > d.image.height(), "decoded upright");
+    }
+}
+
+#[test]
+fn a_disease_changes_only_the_leaf_and_in_its_own_colour() {
+    let synth = LeafDiseaseSynth::new(600, 1).with_size(320, 240);
+    let plan = synth.plan().unwrap();
+    let class = |name: &str| CLASSES.iter().position(|c| *c == name).unwrap();
+    let mut differs = 0;
+    for photo in plan.iter().filter(|p| CLASSES[p.class] == "healthy").take(4) {
+        // The same plant, framing and light, with another disease.
+        let healthy = synth.render(&PhotoPlan { class: class("healthy"), ..photo.clone() }).unwrap().mean_rgb();
+        let rust = synth.render(&PhotoPlan { class: class("rust"), ..photo.clone() }).unwrap().mean_rgb();
+        let mildew = synth.render(&PhotoPlan { class: class("powdery_mildew"), ..photo.clone() }).unwrap().mean_rgb();
+        assert!(rust[0] - rust[1] > healthy[0] - healthy[1], "rust is redder: {rust:?} vs {healthy:?}");
+        assert!(mildew[2] > healthy[2], "mildew is whiter: {mildew:?} vs {healthy:?}");
+        differs += 1;
+    }
+    assert_eq!(differs, 4);
+}
+
+#[test]
+fn folder_policy_reports_non_images_and_corrupt_files_by_path() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(24, 3).generate(dir.path()).unwrap();
+    let notes = dir.path().join("rust").join("notes.txt");
+    std::fs::write(&notes, "field notes").unwrap();
+    let err = ImageFolder::open(dir.path(), OnError::Fail).unwrap_err().to_string();
+    assert!(err.contains("notes.txt"), "{err}");
+    let mut folder = ImageFolder::open(dir.path(), OnError::Skip).unwrap();
+    assert_eq!(folder.skipped.len(), 1);
+    let broken = folder.items[3].path.clone();
+    std::fs::write(&broken, b"\xFF\xD8\xFF\xE0 broken").unwrap();
+    let err = folder.clone().verify(OnError::Fail).unwrap_err().to_string();
+    assert!(err.contains(&broken.display().to_string()), "{err}");
+    folder.verify(OnError::Skip).unwrap();
+    assert_eq!(folder.items.len(), 23);
+    assert!(folder.skipped.iter().any(|(p, _)| *p == broken));
+    assert!(ImageFolder::open(&dir.path().join("missing"), OnError::Skip).is_err());
+}
+
+#[test]
+fn the_loader_reads_the_generated_folder_into_normalised_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(30, 5).generate(dir.path()).unwrap();
+    let folder = ImageFolder::open(dir.path(), OnError::Fail).unwrap();
+    let split = group_split(&folder.labels(), &folder.groups(), 0.25, 0).unwrap();
+    let train = folder.dataset(&split.train, Transforms::train(24));
+    let loader = DataLoader::new(train, LoaderConfig { batch_size: 8, num_workers: 2, ..LoaderConfig::default() }).unwrap();
+    let mut seen = 0;
+    for batch in loader.epoch(0) {
+        let batch = batch.unwrap();
+        assert_eq!(&batch.images.dims()[1..], &[3, 24, 24]);
+        let values = batch.images.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert!(values.iter().all(|v| (-2.2..=2.7).contains(v)));
+        assert!(batch.timing.decode_seconds > 0.0 && batch.timing.encoded_bytes > 0);
+        seen += batch.len();
+    }
+    assert_eq!(seen, split.train.len());
+}
+
+#[test]
+fn preprocessing_resizes_to_the_short_side_and_carries_the_manifest() {
+    let (src, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let synth = tiny(20, 2).with_sizes(vec![SizeShare { width: 120, height: 90, share: 0.5 }, SizeShare { width: 40, height: 30, share: 0.5 }]);
+    synth.generate(src.path()).unwrap();
+    let report = preprocess(src.path(), out.path(), 45, 85).unwrap();
+    assert_eq!(report.images, 20);
+    assert!(report.kept_size > 0 && report.kept_size < 20);
+    let manifest = Manifest::read(out.path()).unwrap();
+    for e in &manifest.entries {
+        let d = decode_file(&out.path().join(&e.path), DecodeOptions::default()).unwrap();
+        assert_eq!((d.image.width(), d.image.height()), (e.width, e.height));
+        assert!(e.width.min(e.height) <= 45 && e.width > e.height, "upright, short side at most 45");
+        assert_eq!(e.orientation, 1);
+    }
+    assert!(preprocess(src.path(), out.path(), 0, 85).is_err());
+}
+
+#[test]
+fn the_colour_baseline_learns_something_from_the_generated_set() {
+    let dir = tempfile::tempdir().unwrap();
+    LeafDiseaseSynth::new(480, 11).with_size(96, 72).generate(dir.path()).unwrap();
+    let folder = ImageFolder::open(dir.path(), OnError::Fail).unwrap();
+    let split = group_split(&folder.labels(), &folder.groups(), 0.25, 0).unwrap();
+    let report = histogram_baseline(&folder, &split).unwrap();
+    assert!(report.train_accuracy > report.majority_accuracy + 0.2, "{report:?}");
+    assert!(report.val_accuracy > 1.5 / 12.0, "better than chance: {report:?}");
+}
