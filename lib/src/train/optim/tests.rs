@@ -526,6 +526,36 @@ fn dynamic_maps_are_bitsandbytes_maps() {
 }
 
 #[test]
+fn encoding_finds_the_nearest_value() {
+    for map in [DynamicMap::signed(), DynamicMap::unsigned()] {
+        let nearest = |x: f32| {
+            map.values()
+                .iter()
+                .map(|&v| (x - v).abs())
+                .fold(f32::INFINITY, f32::min)
+        };
+        let probes = uniform(200_000, 3)
+            .into_iter()
+            .enumerate()
+            // Spread over magnitudes from 1 down to 1e-9.
+            .map(|(i, u)| u * 10f32.powi(-((i % 10) as i32)));
+        let values = *map.values();
+        let midpoints: Vec<f32> = values.windows(2).map(|w| (w[0] + w[1]) / 2.0).collect();
+        for x in probes.chain(values).chain(midpoints) {
+            let code = map.encode(x);
+            let distance = (x - map.decode(code)).abs();
+            // Exactly halfway, either neighbour is nearest up to rounding.
+            let tie = 1e-6 * x.abs();
+            assert!(
+                distance <= nearest(x) + tie,
+                "x = {x}: code {code} is {distance} away, nearest {}",
+                nearest(x)
+            );
+        }
+    }
+}
+
+#[test]
 fn block_quantisation_keeps_values_within_half_a_code_gap() {
     let map = DynamicMap::signed();
     let values: Vec<f32> = (0..2048).map(|i| ((i as f32) * 0.37).sin() * 3.0).collect();
