@@ -75,7 +75,12 @@ impl GradScaler {
         let s = config.init_scale;
         check("init_scale", s, s > 0.0 && s.is_finite(), "finite and > 0")?;
         let g = config.growth_factor;
-        check("growth_factor", g, g > 1.0 && g.is_finite(), "finite and > 1")?;
+        check(
+            "growth_factor",
+            g,
+            g > 1.0 && g.is_finite(),
+            "finite and > 1",
+        )?;
         let b = config.backoff_factor;
         check("backoff_factor", b, b > 0.0 && b < 1.0, "in (0, 1)")?;
         let i = config.growth_interval;
@@ -144,6 +149,8 @@ impl GradScaler {
     /// `loss * scale`, in f32: a half-precision loss is cast up first, since
     /// 65536 already overflows f16 (max 65504). `to_dtype` is differentiable,
     /// so backward carries the scaled gradient into the half-precision graph.
+    /// Compute the loss itself in f32 from upcast logits, as autocast does: the
+    /// gradient entering the f16 graph is then `scale * dloss/dlogit`, not `scale`.
     pub fn scale(&self, loss: &Tensor) -> Result<Tensor, OptimError> {
         if !self.config.enabled {
             return Ok(loss.clone());
@@ -177,7 +184,10 @@ impl GradScaler {
             grads.insert(var, unscaled);
         }
         let found_inf = !probes.is_empty()
-            && Tensor::stack(&probes, 0)?.sum_all()?.to_scalar::<f32>()?.is_nan();
+            && Tensor::stack(&probes, 0)?
+                .sum_all()?
+                .to_scalar::<f32>()?
+                .is_nan();
         self.checked = Checked::Unscaled { found_inf };
         Ok(found_inf)
     }
@@ -330,21 +340,54 @@ mod tests {
     }
 
     #[test]
-    fn a_half_precision_loss_is_scaled_in_f32_and_backward_carries_the_scale() {
-        let w = Var::from_slice(&[1.0f32, 2.0], 2, &Device::Cpu).unwrap();
-        let half = w.as_tensor().to_dtype(DType::F16).unwrap();
-        let loss = (half * 3.0).unwrap().sum_all().unwrap();
+    fn a_half_precision_loss_is_scaled_in_f32() {
         let scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
+        let loss = Tensor::new(1.5f32, &Device::Cpu)
+            .unwrap()
+            .to_dtype(DType::F16)
+            .unwrap();
         let scaled = scaler.scale(&loss).unwrap();
         assert_eq!(scaled.dtype(), DType::F32);
-        assert_eq!(scaled.to_scalar::<f32>().unwrap(), 9.0 * 65536.0);
+        // 98304 is past f16's largest value, 65504.
+        assert_eq!(scaled.to_scalar::<f32>().unwrap(), 1.5 * 65536.0);
+    }
+
+    #[test]
+    fn backward_carries_the_scale_through_half_precision_and_unscale_removes_it() {
+        let w = Var::from_slice(&[1.0f32, 2.0], 2, &Device::Cpu).unwrap();
+        let half = (w.as_tensor().to_dtype(DType::F16).unwrap() * 0.5).unwrap();
+        let loss = half.to_dtype(DType::F32).unwrap().mean_all().unwrap();
+        let mut scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
+        let scaled = scaler.scale(&loss).unwrap();
+        assert_eq!(scaled.to_scalar::<f32>().unwrap(), 0.75 * 65536.0);
         let mut grads = scaled.backward().unwrap();
+        // d(scaled)/dw = 65536 / 2 * 0.5, carried in f16 and cast back to the f32 weight.
         let grad = grads.get(&w).unwrap();
         assert_eq!(grad.dtype(), DType::F32);
-        assert_eq!(grad.to_vec1::<f32>().unwrap(), [3.0 * 65536.0; 2]);
-        let mut scaler = scaler;
-        assert!(!scaler.unscale(&mut grads, &[w.clone()]).unwrap());
-        assert_eq!(grads.get(&w).unwrap().to_vec1::<f32>().unwrap(), [3.0; 2]);
+        assert_eq!(grad.to_vec1::<f32>().unwrap(), [16384.0; 2]);
+        assert!(!scaler
+            .unscale(&mut grads, std::slice::from_ref(&w))
+            .unwrap());
+        assert_eq!(grads.get(&w).unwrap().to_vec1::<f32>().unwrap(), [0.25; 2]);
+    }
+
+    #[test]
+    fn a_gradient_past_f16_range_is_caught() {
+        // An f16 gradient of 65536 (the default scale on a summed loss) overflows to inf.
+        let w = Var::from_slice(&[1.0f32, 2.0], 2, &Device::Cpu).unwrap();
+        let loss = w
+            .as_tensor()
+            .to_dtype(DType::F16)
+            .unwrap()
+            .sum_all()
+            .unwrap();
+        let mut scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
+        let mut grads = scaler.scale(&loss).unwrap().backward().unwrap();
+        assert!(scaler
+            .unscale(&mut grads, std::slice::from_ref(&w))
+            .unwrap());
+        scaler.update().unwrap();
+        assert_eq!(scaler.scale_factor(), 32768.0);
     }
 
     #[test]
@@ -353,9 +396,11 @@ mod tests {
         let mut scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
         assert!(matches!(scaler.update(), Err(OptimError::NoInfCheck)));
         let mut grads = grad_store(&[(&w, &[1.0, 1.0])]);
-        scaler.unscale(&mut grads, &[w.clone()]).unwrap();
+        scaler
+            .unscale(&mut grads, std::slice::from_ref(&w))
+            .unwrap();
         assert!(matches!(
-            scaler.unscale(&mut grads, &[w.clone()]),
+            scaler.unscale(&mut grads, std::slice::from_ref(&w)),
             Err(OptimError::AlreadyUnscaled)
         ));
         // step after an explicit unscale does not unscale again.
@@ -369,7 +414,10 @@ mod tests {
         let (w, mut sgd) = setup();
         let mut scaler = GradScaler::disabled();
         let loss = Tensor::new(2.5f32, &Device::Cpu).unwrap();
-        assert_eq!(scaler.scale(&loss).unwrap().to_scalar::<f32>().unwrap(), 2.5);
+        assert_eq!(
+            scaler.scale(&loss).unwrap().to_scalar::<f32>().unwrap(),
+            2.5
+        );
         let mut grads = grad_store(&[(&w, &[1.0, 1.0])]);
         assert!(scaler.step(&mut sgd, &mut grads).unwrap());
         scaler.update().unwrap();
@@ -379,7 +427,10 @@ mod tests {
 
     #[test]
     fn only_f16_scales_the_loss() {
-        assert_eq!(GradScaler::for_precision(Precision::F16Amp).scale_factor(), 65536.0);
+        assert_eq!(
+            GradScaler::for_precision(Precision::F16Amp).scale_factor(),
+            65536.0
+        );
         assert!(!GradScaler::for_precision(Precision::Bf16Amp).is_enabled());
         assert!(!GradScaler::for_precision(Precision::F32).is_enabled());
     }

@@ -158,9 +158,15 @@ mod tests {
     fn bad_arguments_are_refused() {
         let (a, _, _) = vars();
         let mut grads = grad_store(&[(&a, &[1.0, 1.0])]);
-        let message = clip_grad_norm(&mut grads, &[a.clone()], -1.0, 2.0).err().unwrap().to_string();
+        let message = clip_grad_norm(&mut grads, std::slice::from_ref(&a), -1.0, 2.0)
+            .err()
+            .unwrap()
+            .to_string();
         assert_eq!(message, "clip_grad_norm: max_norm must be >= 0, got -1");
         let message = grad_norm(&grads, &[a], 0.0).err().unwrap().to_string();
-        assert_eq!(message, "clip_grad_norm: norm_type must be > 0 (or infinity), got 0");
+        assert_eq!(
+            message,
+            "clip_grad_norm: norm_type must be > 0 (or infinity), got 0"
+        );
     }
 }

@@ -34,7 +34,13 @@ enum Kind {
     },
 }
 
-fn check(schedule: &'static str, what: &'static str, value: f64, ok: bool, rule: &'static str) -> Result<(), OptimError> {
+fn check(
+    schedule: &'static str,
+    what: &'static str,
+    value: f64,
+    ok: bool,
+    rule: &'static str,
+) -> Result<(), OptimError> {
     if ok {
         Ok(())
     } else {
@@ -48,7 +54,13 @@ fn check(schedule: &'static str, what: &'static str, value: f64, ok: bool, rule:
 }
 
 fn check_lr(schedule: &'static str, what: &'static str, lr: f64) -> Result<(), OptimError> {
-    check(schedule, what, lr, lr >= 0.0 && lr.is_finite(), "finite and >= 0")
+    check(
+        schedule,
+        what,
+        lr,
+        lr >= 0.0 && lr.is_finite(),
+        "finite and >= 0",
+    )
 }
 
 impl Schedule {
@@ -61,8 +73,20 @@ impl Schedule {
     /// `StepLR`: `lr * gamma^floor(step / step_size)`.
     pub fn step(lr: f64, step_size: u64, gamma: f64) -> Result<Self, OptimError> {
         check_lr("StepLR", "lr", lr)?;
-        check("StepLR", "step_size", step_size as f64, step_size > 0, "at least 1")?;
-        check("StepLR", "gamma", gamma, gamma >= 0.0 && gamma.is_finite(), "finite and >= 0")?;
+        check(
+            "StepLR",
+            "step_size",
+            step_size as f64,
+            step_size > 0,
+            "at least 1",
+        )?;
+        check(
+            "StepLR",
+            "gamma",
+            gamma,
+            gamma >= 0.0 && gamma.is_finite(),
+            "finite and >= 0",
+        )?;
         Ok(Schedule(Kind::Step {
             lr,
             step_size,
@@ -74,7 +98,13 @@ impl Schedule {
     /// which falls to `eta_min` at `t_max` and, as in PyTorch, rises again after it.
     pub fn cosine(lr: f64, t_max: u64, eta_min: f64) -> Result<Self, OptimError> {
         check_lr("CosineAnnealingLR", "lr", lr)?;
-        check("CosineAnnealingLR", "t_max", t_max as f64, t_max > 0, "at least 1")?;
+        check(
+            "CosineAnnealingLR",
+            "t_max",
+            t_max as f64,
+            t_max > 0,
+            "at least 1",
+        )?;
         check_lr("CosineAnnealingLR", "eta_min", eta_min)?;
         Ok(Schedule(Kind::Cosine { lr, t_max, eta_min }))
     }
@@ -83,7 +113,13 @@ impl Schedule {
     /// first rate, then this schedule from its step 0: PyTorch's
     /// `SequentialLR([LinearLR(start_factor, 1.0, steps), this], milestones=[steps])`.
     pub fn with_warmup(self, steps: u64, start_factor: f64) -> Result<Self, OptimError> {
-        check("LinearLR warm-up", "steps", steps as f64, steps > 0, "at least 1")?;
+        check(
+            "LinearLR warm-up",
+            "steps",
+            steps as f64,
+            steps > 0,
+            "at least 1",
+        )?;
         check(
             "LinearLR warm-up",
             "start_factor",
@@ -143,7 +179,9 @@ impl fmt::Display for Schedule {
                 step_size,
                 gamma,
             } => write!(f, "step {lr} x{gamma} every {step_size}"),
-            Kind::Cosine { lr, t_max, eta_min } => write!(f, "cosine {lr} to {eta_min} over {t_max}"),
+            Kind::Cosine { lr, t_max, eta_min } => {
+                write!(f, "cosine {lr} to {eta_min} over {t_max}")
+            }
             Kind::Warmup {
                 steps,
                 start_factor,
@@ -165,8 +203,19 @@ mod tests {
     #[test]
     fn step_lr_decays_by_gamma_every_step_size_steps() {
         let s = Schedule::step(0.1, 30, 0.1).unwrap();
-        for (step, lr) in [(0, 0.1), (29, 0.1), (30, 0.01), (59, 0.01), (60, 0.001), (95, 0.0001)] {
-            assert!(close(s.lr_at(step), lr), "step {step}: {} vs {lr}", s.lr_at(step));
+        for (step, lr) in [
+            (0, 0.1),
+            (29, 0.1),
+            (30, 0.01),
+            (59, 0.01),
+            (60, 0.001),
+            (95, 0.0001),
+        ] {
+            assert!(
+                close(s.lr_at(step), lr),
+                "step {step}: {} vs {lr}",
+                s.lr_at(step)
+            );
         }
     }
 
@@ -196,7 +245,10 @@ mod tests {
         assert!(close(s.lr_at(5), 0.1));
         assert!(close(s.lr_at(10), 0.05));
         assert!(close(s.lr_at(15), 0.0));
-        assert_eq!(s.to_string(), "5 warm-up from x0.1, then cosine 0.1 to 0 over 10");
+        assert_eq!(
+            s.to_string(),
+            "5 warm-up from x0.1, then cosine 0.1 to 0 over 10"
+        );
     }
 
     /// Produced with torch 2.15: an `SGD(lr=0.1)` optimizer's `param_groups[0]["lr"]`
@@ -234,7 +286,10 @@ mod tests {
             (Schedule::step(0.1, 3, 0.5).unwrap(), &TORCH_STEP[..]),
             (Schedule::cosine(0.1, 4, 0.01).unwrap(), &TORCH_COSINE[..]),
             (
-                Schedule::cosine(0.1, 4, 0.0).unwrap().with_warmup(3, 0.25).unwrap(),
+                Schedule::cosine(0.1, 4, 0.0)
+                    .unwrap()
+                    .with_warmup(3, 0.25)
+                    .unwrap(),
                 &TORCH_WARMUP_COSINE[..],
             ),
         ];
@@ -242,7 +297,10 @@ mod tests {
             for (step, &expected) in torch.iter().enumerate() {
                 let lr = schedule.lr_at(step as u64);
                 // PyTorch updates recursively; the closed form differs by rounding only.
-                assert!((lr - expected).abs() < 1e-15, "{schedule} at {step}: {lr} vs {expected}");
+                assert!(
+                    (lr - expected).abs() < 1e-15,
+                    "{schedule} at {step}: {lr} vs {expected}"
+                );
             }
         }
     }
@@ -268,7 +326,10 @@ mod tests {
             .err()
             .unwrap()
             .to_string();
-        assert_eq!(message, "LinearLR warm-up: start_factor must be in (0, 1], got 0");
+        assert_eq!(
+            message,
+            "LinearLR warm-up: start_factor must be in (0, 1], got 0"
+        );
         assert!(Schedule::cosine(0.1, 0, 0.0).is_err());
         assert!(Schedule::constant(f64::NAN).is_err());
     }

@@ -76,7 +76,6 @@ enum Decay {
 /// Adam's constants for one step, in the precision the update runs in.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct AdamStep {
-    pub lr: f32,
     pub one_minus_beta1: f32,
     pub beta2: f32,
     pub one_minus_beta2: f32,
@@ -91,7 +90,6 @@ impl AdamStep {
     pub fn new(lr: f64, beta1: f64, beta2: f64, eps: f64, step: u64) -> Self {
         let t = step as f64;
         AdamStep {
-            lr: lr as f32,
             one_minus_beta1: (1.0 - beta1) as f32,
             beta2: beta2 as f32,
             one_minus_beta2: (1.0 - beta2) as f32,
@@ -243,7 +241,12 @@ impl Adam {
         })
     }
 
-    fn step_tensors(&self, var: &Var, g: &Tensor, state: &mut AdamState) -> candle_core::Result<()> {
+    fn step_tensors(
+        &self,
+        var: &Var,
+        g: &Tensor,
+        state: &mut AdamState,
+    ) -> candle_core::Result<()> {
         let c = &self.config;
         let mut p = var.as_detached_tensor();
         let g = if self.decay == Decay::L2 && c.weight_decay != 0.0 {
@@ -315,7 +318,9 @@ impl Optimizer for Adam {
         self.states
             .iter()
             .flatten()
-            .map(|s| tensor_bytes(&s.m) + tensor_bytes(&s.v) + s.max_v.as_ref().map_or(0, tensor_bytes))
+            .map(|s| {
+                tensor_bytes(&s.m) + tensor_bytes(&s.v) + s.max_v.as_ref().map_or(0, tensor_bytes)
+            })
             .sum()
     }
 }
@@ -342,7 +347,12 @@ impl AdamW {
             weight_decay,
             amsgrad,
         };
-        Ok(AdamW(Adam::with_decay("AdamW", vars, config, Decay::Decoupled)?))
+        Ok(AdamW(Adam::with_decay(
+            "AdamW",
+            vars,
+            config,
+            Decay::Decoupled,
+        )?))
     }
 
     #[cfg(test)]

@@ -65,7 +65,10 @@ impl Moments {
                 v_codes,
                 m_absmax,
                 v_absmax,
-            } => [m_codes, v_codes, m_absmax, v_absmax].into_iter().map(tensor_bytes).sum(),
+            } => [m_codes, v_codes, m_absmax, v_absmax]
+                .into_iter()
+                .map(tensor_bytes)
+                .sum(),
             Moments::Full { m, v } => tensor_bytes(m) + tensor_bytes(v),
         }
     }
@@ -96,7 +99,11 @@ impl Adam8bit {
         require_beta(NAME, "beta2", config.beta2)?;
         require_non_negative(NAME, "eps", config.eps)?;
         require_non_negative(NAME, "weight_decay", config.weight_decay)?;
-        if let Some((index, var)) = vars.iter().enumerate().find(|(_, v)| v.dtype() != DType::F32) {
+        if let Some((index, var)) = vars
+            .iter()
+            .enumerate()
+            .find(|(_, v)| v.dtype() != DType::F32)
+        {
             return Err(OptimError::NotF32 {
                 optimizer: NAME,
                 index,
@@ -198,7 +205,10 @@ impl Adam8bit {
     }
 }
 
-fn to_device<T: candle_core::WithDType>(values: Vec<T>, device: &Device) -> candle_core::Result<Tensor> {
+fn to_device<T: candle_core::WithDType>(
+    values: Vec<T>,
+    device: &Device,
+) -> candle_core::Result<Tensor> {
     let n = values.len();
     Tensor::from_vec(values, n, device)
 }

@@ -1,7 +1,6 @@
 //! In-place element-wise updates of contiguous f32 CPU tensors, spread over
 //! the rayon pool: one pass over memory per updated tensor, no temporaries.
 
-use candle_core::backend::BackendStorage;
 use candle_core::{bail, CpuStorage, InplaceOp2, InplaceOp3, Layout, Result, Tensor};
 use rayon::prelude::*;
 
@@ -21,7 +20,7 @@ fn view_mut<'a>(storage: &'a mut CpuStorage, layout: &Layout, op: &str) -> Resul
     };
     match storage {
         CpuStorage::F32(values) => Ok(&mut values[start..end]),
-        other => bail!("{op}: destination is {:?}, not f32", other.dtype()),
+        _ => bail!("{op}: destination is not f32"),
     }
 }
 
@@ -43,7 +42,13 @@ impl<F: Fn(&mut f32, f32) + Sync> InplaceOp2 for Update2<F> {
         self.name
     }
 
-    fn cpu_fwd(&self, dst: &mut CpuStorage, dl: &Layout, a: &CpuStorage, al: &Layout) -> Result<()> {
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        a: &CpuStorage,
+        al: &Layout,
+    ) -> Result<()> {
         let dst = view_mut(dst, dl, self.name)?;
         let a = view(a, al, self.name)?;
         check_len(self.name, dst.len(), a.len())?;

@@ -81,7 +81,9 @@ pub enum OptimError {
     },
     #[error("GradScaler: unscale was already called since the last update")]
     AlreadyUnscaled,
-    #[error("GradScaler: update needs a step or unscale since the last update (no inf check recorded)")]
+    #[error(
+        "GradScaler: update needs a step or unscale since the last update (no inf check recorded)"
+    )]
     NoInfCheck,
     #[error("{schedule}: {what} must be {rule}, got {value}")]
     Schedule {
@@ -192,11 +194,23 @@ fn require_non_negative(
     what: &'static str,
     value: f64,
 ) -> Result<(), OptimError> {
-    require(optimizer, what, value, value >= 0.0 && value.is_finite(), "finite and >= 0")
+    require(
+        optimizer,
+        what,
+        value,
+        value >= 0.0 && value.is_finite(),
+        "finite and >= 0",
+    )
 }
 
 fn require_beta(optimizer: &'static str, what: &'static str, value: f64) -> Result<(), OptimError> {
-    require(optimizer, what, value, (0.0..1.0).contains(&value), "in [0, 1)")
+    require(
+        optimizer,
+        what,
+        value,
+        (0.0..1.0).contains(&value),
+        "in [0, 1)",
+    )
 }
 
 /// The gradient of `var`, checked against its shape and cut off from any graph.

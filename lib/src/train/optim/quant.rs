@@ -26,7 +26,11 @@ impl DynamicMap {
         const EXPONENT_BITS: i32 = 7;
         let mut data: Vec<f32> = Vec::with_capacity(256);
         for i in 0..EXPONENT_BITS {
-            let splits = if signed { 1usize << i } else { 1usize << (i + 1) };
+            let splits = if signed {
+                1usize << i
+            } else {
+                1usize << (i + 1)
+            };
             let scale = 10f32.powi(i - (EXPONENT_BITS - 1));
             // torch.linspace(0.1, 1, splits + 1) in f32, then neighbour means.
             let step = 0.9f32 / splits as f32;

@@ -39,7 +39,13 @@ impl SgdConfig {
     fn validate(&self) -> Result<(), OptimError> {
         require_non_negative(NAME, "lr", self.lr)?;
         require_non_negative(NAME, "momentum", self.momentum)?;
-        require(NAME, "dampening", self.dampening, self.dampening.is_finite(), "finite")?;
+        require(
+            NAME,
+            "dampening",
+            self.dampening,
+            self.dampening.is_finite(),
+            "finite",
+        )?;
         require_non_negative(NAME, "weight_decay", self.weight_decay)?;
         if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
             return Err(OptimError::Nesterov {
@@ -85,7 +91,12 @@ impl Sgd {
     }
 
     /// `p` is the parameter's storage, updated in place.
-    fn step_fused(&self, p: &Tensor, g: &Tensor, buffer: &mut Option<Tensor>) -> candle_core::Result<()> {
+    fn step_fused(
+        &self,
+        p: &Tensor,
+        g: &Tensor,
+        buffer: &mut Option<Tensor>,
+    ) -> candle_core::Result<()> {
         let c = &self.config;
         let lr = c.lr as f32;
         let wd = c.weight_decay as f32;
@@ -114,7 +125,12 @@ impl Sgd {
         }
     }
 
-    fn step_tensors(&self, var: &Var, g: &Tensor, buffer: &mut Option<Tensor>) -> candle_core::Result<()> {
+    fn step_tensors(
+        &self,
+        var: &Var,
+        g: &Tensor,
+        buffer: &mut Option<Tensor>,
+    ) -> candle_core::Result<()> {
         let c = &self.config;
         let p = var.as_detached_tensor();
         let mut d = decayed_grad(&p, g, c.weight_decay)?;
@@ -181,6 +197,10 @@ impl Optimizer for Sgd {
     }
 
     fn state_bytes(&self) -> usize {
-        self.momentum_buffers.iter().flatten().map(tensor_bytes).sum()
+        self.momentum_buffers
+            .iter()
+            .flatten()
+            .map(tensor_bytes)
+            .sum()
     }
 }

@@ -29,7 +29,10 @@ fn assert_close(actual: &[f32], expected: &[f64], tolerance: f64) {
     assert_eq!(actual.len(), expected.len());
     for (i, (&a, &e)) in actual.iter().zip(expected).enumerate() {
         let error = (a as f64 - e).abs() / e.abs().max(1.0);
-        assert!(error < tolerance, "element {i}: got {a}, expected {e} (relative error {error:e})");
+        assert!(
+            error < tolerance,
+            "element {i}: got {a}, expected {e} (relative error {error:e})"
+        );
     }
 }
 
@@ -55,11 +58,15 @@ fn sgd_reference(c: &SgdConfig) -> Vec<Vec<f64>> {
     let mut buf: Option<Vec<f64>> = None;
     let mut out = vec![];
     for g in GRADS {
-        let d: Vec<f64> = (0..3).map(|i| g[i] as f64 + c.weight_decay * p[i]).collect();
+        let d: Vec<f64> = (0..3)
+            .map(|i| g[i] as f64 + c.weight_decay * p[i])
+            .collect();
         let step: Vec<f64> = if c.momentum != 0.0 {
             let b: Vec<f64> = match &buf {
                 None => d.clone(),
-                Some(b) => (0..3).map(|i| c.momentum * b[i] + (1.0 - c.dampening) * d[i]).collect(),
+                Some(b) => (0..3)
+                    .map(|i| c.momentum * b[i] + (1.0 - c.dampening) * d[i])
+                    .collect(),
             };
             let s = if c.nesterov {
                 (0..3).map(|i| d[i] + c.momentum * b[i]).collect()
@@ -176,7 +183,11 @@ fn check_trajectory(actual: Vec<Vec<f32>>, expected: Vec<Vec<f64>>, what: &str) 
             .zip(e)
             .map(|(&a, &e)| (a as f64 - e).abs() / e.abs().max(1.0))
             .fold(0.0, f64::max);
-        assert!(error < 1e-6, "{what}, step {}: got {a:?}, expected {e:?}", step + 1);
+        assert!(
+            error < 1e-6,
+            "{what}, step {}: got {a:?}, expected {e:?}",
+            step + 1
+        );
     }
 }
 
@@ -222,7 +233,9 @@ fn the_first_adam_step_moves_each_weight_by_about_lr() {
 /// Parameters large enough for several parallel chunks of the fused kernels.
 fn big_problem(n: usize) -> (Vec<f32>, Vec<Vec<f32>>) {
     let wave = |k: usize, phase: f32| -> Vec<f32> {
-        (0..n).map(|i| ((i * 7919 + k * 104729) as f32 * 1e-4 + phase).sin()).collect()
+        (0..n)
+            .map(|i| ((i * 7919 + k * 104729) as f32 * 1e-4 + phase).sin())
+            .collect()
     };
     (wave(0, 0.3), (1..=3).map(|k| wave(k, 1.1)).collect())
 }
@@ -241,15 +254,31 @@ fn fused_and_tensor_paths_agree_on_large_tensors() {
     let fresh = || Var::from_slice(&start, (n,), &Device::Cpu).unwrap();
     for c in sgd_configs() {
         let (a, b) = (fresh(), fresh());
-        let fused = run_big(&mut Sgd::new(vec![a.clone()], c.clone()).unwrap(), &a, &grads);
-        let plain = run_big(&mut Sgd::new(vec![b.clone()], c.clone()).unwrap().unfused(), &b, &grads);
+        let fused = run_big(
+            &mut Sgd::new(vec![a.clone()], c.clone()).unwrap(),
+            &a,
+            &grads,
+        );
+        let plain = run_big(
+            &mut Sgd::new(vec![b.clone()], c.clone()).unwrap().unfused(),
+            &b,
+            &grads,
+        );
         let expected: Vec<f64> = plain.iter().map(|&x| x as f64).collect();
         assert_close(&fused, &expected, 1e-6);
     }
     for c in adam_configs() {
         let (a, b) = (fresh(), fresh());
-        let fused = run_big(&mut Adam::new(vec![a.clone()], c.clone()).unwrap(), &a, &grads);
-        let plain = run_big(&mut Adam::new(vec![b.clone()], c.clone()).unwrap().unfused(), &b, &grads);
+        let fused = run_big(
+            &mut Adam::new(vec![a.clone()], c.clone()).unwrap(),
+            &a,
+            &grads,
+        );
+        let plain = run_big(
+            &mut Adam::new(vec![b.clone()], c.clone()).unwrap().unfused(),
+            &b,
+            &grads,
+        );
         let expected: Vec<f64> = plain.iter().map(|&x| x as f64).collect();
         assert_close(&fused, &expected, 1e-6);
     }
@@ -298,7 +327,11 @@ fn state_bytes_are_measured_from_the_buffers() {
     let stepped = |config: OptimizerConfig| {
         let vars = params();
         let mut optimizer = config.build(vars.clone()).unwrap();
-        assert_eq!(optimizer.state_bytes(), 0, "state is created on the first step");
+        assert_eq!(
+            optimizer.state_bytes(),
+            0,
+            "state is created on the first step"
+        );
         let ones_n = vec![1.0f32; n];
         let ones_small = vec![1.0f32; small];
         optimizer
@@ -307,8 +340,17 @@ fn state_bytes_are_measured_from_the_buffers() {
         optimizer.state_bytes()
     };
     let total = n + small;
-    assert_eq!(stepped(OptimizerConfig::for_kind(ledger::Optimizer::Sgd, 0.1)), 0);
-    assert_eq!(stepped(OptimizerConfig::for_kind(ledger::Optimizer::SgdMomentum, 0.1)), 4 * total);
+    assert_eq!(
+        stepped(OptimizerConfig::for_kind(ledger::Optimizer::Sgd, 0.1)),
+        0
+    );
+    assert_eq!(
+        stepped(OptimizerConfig::for_kind(
+            ledger::Optimizer::SgdMomentum,
+            0.1
+        )),
+        4 * total
+    );
     let adam = stepped(OptimizerConfig::for_kind(ledger::Optimizer::Adam, 0.1));
     assert_eq!(adam, 8 * total);
     let amsgrad = stepped(OptimizerConfig::Adam(AdamConfig {
@@ -329,10 +371,14 @@ fn state_bytes_are_measured_from_the_buffers() {
 
 /// Deterministic values in [-1, 1) from a linear congruential generator.
 fn uniform(n: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -379,10 +425,21 @@ fn eight_bit_adam_tracks_adam_on_a_regression() {
     let (adam_last, eight_last) = (adam_losses[149], eight_losses[149]);
     assert!(adam_last < first * 0.01, "Adam: {first} -> {adam_last}");
     // Along the way the two curves stay together.
-    for (step, (a, e)) in adam_losses.iter().zip(&eight_losses).enumerate().step_by(10) {
-        assert!((a - e).abs() <= 0.1 * a.max(first * 1e-3), "step {step}: Adam {a}, 8-bit {e}");
+    for (step, (a, e)) in adam_losses
+        .iter()
+        .zip(&eight_losses)
+        .enumerate()
+        .step_by(10)
+    {
+        assert!(
+            (a - e).abs() <= 0.1 * a.max(first * 1e-3),
+            "step {step}: Adam {a}, 8-bit {e}"
+        );
     }
-    assert!(eight_last < first * 0.01, "8-bit Adam: {first} -> {eight_last}");
+    assert!(
+        eight_last < 1.5 * adam_last,
+        "8-bit Adam: {first} -> {eight_last}, Adam {adam_last}"
+    );
     let distance = (w_adam.as_tensor() - w_8bit.as_tensor())
         .unwrap()
         .sqr()
@@ -393,8 +450,20 @@ fn eight_bit_adam_tracks_adam_on_a_regression() {
         .unwrap()
         .to_scalar::<f32>()
         .unwrap();
-    let size = w_adam.as_tensor().sqr().unwrap().sum_all().unwrap().sqrt().unwrap().to_scalar::<f32>().unwrap();
-    assert!(distance < 0.05 * size, "weights differ by {distance} (norm {size})");
+    let size = w_adam
+        .as_tensor()
+        .sqr()
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .sqrt()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert!(
+        distance < 0.02 * size,
+        "weights differ by {distance} (norm {size})"
+    );
 }
 
 #[test]
@@ -437,9 +506,17 @@ fn dynamic_maps_are_bitsandbytes_maps() {
     }
     // Signed: 127 magnitudes each side of 0; the most negative is -(1 - 0.9/64/2) ...
     assert_eq!(signed.values().iter().filter(|&&x| x < 0.0).count(), 127);
-    assert!((signed.values()[0] + 0.992_968_75).abs() < 1e-6, "{}", signed.values()[0]);
+    assert!(
+        (signed.values()[0] + 0.992_968_75).abs() < 1e-6,
+        "{}",
+        signed.values()[0]
+    );
     // ... and the smallest positive is 1e-6 x the mean of [0.1, 1].
-    assert!((signed.values()[128] - 0.55e-6).abs() < 1e-12, "{}", signed.values()[128]);
+    assert!(
+        (signed.values()[128] - 0.55e-6).abs() < 1e-12,
+        "{}",
+        signed.values()[128]
+    );
     // Unsigned: 0, then 254 positive values from 1e-6 x 0.325 up.
     assert_eq!(unsigned.values()[0], 0.0);
     assert!((unsigned.values()[1] - 0.325e-6).abs() < 1e-12);
@@ -459,7 +536,10 @@ fn block_quantisation_keeps_values_within_half_a_code_gap() {
     for (&v, &code) in values.iter().zip(&codes) {
         let decoded = map.decode(code) * absmax;
         // Near 1 the signed codes are 0.9/64 apart: half of that, scaled.
-        assert!((decoded - v).abs() <= 0.9 / 128.0 * absmax + 1e-6, "{v} -> {decoded}");
+        assert!(
+            (decoded - v).abs() <= 0.9 / 128.0 * absmax + 1e-6,
+            "{v} -> {decoded}"
+        );
     }
     let mut zero_codes = vec![0u8; 16];
     assert_eq!(map.quantize_block(&[0.0; 16], &mut zero_codes), 0.0);
@@ -478,7 +558,10 @@ fn bad_hyperparameters_are_refused_by_name() {
         },
     );
     let message = nesterov.err().unwrap().to_string();
-    assert!(message.contains("Nesterov") && message.contains("dampening 0.1"), "{message}");
+    assert!(
+        message.contains("Nesterov") && message.contains("dampening 0.1"),
+        "{message}"
+    );
 
     let beta = Adam::new(
         vec![],
@@ -497,11 +580,21 @@ fn bad_hyperparameters_are_refused_by_name() {
             ..AdamWConfig::default()
         },
     );
-    assert!(lr.err().unwrap().to_string().starts_with("AdamW: lr = -0.1"));
+    assert!(lr
+        .err()
+        .unwrap()
+        .to_string()
+        .starts_with("AdamW: lr = -0.1"));
 
     let half = Var::zeros(8, DType::F16, &Device::Cpu).unwrap();
-    let message = Adam8bit::new(vec![half], Adam8bitConfig::default()).err().unwrap().to_string();
-    assert!(message.contains("parameter 0 (shape [8]) is F16"), "{message}");
+    let message = Adam8bit::new(vec![half], Adam8bitConfig::default())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("parameter 0 (shape [8]) is F16"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -511,7 +604,10 @@ fn a_gradient_of_the_wrong_shape_is_an_error() {
     let mut grads = grad_store(&[(&p, &GRADS[0])]);
     grads.insert(&p, Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap());
     let message = sgd.step(&grads).err().unwrap().to_string();
-    assert_eq!(message, "gradient of parameter 0 has shape [4], the parameter has [3]");
+    assert_eq!(
+        message,
+        "gradient of parameter 0 has shape [4], the parameter has [3]"
+    );
 }
 
 #[test]
@@ -528,7 +624,10 @@ fn configs_build_the_optimizer_they_name() {
         let optimizer = config.build(vec![var(&START)]).unwrap();
         assert_eq!(optimizer.learning_rate(), 0.05);
         assert_eq!(optimizer.vars().len(), 1);
-        assert_eq!(optimizer.name(), kind.to_string().replace("SGD with momentum", "SGD"));
+        assert_eq!(
+            optimizer.name(),
+            kind.to_string().replace("SGD with momentum", "SGD")
+        );
     }
 }
 
@@ -547,8 +646,16 @@ fn the_learning_rate_can_be_changed_between_steps() {
 /// `SGD(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01)`,
 /// `SGD(lr=0.1, momentum=0.9, weight_decay=0.01, nesterov=True)`,
 /// `Adam(lr=0.1, weight_decay=0.1, amsgrad=True)` and `AdamW(lr=0.1, weight_decay=0.1)`.
-const TORCH_SGD: [f64; 3] = [0.812084972858429, -1.8558995723724365, -0.030352585017681122];
-const TORCH_NESTEROV: [f64; 3] = [0.6981891989707947, -1.863038182258606, -0.025717856362462044];
+const TORCH_SGD: [f64; 3] = [
+    0.812084972858429,
+    -1.8558995723724365,
+    -0.030352585017681122,
+];
+const TORCH_NESTEROV: [f64; 3] = [
+    0.6981891989707947,
+    -1.863038182258606,
+    -0.025717856362462044,
+];
 const TORCH_ADAM_AMSGRAD: [f64; 3] = [0.7815044522285461, -1.8440237045288086, 0.30047866702079773];
 const TORCH_ADAMW: [f64; 3] = [0.7801105380058289, -1.8319604396820068, 0.29035547375679016];
 
@@ -587,9 +694,14 @@ fn three_steps_land_where_torch_lands() {
     ];
     for (config, expected) in cases {
         let last = trajectory(|v| config.build(v).unwrap()).pop().unwrap();
+        // Within f32 rounding of the intermediates (torch's kernels fuse some
+        // multiply-adds): the third weight cancels from 0.5 to about -0.03.
         for (a, e) in last.iter().zip(expected) {
-            let error = (*a as f64 - e).abs() / e.abs();
-            assert!(error < 2e-7, "{config:?}: {last:?} vs torch {expected:?}");
+            let error = (*a as f64 - e).abs() / e.abs().max(1.0);
+            assert!(
+                error < 1e-7,
+                "{config:?}: {last:?} vs torch {expected:?} ({error:e})"
+            );
         }
     }
 }
