@@ -116,41 +116,80 @@ impl Geometry {
     }
 }
 
-/// Outputs `o` in `lo..hi` read inside the input along one axis
-/// (`0 <= o * stride + offset - padding < size`); the others read padding.
-pub(super) fn valid_outputs(offset: usize, size: usize, outputs: usize, stride: usize, padding: usize) -> (usize, usize) {
-    let lo = if offset >= padding { 0 } else { (padding - offset).div_ceil(stride) };
-    let hi = if size + padding > offset { ((size + padding - offset - 1) / stride + 1).min(outputs) } else { 0 };
+/// At stride 1, outputs `o` in `lo..hi` read inside the input along one axis
+/// (`0 <= o + offset - padding < size`); the others read padding.
+fn valid_outputs(offset: usize, size: usize, outputs: usize, padding: usize) -> (usize, usize) {
+    let lo = padding.saturating_sub(offset);
+    let hi = (size + padding).saturating_sub(offset).min(outputs);
     (lo.min(hi), hi)
 }
 
-/// Writes the patches of one image's group (`in_per_group x H x W`) into
-/// `col` (`patch` rows of `row_stride`), columns `column..column + out_plane`.
-fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], row_stride: usize, column: usize) {
-    let (s, p, w, ow_n) = (g.stride, g.padding, g.width, g.out_w);
-    for c in 0..g.in_per_group() {
-        let plane = &x[c * g.in_plane()..][..g.in_plane()];
+/// How patches are copied between an image and the im2col matrix: row by
+/// row for wide, stride-1 outputs (each row one copy), through a table of
+/// input offsets for narrow or strided ones, where per-row work would
+/// dominate (a 2x2 map has rows of two).
+enum Patches {
+    Rows,
+    /// For each tap `(kh, kw)` and output position, the offset read in the
+    /// input plane; `PADDING` where the tap falls on the zero border.
+    Table(Vec<usize>),
+}
+
+const PADDING: usize = usize::MAX;
+
+/// Outputs narrower than this go through the offset table.
+const TABLE_BELOW_WIDTH: usize = 16;
+
+impl Patches {
+    fn new(g: &Geometry) -> Self {
+        if g.stride == 1 && g.out_w >= TABLE_BELOW_WIDTH {
+            return Patches::Rows;
+        }
+        let (s, p) = (g.stride, g.padding);
+        let mut table = Vec::with_capacity(g.kernel_h * g.kernel_w * g.out_plane());
         for kh in 0..g.kernel_h {
-            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, s, p);
             for kw in 0..g.kernel_w {
-                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, s, p);
-                let r = (c * g.kernel_h + kh) * g.kernel_w + kw;
-                let row = &mut col[r * row_stride + column..][..g.out_plane()];
-                for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
-                    if oh < oh_lo || oh >= oh_hi || ow_lo == ow_hi {
-                        dst.fill(0.0);
-                        continue;
+                for oh in 0..g.out_h {
+                    for ow in 0..g.out_w {
+                        let (ih, iw) = ((oh * s + kh).wrapping_sub(p), (ow * s + kw).wrapping_sub(p));
+                        table.push(if ih < g.height && iw < g.width { ih * g.width + iw } else { PADDING });
                     }
-                    let src = &plane[(oh * s + kh - p) * w..][..w];
-                    dst[..ow_lo].fill(0.0);
-                    dst[ow_hi..].fill(0.0);
-                    let first = ow_lo * s + kw - p;
-                    if s == 1 {
-                        dst[ow_lo..ow_hi].copy_from_slice(&src[first..first + ow_hi - ow_lo]);
-                    } else {
-                        for (d, v) in dst[ow_lo..ow_hi].iter_mut().zip(src[first..].iter().step_by(s)) {
-                            *d = *v;
-                        }
+                }
+            }
+        }
+        Patches::Table(table)
+    }
+
+    /// Writes the patches of one image's group (`in_per_group x H x W`) into
+    /// `col` (`patch` rows of `row_stride`), columns `column..column + out_plane`.
+    fn im2col(&self, g: &Geometry, x: &[f32], col: &mut [f32], row_stride: usize, column: usize) {
+        let Patches::Table(table) = self else {
+            return im2col_rows(g, x, col, row_stride, column);
+        };
+        let (taps, op) = (g.kernel_h * g.kernel_w, g.out_plane());
+        for (c, plane) in x.chunks_exact(g.in_plane()).enumerate() {
+            for (t, offsets) in table.chunks_exact(op).enumerate() {
+                let row = &mut col[(c * taps + t) * row_stride + column..][..op];
+                for (d, &i) in row.iter_mut().zip(offsets) {
+                    *d = plane.get(i).copied().unwrap_or(0.0);
+                }
+            }
+        }
+    }
+
+    /// Adds the columns `column..column + out_plane` of `col` back onto the
+    /// input positions they were read from (`dx` is one image's group).
+    fn col2im(&self, g: &Geometry, col: &[f32], row_stride: usize, column: usize, dx: &mut [f32]) {
+        let Patches::Table(table) = self else {
+            return col2im_rows(g, col, row_stride, column, dx);
+        };
+        let (taps, op) = (g.kernel_h * g.kernel_w, g.out_plane());
+        for (c, plane) in dx.chunks_exact_mut(g.in_plane()).enumerate() {
+            for (t, offsets) in table.chunks_exact(op).enumerate() {
+                let row = &col[(c * taps + t) * row_stride + column..][..op];
+                for (v, &i) in row.iter().zip(offsets) {
+                    if let Some(d) = plane.get_mut(i) {
+                        *d += v;
                     }
                 }
             }
@@ -158,17 +197,43 @@ fn im2col(g: &Geometry, x: &[f32], col: &mut [f32], row_stride: usize, column: u
     }
 }
 
-/// Adds the columns `column..column + out_plane` of `col` back onto the
-/// input positions they were read from (`dx` is one image's group).
-fn col2im(g: &Geometry, col: &[f32], row_stride: usize, column: usize, dx: &mut [f32]) {
-    let (s, p, w, ow_n) = (g.stride, g.padding, g.width, g.out_w);
+/// [`Patches::im2col`] for stride 1: each output row is one slice copy.
+fn im2col_rows(g: &Geometry, x: &[f32], col: &mut [f32], row_stride: usize, column: usize) {
+    let (p, w, ow_n) = (g.padding, g.width, g.out_w);
+    for c in 0..g.in_per_group() {
+        let plane = &x[c * g.in_plane()..][..g.in_plane()];
+        for kh in 0..g.kernel_h {
+            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, p);
+            for kw in 0..g.kernel_w {
+                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, p);
+                let r = (c * g.kernel_h + kh) * g.kernel_w + kw;
+                let row = &mut col[r * row_stride + column..][..g.out_plane()];
+                for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
+                    if oh < oh_lo || oh >= oh_hi || ow_lo == ow_hi {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[(oh + kh - p) * w..][..w];
+                    dst[..ow_lo].fill(0.0);
+                    dst[ow_hi..].fill(0.0);
+                    let first = ow_lo + kw - p;
+                    dst[ow_lo..ow_hi].copy_from_slice(&src[first..first + ow_hi - ow_lo]);
+                }
+            }
+        }
+    }
+}
+
+/// [`Patches::col2im`] for stride 1.
+fn col2im_rows(g: &Geometry, col: &[f32], row_stride: usize, column: usize, dx: &mut [f32]) {
+    let (p, w, ow_n) = (g.padding, g.width, g.out_w);
     let in_plane = g.in_plane();
     for c in 0..g.in_per_group() {
         let plane = &mut dx[c * in_plane..][..in_plane];
         for kh in 0..g.kernel_h {
-            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, s, p);
+            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, p);
             for kw in 0..g.kernel_w {
-                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, s, p);
+                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, p);
                 if ow_lo == ow_hi {
                     continue;
                 }
@@ -176,16 +241,10 @@ fn col2im(g: &Geometry, col: &[f32], row_stride: usize, column: usize, dx: &mut 
                 let row = &col[r * row_stride + column..][..g.out_plane()];
                 for oh in oh_lo..oh_hi {
                     let src = &row[oh * ow_n + ow_lo..oh * ow_n + ow_hi];
-                    let first = ow_lo * s + kw - p;
-                    let dst = &mut plane[(oh * s + kh - p) * w..][..w];
-                    if s == 1 {
-                        for (d, v) in dst[first..first + src.len()].iter_mut().zip(src) {
-                            *d += *v;
-                        }
-                    } else {
-                        for (d, v) in dst[first..].iter_mut().step_by(s).zip(src) {
-                            *d += *v;
-                        }
+                    let first = ow_lo + kw - p;
+                    let dst = &mut plane[(oh + kh - p) * w..][..w];
+                    for (d, v) in dst[first..first + src.len()].iter_mut().zip(src) {
+                        *d += *v;
                     }
                 }
             }
@@ -328,6 +387,7 @@ fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     let out_image = g.out_channels * op;
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
+    let patches = Patches::new(g);
     let mut out = vec![0f32; g.batch * out_image];
     plan.for_each_chunk(&mut out, out_image, |scratch, n0, out_chunk| {
         let nb = out_chunk.len() / out_image;
@@ -341,7 +401,7 @@ fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
             } else {
                 for j in 0..nb {
                     let image = &x[(n0 + j) * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
-                    im2col(g, image, col, cols, j * op);
+                    patches.im2col(g, image, col, cols, j * op);
                 }
                 Mat { data: col, row_stride: cols, col_stride: 1 }
             };
@@ -368,6 +428,7 @@ fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
     let out_image = g.out_channels * op;
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
+    let patches = Patches::new(g);
     let mut dx = vec![0f32; g.batch * x_image];
     plan.for_each_chunk(&mut dx, x_image, |scratch, n0, dx_chunk| {
         let nb = dx_chunk.len() / x_image;
@@ -391,7 +452,7 @@ fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
                 matmul(dcol, cols, (patch, cols, og), lhs, rhs, false, parallelism);
                 for j in 0..nb {
                     let image = &mut dx_chunk[j * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
-                    col2im(g, dcol, cols, j * op, image);
+                    patches.col2im(g, dcol, cols, j * op, image);
                 }
             }
         }
@@ -405,6 +466,7 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let out_image = g.out_channels * op;
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
+    let patches = Patches::new(g);
     let weights = g.out_channels * patch;
     let accumulate_chunk = |scratch: &mut Scratch, chunk: usize, dw: &mut [f32]| {
         let n0 = chunk * plan.images;
@@ -420,7 +482,7 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
             } else {
                 for j in 0..nb {
                     let image = &x[(n0 + j) * x_image + grp * cg * g.in_plane()..][..cg * g.in_plane()];
-                    im2col(g, image, col, cols, j * op);
+                    patches.im2col(g, image, col, cols, j * op);
                 }
                 Mat { data: col, row_stride: 1, col_stride: cols }
             };
