@@ -7,6 +7,10 @@ use serde::Serialize;
 use vramlab::cli::{run_oomcheck, run_summary, OomcheckArgs, SummaryArgs, UsageError};
 use vramlab::render::Render;
 
+// Every heap allocation of this process is counted, so that measurements
+// made here are exact (vramlab::memory::HostMemory).
+vramlab::install_allocation_counters!();
+
 #[derive(Parser)]
 #[command(name = "vramlab", version, color = ColorChoice::Never, about = "GPU memory in image training: the ledger, before anything runs")]
 struct Cli {
@@ -32,6 +36,7 @@ struct WithJson<T: Args> {
 }
 
 fn main() -> ExitCode {
+    vramlab::memory::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

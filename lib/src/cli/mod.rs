@@ -5,7 +5,7 @@ mod args;
 mod compose;
 mod report;
 
-pub use args::{Amp, Dtype, InputShape, OomcheckArgs, Opt, SummaryArgs};
+pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs};
 pub use compose::Composer;
 pub use report::Oomcheck;
 
