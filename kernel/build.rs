@@ -1,5 +1,7 @@
 //! Records the Rust toolchain version (kernel_info's language_info) and the
-//! target triple (where the cell process finds the standard library).
+//! target triple (where the cell process finds the standard library), and
+//! exports the allocation counters' symbol, through which the vramlab code
+//! inside cell libraries finds this executable's counters.
 fn main() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
     let version = std::process::Command::new(rustc)
@@ -11,4 +13,7 @@ fn main() {
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=VRAMLAB_RUSTC_VERSION={version}");
     println!("cargo:rustc-env=VRAMLAB_TARGET={}", std::env::var("TARGET").unwrap_or_default());
+    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
+        println!("cargo:rustc-link-arg-bins=-Wl,--export-dynamic-symbol=vramlab_alloc_counters");
+    }
 }

@@ -6,6 +6,7 @@ restart-then-first-candle-cell; then warm `1 + 1` on all kernels in turn
 (interleaved, so that the machine's load falls on each alike). Prints JSON.
 
     .venv/bin/python scripts/bench_kernel.py vramlab evcxr
+    .venv/bin/python scripts/bench_kernel.py --only-magics vramlab python3
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ MAGIC_CELLS = {
     "vramlab": {
         "lsmagic": "%lsmagic",
         "oomcheck": "%oomcheck resnet50 --batch 32 --res 224 --gpu rtx4060-laptop",
+        # Read from the cell process's shared counters; nothing is compiled.
+        "mem": "%mem",
     }
 }
 
@@ -61,6 +64,21 @@ def start(name: str) -> tuple[KernelManager, object, float]:
 
 def p50(samples: list[float]) -> float:
     return statistics.median(samples)
+
+
+def bench_magics(name: str, repeats: int) -> dict:
+    """Warm `1 + 1` and the kernel's magics, on one started kernel."""
+    result: dict = {"kernel": name}
+    manager, client, _ = start(name)
+    try:
+        execute(client, "1 + 1")
+        for label, cell in [("1_plus_1", "1 + 1"), *MAGIC_CELLS.get(name, {}).items()]:
+            samples = [execute(client, cell) for _ in range(repeats)]
+            result[f"{label}_round_trip_s"] = {"p50": p50(samples), "min": min(samples), "max": max(samples)}
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    return result
 
 
 def bench(name: str, starts: int, repeats: int) -> dict:
@@ -121,6 +139,7 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--only-interleaved", action="store_true", help="only the interleaved warm `1 + 1` comparison")
+    parser.add_argument("--only-magics", action="store_true", help="only warm `1 + 1` and magic round trips, one kernel at a time")
     args = parser.parse_args()
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -131,6 +150,10 @@ def main() -> int:
         },
         "results": [],
     }
+    if args.only_magics:
+        report["results"] = [bench_magics(name, args.repeats) for name in args.kernels]
+        print(json.dumps(report, indent=2))
+        return 0
     if not args.only_interleaved:
         for name in args.kernels:
             print(f"benchmarking {name}...", file=sys.stderr)

@@ -23,6 +23,9 @@ pub fn split(code: &str) -> Result<Vec<Segment>, SplitError> {
     if let Some(rest) = trimmed.strip_prefix("%%") {
         let (first, body) = rest.split_once('\n').unwrap_or((rest, ""));
         let (name, args) = words(first, trimmed)?;
+        if name == "mem" {
+            return Ok(measured(body, args));
+        }
         return Ok(vec![Segment::CellMagic { name, args, body: body.to_owned() }]);
     }
     let mut segments = Vec::new();
@@ -44,6 +47,19 @@ pub fn split(code: &str) -> Result<Vec<Segment>, SplitError> {
         segments.push(Segment::Rust(rust));
     }
     Ok(segments)
+}
+
+/// `%%mem`: the cell's Rust, then `%mem --last-cell` to report what it
+/// did (the engine measures every Rust cell). Arguments go to `%mem`, which
+/// rejects them.
+fn measured(body: &str, args: Vec<String>) -> Vec<Segment> {
+    let mut segments = Vec::new();
+    if !body.trim().is_empty() {
+        segments.push(Segment::Rust(body.to_owned()));
+    }
+    let args = std::iter::once(crate::magic::mem::CELL_REPORT.to_owned()).chain(args).collect();
+    segments.push(Segment::Magic { name: "mem".into(), args });
+    segments
 }
 
 fn magic_line(line: &str) -> Option<&str> {
@@ -93,8 +109,17 @@ mod tests {
     #[test]
     fn cell_magics_take_the_whole_body() {
         assert_eq!(
-            split("%%mem --plot\nlet v = vec![0u8; 10];\n").unwrap(),
-            vec![Segment::CellMagic { name: "mem".into(), args: vec!["--plot".into()], body: "let v = vec![0u8; 10];\n".into() }]
+            split("%%time --plot\nlet v = vec![0u8; 10];\n").unwrap(),
+            vec![Segment::CellMagic { name: "time".into(), args: vec!["--plot".into()], body: "let v = vec![0u8; 10];\n".into() }]
         );
+    }
+
+    #[test]
+    fn a_mem_cell_runs_its_body_then_reports_on_it() {
+        assert_eq!(
+            split("%%mem\nlet v = vec![0u8; 10];\n").unwrap(),
+            vec![Segment::Rust("let v = vec![0u8; 10];\n".into()), magic("mem", &["--last-cell"])]
+        );
+        assert_eq!(split("%%mem --plot").unwrap(), vec![magic("mem", &["--last-cell", "--plot"])]);
     }
 }

@@ -14,6 +14,7 @@ use evcxr::{CommandContext, CompilationError, EvalCallbacks, EvalContext, EvalCo
 use jupyter_protocol::Stdio;
 use serde::Deserialize;
 use tokio::sync::oneshot;
+use vramlab::memory::CellProbe;
 use vramlab::render::{Bundle, DisplayFrame};
 
 use crate::engine::{CellError, Completion, Engine, ExecuteJob, Outcome, Output};
@@ -53,12 +54,23 @@ impl EvcxrEngine {
         // Read by evcxr when it creates its context; set before any other thread runs.
         std::env::set_var("EVCXR_TMPDIR", slot.dir());
         let library = Library::locate();
+        let memory = match CellProbe::create() {
+            Ok(probe) => {
+                let probe = Arc::new(probe);
+                crate::magic::mem::attach(Arc::clone(&probe));
+                Some(probe)
+            }
+            Err(err) => {
+                log::warn!("%mem will not work: {err}");
+                None
+            }
+        };
         let (jobs, receiver) = crossbeam_channel::unbounded();
         let running = Arc::new(Running::default());
         let worker_running = Arc::clone(&running);
         std::thread::Builder::new()
             .name("evcxr".into())
-            .spawn(move || Worker::run(slot, library, receiver, worker_running))?;
+            .spawn(move || Worker::run(slot, library, receiver, worker_running, memory))?;
         Ok(EvcxrEngine { jobs, running })
     }
 
@@ -117,7 +129,9 @@ impl Library {
 
     fn dep_command(&self) -> Option<String> {
         let dir = self.dir.as_ref()?;
-        Some(format!(":dep vramlab = {{ path = {:?} }}", dir.display().to_string()))
+        // A kernel built for CUDA gives its cells CUDA tensors too.
+        let features = if cfg!(feature = "cuda") { ", features = [\"cuda\"]" } else { "" };
+        Some(format!(":dep vramlab = {{ path = {:?}{features} }}", dir.display().to_string()))
     }
 }
 
@@ -127,15 +141,22 @@ struct Worker {
     slot: BuildSlot,
     library: Library,
     running: Arc<Running>,
+    memory: Option<Arc<CellProbe>>,
 }
 
 impl Worker {
-    fn run(slot: BuildSlot, library: Library, jobs: Receiver<Job>, running: Arc<Running>) {
-        let (ctx, outputs) = match cell_process_command().and_then(EvalContext::with_subprocess_command) {
+    fn run(slot: BuildSlot, library: Library, jobs: Receiver<Job>, running: Arc<Running>, memory: Option<Arc<CellProbe>>) {
+        let command = cell_process_command().map(|mut command| {
+            if let Some(probe) = &memory {
+                probe.share_with(&mut command);
+            }
+            command
+        });
+        let (ctx, outputs) = match command.and_then(EvalContext::with_subprocess_command) {
             Ok((eval, outputs)) => (CommandContext::with_eval_context(eval), outputs),
             Err(err) => return Self::refuse_all(jobs, format!("the Rust engine (evcxr) failed to start: {err}")),
         };
-        let mut worker = Worker { ctx, pump: Pump::start(outputs), slot, library, running };
+        let mut worker = Worker { ctx, pump: Pump::start(outputs), slot, library, running, memory };
         if let Err(err) = worker.ctx.execute(PANIC_HOOK_CELL) {
             log::error!("could not install the panic hook in the cell process: {err}");
         }
@@ -222,7 +243,12 @@ impl Worker {
                 None => String::new(),
             },
         };
-        let result = self.ctx.execute_with_callbacks(&job.code, &mut callbacks);
+        let ctx = &mut self.ctx;
+        let mut run = || ctx.execute_with_callbacks(&job.code, &mut callbacks);
+        let result = match &self.memory {
+            Some(probe) => probe.measure(run),
+            None => run(),
+        };
         *self.running.process.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let report = self.pump.detach();
         let interrupted = self.running.interrupted.swap(false, Ordering::SeqCst);

@@ -24,9 +24,13 @@ use clap::{Parser, Subcommand};
 // evcxr runs rust-analyzer on every cell to learn its variables' types; that
 // analysis allocates heavily and is measurably faster on mimalloc. Cells'
 // own allocations do not go through this: they use the system allocator of
-// the standard library they link to.
+// the standard library they link to, which is `malloc`, counted below.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+// Every `malloc` of the process, cell libraries' included, is counted for
+// `%mem`; the kernel's own Rust allocations go to mimalloc and are not.
+vramlab::install_allocation_counters!();
 
 #[derive(Parser)]
 #[command(name = "vramlab-kernel", version, about = "A Jupyter kernel for Rust cells (evcxr) with GPU-memory magics")]
@@ -45,6 +49,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // In the cell process this attaches the counters to the region the
+    // kernel reads; it must precede the threads evcxr starts.
+    vramlab::memory::install();
     // The cell process is this same binary started again by evcxr; in that
     // role it never returns from here.
     evcxr::runtime_hook();

@@ -4,6 +4,7 @@
 mod doc;
 mod help;
 mod lsmagic;
+pub mod mem;
 mod oomcheck;
 mod summary;
 
@@ -32,7 +33,7 @@ pub struct Magic {
     run: fn(&[String]) -> Result<Invocation, String>,
 }
 
-pub const MAGICS: &[Magic] = &[lsmagic::MAGIC, help::MAGIC, doc::MAGIC, summary::MAGIC, oomcheck::MAGIC];
+pub const MAGICS: &[Magic] = &[lsmagic::MAGIC, help::MAGIC, doc::MAGIC, summary::MAGIC, oomcheck::MAGIC, mem::MAGIC];
 
 pub fn find(name: &str) -> Result<&'static Magic, CellError> {
     MAGICS.iter().find(|m| m.name == name).ok_or_else(|| unknown(name))
@@ -44,7 +45,8 @@ pub fn run(name: &str, args: &[String]) -> Result<Invocation, CellError> {
     (magic.run)(args).map_err(|message| usage_error(magic, &message))
 }
 
-/// A `%%` cell magic; none of the current magics takes a cell body.
+/// A `%%` cell magic other than `%%mem` (which `cell::split` expands into
+/// its cell and a `%mem --last-cell`): none takes a cell body.
 pub fn run_cell(name: &str) -> Result<Invocation, CellError> {
     let magic = find(name)?;
     Err(usage_error(magic, &format!("%{name} is a line magic; write it as `%{name} ...`, not `%%{name}`")))

@@ -12,6 +12,10 @@ use vramlab::cli::{
 use vramlab::data::{bench_loader, preprocess};
 use vramlab::render::Render;
 
+// Every heap allocation of this process is counted, so that measurements
+// made here are exact (vramlab::memory::HostMemory).
+vramlab::install_allocation_counters!();
+
 #[derive(Parser)]
 #[command(name = "vramlab", version, color = ColorChoice::Never, about = "GPU memory in image training: the ledger, before anything runs")]
 struct Cli {
@@ -52,6 +56,7 @@ struct WithJson<T: Args> {
 }
 
 fn main() -> ExitCode {
+    vramlab::memory::install();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) => {

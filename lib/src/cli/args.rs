@@ -115,6 +115,24 @@ impl OomcheckArgs {
     }
 }
 
+/// `mem [--reset-peak] [--empty-cache] [--plot] | --last-cell`
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Parser)]
+#[command(name = "mem", color = ColorChoice::Never, about = "The cell process's heap: in use, held, peak, RSS, free/total; the registered bills predicted vs measured")]
+pub struct MemArgs {
+    /// Start a new peak from what is in use now
+    #[arg(long)]
+    pub reset_peak: bool,
+    /// Give the allocator's free memory back to the OS (malloc_trim) and show held and RSS before and after
+    #[arg(long)]
+    pub empty_cache: bool,
+    /// Chart the last registered step by bill, the prediction drawn over it
+    #[arg(long)]
+    pub plot: bool,
+    /// Only the peak and net change of the last Rust cell (what `%%mem` shows)
+    #[arg(long, conflicts_with_all = ["reset_peak", "empty_cache", "plot"])]
+    pub last_cell: bool,
+}
+
 /// A batch and one sample's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InputShape {

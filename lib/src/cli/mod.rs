@@ -7,7 +7,7 @@ mod data;
 mod report;
 mod train;
 
-pub use args::{Amp, Dtype, InputShape, OomcheckArgs, Opt, SummaryArgs};
+pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs};
 pub use compose::Composer;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 pub use report::Oomcheck;

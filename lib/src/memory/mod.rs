@@ -1,1 +1,56 @@
-//! Probes of the live process: host allocator in use vs held, RSS, exact peak; CUDA pool; a simulated device budget.
+//! Probes of the live process: host allocator in use vs held, RSS, exact
+//! peak; the CUDA pool; a simulated device budget for CPU-only machines;
+//! empty_cache; and the snapshot a trainer registers for `%mem`.
+//!
+//! Exactness comes from [`install_allocation_counters!`](crate::install_allocation_counters):
+//! a binary that invokes it (the kernel, whose cell process is the same
+//! binary, and the `vramlab` command) counts every heap allocation of its
+//! process, those of cell libraries included. Anywhere else the probes
+//! sample glibc's statistics and say they are not exact.
+
+mod budget;
+mod counters;
+mod host;
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[doc(hidden)]
+pub mod interpose;
+mod probe;
+mod region;
+mod report;
+mod snapshot;
+
+#[cfg(feature = "cuda")]
+pub mod cuda;
+
+pub use budget::{budget, check_budget, cpu_with_budget, set_budget, Budget, OutOfMemory};
+pub use host::{counters_address, install, EmptyCache, HostMemory};
+pub use probe::{CellProbe, CellUsage, Mark};
+pub use region::REGION_FD_ENV;
+pub use report::{plot, timeline_chart, timeline_table, MemReport};
+pub use snapshot::{publish, published, BillBytes, MeasuredPhase, Measurement, PredictedPhase, Prediction, Snapshot};
+
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    #[error("memory probe: {what} failed: {reason}")]
+    Region { what: &'static str, reason: String },
+    #[error("{what} needs the allocation counters, which this process lacks: run in the vramlab kernel or the vramlab command")]
+    NotCounting { what: &'static str },
+    #[error("the allocation counters of this process have no shared region: call vramlab::memory::install() at the start of main")]
+    NoRegion,
+    #[error("snapshot of {bytes} bytes does not fit the {capacity}-byte region")]
+    SnapshotTooLarge { bytes: usize, capacity: usize },
+    #[error("snapshot: {reason}")]
+    Snapshot { reason: String },
+    #[error("budget `{text}`: {reason}")]
+    BadBudget { text: String, reason: String },
+    #[error("the cell process has not started yet; run a cell first")]
+    NotStarted,
+    #[error("the cell process (pid {pid}) did not answer; it may have died: run a cell to start a new one")]
+    NoAnswer { pid: u32 },
+    #[cfg(feature = "cuda")]
+    #[error("CUDA memory probe: {what} failed: {reason}")]
+    Cuda { what: &'static str, reason: String },
+}
+
+#[cfg(test)]
+mod tests;

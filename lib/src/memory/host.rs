@@ -1,0 +1,204 @@
+//! The host's "allocated vs reserved": bytes in live heap blocks, bytes the
+//! allocator holds from the OS, the exact peak, and the process's RSS.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::counters::{self, Counters, ANSWER_FIELDS};
+use super::region::{self, Region, Request, REGION_BYTES, REGION_FD_ENV};
+use crate::ledger::units::human;
+
+/// One reading of a process's heap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMemory {
+    /// True when `in_use` and `peak` come from the allocation counters
+    /// (every allocation counted as it happens); false when sampled from
+    /// glibc's statistics, which miss short peaks.
+    pub exact: bool,
+    /// Bytes in live heap blocks: the CPU's `memory_allocated`.
+    pub in_use: u64,
+    /// Bytes the allocator holds from the OS, in use or free: the CPU's
+    /// `memory_reserved`.
+    pub held: u64,
+    /// The most `in_use` has been since the last reset; `None` when not exact.
+    pub peak: Option<u64>,
+    /// Resident set size, and its high-water mark, from `/proc/PID/status`.
+    pub rss: u64,
+    pub hwm: u64,
+    /// Heap allocations made so far; `None` when not exact.
+    pub allocations: Option<u64>,
+    /// The simulated device budget, when one is set.
+    pub budget: Option<u64>,
+}
+
+/// What giving held memory back did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmptyCache {
+    pub before: HostMemory,
+    pub after: HostMemory,
+}
+
+impl EmptyCache {
+    /// Bytes returned to the OS.
+    pub fn released(&self) -> u64 {
+        self.before.held.saturating_sub(self.after.held)
+    }
+}
+
+impl HostMemory {
+    /// Reads this process's heap now.
+    pub fn sample() -> HostMemory {
+        let counters = counters::find();
+        let heap = Heap::read();
+        let (rss, hwm) = status_rss("self");
+        match counters {
+            Some(c) => HostMemory {
+                exact: true,
+                in_use: c.in_use(),
+                held: heap.held,
+                peak: Some(c.peak()),
+                rss,
+                hwm,
+                allocations: Some(c.allocations()),
+                budget: c.budget(),
+            },
+            None => HostMemory { exact: false, in_use: heap.in_use, held: heap.held, peak: None, rss, hwm, allocations: None, budget: None },
+        }
+    }
+
+    /// Starts a new peak from what is in use now; returns the reading after.
+    pub fn reset_peak() -> HostMemory {
+        if let Some(c) = counters::find() {
+            c.reset_peak();
+        }
+        HostMemory::sample()
+    }
+
+    /// Gives the heap's free memory back to the OS (`malloc_trim(0)`): the
+    /// CPU's `empty_cache`. Returns the readings before and after.
+    pub fn empty_cache() -> EmptyCache {
+        let before = HostMemory::sample();
+        trim();
+        EmptyCache { before, after: HostMemory::sample() }
+    }
+
+    /// Held but not in use: the allocator's idle cache.
+    pub fn idle(&self) -> u64 {
+        self.held.saturating_sub(self.in_use)
+    }
+}
+
+impl fmt::Display for HostMemory {
+    /// One `print_mem` line.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "in use {} | held {}", human(self.in_use), human(self.held))?;
+        if let Some(peak) = self.peak {
+            write!(f, " | peak {}", human(peak))?;
+        }
+        write!(f, " | RSS {} (high-water {})", human(self.rss), human(self.hwm))?;
+        if let Some(budget) = self.budget {
+            write!(f, " | simulated budget {}", human(budget))?;
+        }
+        if !self.exact {
+            f.write_str(" (sampled, not exact: this process does not count its allocations)")?;
+        }
+        Ok(())
+    }
+}
+
+/// glibc's view of its heap (all arenas).
+#[derive(Debug, Clone, Copy, Default)]
+struct Heap {
+    in_use: u64,
+    held: u64,
+}
+
+impl Heap {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    fn read() -> Heap {
+        // SAFETY: mallinfo2 only reads the allocator's statistics.
+        let info = unsafe { libc::mallinfo2() };
+        Heap { in_use: (info.uordblks + info.hblkhd) as u64, held: (info.arena + info.hblkhd) as u64 }
+    }
+
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    fn read() -> Heap {
+        Heap::default()
+    }
+}
+
+fn trim() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim is safe to call at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// VmRSS and VmHWM of `/proc/<pid>/status`, in bytes (0 when unreadable).
+pub(crate) fn status_rss(pid: &str) -> (u64, u64) {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return (0, 0) };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// A reading sent as an answer: held, RSS and high-water after the request,
+/// held and RSS before it.
+pub(crate) fn to_answer(before: &HostMemory, after: &HostMemory) -> [u64; ANSWER_FIELDS] {
+    [after.held, after.rss, after.hwm, before.held, before.rss, 0]
+}
+
+/// Starts counting for this process. Call first thing in `main` of a binary
+/// that invoked [`install_allocation_counters!`](crate::install_allocation_counters).
+///
+/// In a process started with `VRAMLAB_MEM_FD` (the kernel's cell process)
+/// the counters move into the region behind that descriptor, and a thread
+/// answers the kernel's requests for what only this process can measure
+/// (glibc's statistics, `malloc_trim`). Elsewhere they move into a private
+/// region, so that snapshots can be published the same way.
+pub fn install() {
+    counters::mark_installed();
+    let inherited = std::env::var(REGION_FD_ENV).ok().and_then(|fd| fd.parse::<i32>().ok());
+    // Processes a cell starts must not attach to the same region.
+    std::env::remove_var(REGION_FD_ENV);
+    let shared = inherited.and_then(|fd| {
+        let region = Region::map(fd);
+        // SAFETY: closing the inherited descriptor; the mapping stays valid.
+        unsafe { libc::close(fd) };
+        region.ok()
+    });
+    let serve = shared.is_some();
+    let Some(region) = shared.or_else(|| Region::anonymous().ok()) else { return };
+    let counters: &'static Counters = region.leak();
+    counters.region_bytes.store(REGION_BYTES as u64, std::sync::atomic::Ordering::Relaxed);
+    counters::switch_to(counters);
+    counters.pid.store(u64::from(std::process::id()), std::sync::atomic::Ordering::Relaxed);
+    if serve {
+        let spawned = std::thread::Builder::new().name("vramlab-memory".into()).spawn(move || {
+            region::serve(counters, |request| {
+                let before = HostMemory::sample();
+                if request == Request::EmptyCache {
+                    trim();
+                    return to_answer(&before, &HostMemory::sample());
+                }
+                to_answer(&before, &before)
+            })
+        });
+        if let Err(err) = spawned {
+            eprintln!("vramlab: %mem cannot read glibc's statistics in this process: {err}");
+        }
+    }
+}
+
+/// The address the exported `vramlab_alloc_counters` symbol returns.
+#[doc(hidden)]
+pub fn counters_address() -> *const std::ffi::c_void {
+    counters::exported()
+}

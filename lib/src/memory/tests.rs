@@ -1,0 +1,147 @@
+use std::time::Duration;
+
+use super::counters::Counters;
+use super::region::{self, Region, Request};
+use super::*;
+use crate::render::Render;
+
+fn snapshot() -> Snapshot {
+    let mut predicted = BillBytes::default();
+    predicted.parameters = 100 << 20;
+    predicted.activations = 200 << 20;
+    let mut measured = predicted;
+    measured.activations = 210 << 20;
+    Snapshot {
+        label: "small-cnn, batch 8".into(),
+        predicted: Some(Prediction {
+            bills: predicted,
+            peak: 300 << 20,
+            phases: vec![PredictedPhase { name: "forward".into(), resident: 250 << 20, peak: 300 << 20 }],
+        }),
+        measured: Some(Measurement {
+            bills: measured,
+            peak: 310 << 20,
+            phases: vec![
+                MeasuredPhase { name: "input copy".into(), bills: BillBytes { parameters: 100 << 20, ..Default::default() } },
+                MeasuredPhase { name: "forward".into(), bills: measured },
+            ],
+        }),
+    }
+}
+
+#[test]
+fn budgets_are_sizes_or_cards_never_the_host() {
+    assert_eq!(Budget::parse("8GiB").unwrap(), Budget(8 << 30));
+    assert_eq!(Budget::parse("512MiB").unwrap(), Budget(512 << 20));
+    assert!(Budget::parse("rtx4060-laptop").unwrap().0 > 7 << 30);
+    let err = Budget::parse("cpu").unwrap_err().to_string();
+    assert!(err.contains("no budget to simulate"), "{err}");
+    assert!(Budget::parse("eight gigs").is_err());
+}
+
+#[test]
+fn out_of_memory_reads_like_cuda_and_says_it_is_simulated() {
+    let oom = OutOfMemory { requested: 64 << 20, in_use: 500 << 20, held: 530 << 20, budget: 512 << 20 };
+    assert_eq!(
+        oom.to_string(),
+        "out of memory (simulated device budget, CPU): tried to allocate 64.0 MiB; 500 MiB in use; 530 MiB held; budget 512 MiB"
+    );
+    let candle: candle_core::Error = oom.into();
+    assert!(candle.to_string().contains("tried to allocate 64.0 MiB"));
+}
+
+#[test]
+fn the_report_puts_bills_side_by_side_with_their_difference() {
+    let memory = HostMemory { exact: true, in_use: 64 << 20, held: 80 << 20, peak: Some(128 << 20), rss: 90 << 20, hwm: 140 << 20, allocations: Some(10), budget: Some(1 << 30) };
+    let report = MemReport { pid: 42, memory, host: Some((1 << 30, 2 << 30)), snapshot: Some(snapshot()), emptied: None, peak_reset: false };
+    let text = report.bundle().text().to_owned();
+    assert!(text.contains("cell process 42"), "{text}");
+    assert!(text.contains("16.0 MiB"), "idle = held - in use: {text}");
+    assert!(text.contains("960 MiB / 1.00 GiB"), "budget free/total: {text}");
+    assert!(text.contains("+5.0%"), "activations 210 vs 200: {text}");
+    assert!(text.contains("+3.3%"), "peak 310 vs 300: {text}");
+    assert!(text.contains("simulated"), "{text}");
+    let plain = MemReport { snapshot: None, ..report }.bundle().text().to_owned();
+    assert!(plain.contains("No prediction or measurement registered"), "{plain}");
+}
+
+#[test]
+fn the_plot_stacks_measured_bills_under_the_prediction() {
+    let bundle = plot(Some(&snapshot()));
+    let html = bundle.get("text/html").and_then(|h| h.as_str()).unwrap();
+    assert!(html.contains("<svg") && html.contains("predicted peak of the phase"), "{html}");
+    assert!(bundle.text().contains("input copy"), "{}", bundle.text());
+    assert!(plot(None).text().starts_with("No step timeline registered"));
+    let no_phases = Snapshot { measured: None, ..snapshot() };
+    assert!(plot(Some(&no_phases)).text().starts_with("No step timeline registered"));
+}
+
+#[test]
+fn cell_usage_reports_peak_and_net_change() {
+    let usage = CellUsage { before: 10 << 20, after: 8 << 20, peak: 74 << 20 };
+    assert_eq!(usage.increment(), 64 << 20);
+    assert_eq!(usage.net(), -(2 << 20));
+    assert_eq!(usage.bundle().text(), "peak memory: 74.0 MiB (+64.0 MiB during the cell), net change: -2.00 MiB (in use 10.0 MiB -> 8.00 MiB)\n");
+}
+
+fn region() -> &'static Counters {
+    let counters = Region::anonymous().unwrap().leak();
+    counters.region_bytes.store(region::REGION_BYTES as u64, std::sync::atomic::Ordering::Relaxed);
+    counters
+}
+
+#[test]
+fn snapshots_round_trip_through_a_region_and_too_large_ones_are_refused() {
+    let counters = region();
+    assert!(region::read_snapshot(counters).is_none());
+    let bytes = serde_json::to_vec(&snapshot()).unwrap();
+    region::write_snapshot(counters, &bytes).unwrap();
+    assert_eq!(region::read_snapshot(counters).unwrap(), bytes);
+    let huge = vec![b' '; region::SNAPSHOT_CAPACITY + 1];
+    assert!(matches!(region::write_snapshot(counters, &huge), Err(MemoryError::SnapshotTooLarge { .. })));
+}
+
+#[test]
+fn requests_are_answered_by_the_serving_thread_and_silence_times_out() {
+    let counters = region();
+    assert_eq!(region::ask(counters, Request::Sample, Duration::from_millis(20)), None);
+    std::thread::spawn(move || region::serve(counters, |request| [request as u64, 7, 0, 0, 0, 0]));
+    assert_eq!(region::ask(counters, Request::EmptyCache, Duration::from_secs(5)).unwrap()[..2], [2, 7]);
+    assert_eq!(region::ask(counters, Request::Sample, Duration::from_secs(5)).unwrap()[..2], [1, 7]);
+}
+
+#[test]
+fn counters_count_blocks_track_the_peak_and_flag_the_first_overrun() {
+    let counters = region();
+    counters.set_budget(Some(1000));
+    counters.allocated(600);
+    assert_eq!(counters.take_overrun(), None);
+    counters.allocated(500);
+    counters.allocated(10);
+    assert_eq!(counters.take_overrun(), Some((500, 600)), "the first allocation past the budget");
+    counters.allocated(10);
+    assert_eq!(counters.take_overrun(), Some((500, 600)), "still over: the same error, not the allocations made meanwhile");
+    counters.freed(400);
+    assert_eq!(counters.take_overrun(), None, "back under the budget");
+    counters.allocated(300);
+    assert_eq!(counters.take_overrun(), Some((300, 720)), "a new overrun");
+    counters.freed(300);
+    counters.freed(1110);
+    assert_eq!((counters.in_use(), counters.peak()), (0, 1120));
+    counters.reset_peak();
+    assert_eq!(counters.peak(), 0);
+    counters.freed(5);
+    assert_eq!(counters.in_use(), 0, "never below zero");
+}
+
+#[test]
+fn without_counters_probes_sample_and_say_so() {
+    let sample = HostMemory::sample();
+    assert!(!sample.exact && sample.peak.is_none());
+    assert!(sample.rss > 0 && sample.held > 0);
+    assert!(sample.to_string().contains("not exact"), "{sample}");
+    assert!(matches!(set_budget(Some(Budget(1 << 30))), Err(MemoryError::NotCounting { .. })));
+    assert_eq!(check_budget(), Ok(()));
+    publish(&snapshot()).unwrap();
+    assert_eq!(published(), Some(snapshot()));
+}

@@ -1,0 +1,96 @@
+//! The allocation counters installed in a real executable (this test binary).
+
+use std::sync::Mutex;
+
+use vramlab::candle::{DType, Device, Tensor};
+use vramlab::memory::{self, Budget, HostMemory};
+
+vramlab::install_allocation_counters!();
+
+/// Tests share one process-wide heap: one at a time.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+fn setup() -> std::sync::MutexGuard<'static, ()> {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(memory::install);
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const MIB: u64 = 1 << 20;
+/// glibc serves a 64 MiB block with mmap: the block rounds up to a page plus its header.
+const ROUNDING: u64 = 64 * 1024;
+
+#[test]
+fn a_tensor_moves_in_use_by_its_size_and_dropping_it_gives_it_back() {
+    let _guard = setup();
+    let before = HostMemory::sample();
+    assert!(before.exact, "{before}");
+    let tensor = Tensor::zeros((16, 1024, 1024), DType::F32, &Device::Cpu).unwrap();
+    let during = HostMemory::sample();
+    let grew = during.in_use - before.in_use;
+    assert!((64 * MIB..64 * MIB + ROUNDING).contains(&grew), "grew by {grew}");
+    assert!(during.peak.unwrap() >= during.in_use);
+    drop(tensor);
+    let after = HostMemory::sample();
+    assert!(after.in_use < before.in_use + ROUNDING, "{before} / {after}");
+    assert!(after.peak.unwrap() >= before.in_use + 64 * MIB, "the peak remembers the tensor");
+    let reset = HostMemory::reset_peak();
+    assert!(reset.peak.unwrap() < before.in_use + ROUNDING, "{reset}");
+}
+
+#[test]
+fn a_short_peak_is_caught_between_samples() {
+    let _guard = setup();
+    let start = HostMemory::reset_peak();
+    {
+        let burst = vec![1u8; 32 << 20];
+        std::hint::black_box(&burst);
+    }
+    let end = HostMemory::sample();
+    assert!(end.peak.unwrap() >= start.in_use + 32 * MIB, "{start} / {end}");
+}
+
+#[test]
+fn empty_cache_gives_the_pages_of_free_blocks_back() {
+    let _guard = setup();
+    // Blocks under glibc's mmap threshold live in the heap; the last one pins
+    // the heap's top, so freeing the others leaves their pages with the allocator.
+    let mut blocks: Vec<Vec<u8>> = (0..512).map(|i| vec![(i % 250 + 1) as u8; 64 * 1024]).collect();
+    let pin = blocks.pop();
+    drop(blocks);
+    let emptied = HostMemory::empty_cache();
+    assert!(emptied.after.rss + 16 * MIB <= emptied.before.rss, "{emptied:?}");
+    assert!(emptied.after.held <= emptied.before.held, "{emptied:?}");
+    drop(pin);
+}
+
+#[test]
+fn the_allocation_past_the_budget_raises_the_cuda_shaped_error() {
+    let _guard = setup();
+    let in_use = HostMemory::sample().in_use;
+    let device = memory::cpu_with_budget(&format!("{}MiB", in_use / MIB + 48)).unwrap();
+    assert_eq!(memory::check_budget(), Ok(()));
+    let fits = Tensor::zeros((8, 1024, 1024), DType::F32, &device).unwrap();
+    assert_eq!(memory::check_budget(), Ok(()), "32 MiB fit in 48");
+    let too_much = Tensor::zeros((8, 1024, 1024), DType::F32, &device).unwrap();
+    let oom = memory::check_budget().unwrap_err();
+    assert!((32 * MIB..32 * MIB + ROUNDING).contains(&oom.requested), "{oom}");
+    assert!(oom.in_use >= in_use + 32 * MIB, "{oom}");
+    assert!(oom.to_string().contains("tried to allocate 32.0 MiB") && oom.to_string().contains("simulated"), "{oom}");
+    let again = memory::check_budget().unwrap_err();
+    assert_eq!((again.requested, again.in_use), (oom.requested, oom.in_use), "still over the budget: the same error");
+    drop(too_much);
+    assert_eq!(memory::check_budget(), Ok(()), "back under the budget");
+    drop(fits);
+    memory::set_budget(None).unwrap();
+    assert_eq!(memory::budget(), None);
+    assert!(Budget::parse("0GiB").is_err());
+}
+
+#[test]
+fn snapshots_are_published_in_the_shared_region() {
+    let _guard = setup();
+    let snapshot = memory::Snapshot { label: "test".into(), predicted: None, measured: None };
+    memory::publish(&snapshot).unwrap();
+    assert_eq!(memory::published(), Some(snapshot));
+}
