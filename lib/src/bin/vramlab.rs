@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::{Args, ColorChoice, Parser, Subcommand};
 use serde::Serialize;
 use vramlab::cli::{
-    run_oomcheck, run_summary, BenchLoaderArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs, TrainRunArgs,
-    UsageError,
+    run_oomcheck, run_summary, BenchLoaderArgs, MeasureArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs,
+    TrainRunArgs, TrainSetup, UsageError,
 };
 use vramlab::data::{bench_loader, preprocess};
 use vramlab::render::Render;
@@ -33,6 +33,8 @@ enum Command {
     Synth(WithJson<SynthArgs>),
     /// Resize an ImageFolder offline to a short side and save compressed JPEGs
     Preprocess(WithJson<PreprocessArgs>),
+    /// Run real training steps: every bill predicted and measured, and both peaks
+    Measure(WithJson<MeasureArgs>),
     /// Benchmarks on this machine
     #[command(subcommand)]
     Bench(Bench),
@@ -77,6 +79,9 @@ fn main() -> ExitCode {
         }),
         Command::Oomcheck(cmd) => run_oomcheck(&cmd.args)
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
+        Command::Measure(cmd) => measure(&cmd.args).and_then(|comparison| {
+            emit(cmd.json, &comparison, || comparison.table().to_string())
+        }),
         Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args)
             .and_then(|report| emit(cmd.json, &report, || report_text(&report))),
         Command::Synth(cmd) => data_error(cmd.args.generator().generate(&cmd.args.out)).and_then(|manifest| {
@@ -120,18 +125,28 @@ fn emit<T: Serialize>(
     Ok(())
 }
 
+fn spec(setup: &TrainSetup, warmup: usize, steps: usize) -> vramlab::train::BenchSpec {
+    vramlab::train::BenchSpec {
+        model: setup.model,
+        classes: setup.classes,
+        batch: setup.batch,
+        res: setup.res,
+        config: setup.train_config(),
+        warmup,
+        steps,
+        seed: setup.seed,
+    }
+}
+
 fn bench_train(args: &TrainRunArgs) -> Result<vramlab::train::BenchReport, UsageError> {
-    let spec = vramlab::train::BenchSpec {
-        model: args.model,
-        classes: args.classes,
-        batch: args.batch,
-        res: args.res,
-        config: args.train_config(),
-        warmup: args.warmup,
-        steps: args.steps,
-        seed: args.seed,
-    };
-    vramlab::train::bench_train(&spec, &vramlab::candle::Device::Cpu).map_err(|e| UsageError(e.to_string()))
+    vramlab::train::bench_train(&spec(&args.setup, args.warmup, args.steps), &vramlab::candle::Device::Cpu)
+        .map_err(|e| UsageError(e.to_string()))
+}
+
+fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, UsageError> {
+    vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &vramlab::candle::Device::Cpu)
+        .map(|(_, comparison)| comparison)
+        .map_err(|e| UsageError(e.to_string()))
 }
 
 fn report_text(report: &vramlab::train::BenchReport) -> String {

@@ -11,7 +11,7 @@ pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs};
 pub use compose::Composer;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 pub use report::Oomcheck;
-pub use train::TrainRunArgs;
+pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 
 use clap::error::ErrorKind;
 use clap::Parser;

@@ -1,17 +1,16 @@
 //! The arguments of `vramlab bench train` (and of every command that runs real
 //! training steps on a zoo model).
 
-use clap::{ColorChoice, Parser};
+use clap::{Args, ColorChoice, Parser};
 
 use super::args::{parse_checkpointing, parse_model, positive, Amp, Opt};
 use crate::ledger::Checkpointing;
 use crate::models::{ModelName, Precision};
 use crate::train::{OptimizerConfig, TrainConfig};
 
-/// `bench train --model M --batch B --res R [--amp f16] [--ckpt stages] [--opt adam] [--accum N] --steps N`
-#[derive(Debug, Clone, Parser)]
-#[command(name = "train", color = ColorChoice::Never, about = "Time real training steps of a zoo model on synthetic images")]
-pub struct TrainRunArgs {
+/// A zoo model and how to train it: what `bench train` times and `measure` measures.
+#[derive(Debug, Clone, Args)]
+pub struct TrainSetup {
     /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
     #[arg(long, value_parser = parse_model)]
     pub model: ModelName,
@@ -39,18 +38,38 @@ pub struct TrainRunArgs {
     /// Activation checkpointing: none, stages, or stage names (layer3,layer4)
     #[arg(long, value_parser = parse_checkpointing, default_value = "none")]
     pub ckpt: Checkpointing,
+    /// Seed of the weights and the synthetic images
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+/// `bench train --model M --batch B --res R [--amp f16] [--ckpt stages] [--opt adam] [--accum N] --steps N`
+#[derive(Debug, Clone, Parser)]
+#[command(name = "train", color = ColorChoice::Never, about = "Time real training steps of a zoo model on synthetic images")]
+pub struct TrainRunArgs {
+    #[command(flatten)]
+    pub setup: TrainSetup,
     /// Timed optimizer steps
     #[arg(long, default_value_t = 5, value_parser = positive)]
     pub steps: usize,
     /// Untimed steps first (allocator and caches warm up)
     #[arg(long, default_value_t = 2)]
     pub warmup: usize,
-    /// Seed of the weights and the synthetic images
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
 }
 
-impl TrainRunArgs {
+/// `measure --model M --batch B --res R [--amp f16] [--opt adam] [--ckpt stages] [--accum N]`
+#[derive(Debug, Clone, Parser)]
+#[command(name = "measure", color = ColorChoice::Never, about = "Run real training steps and print every bill predicted and measured, and both peaks")]
+pub struct MeasureArgs {
+    #[command(flatten)]
+    pub setup: TrainSetup,
+    /// Steps before the measured one: the first creates the optimizer state,
+    /// unless f16 loss scaling skips it (65536 overflows at first), hence two
+    #[arg(long, default_value_t = 2, value_parser = positive)]
+    pub warmup: usize,
+}
+
+impl TrainSetup {
     pub fn precision(&self) -> Precision {
         self.amp.map_or(Precision::F32, Precision::from)
     }

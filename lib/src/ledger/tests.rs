@@ -139,7 +139,7 @@ fn checkpointing_lowers_the_peak_and_names_unknown_stages() {
     };
     let ledger = estimate(&resnet50(1000), &ckpt, &laptop()).unwrap();
     assert!(
-        ledger.peak.bytes < plain.peak.bytes / 2,
+        ledger.peak.bytes * 10 < plain.peak.bytes * 6,
         "{} vs {}",
         ledger.peak.bytes,
         plain.peak.bytes

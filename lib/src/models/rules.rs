@@ -5,7 +5,8 @@
 //! holds `Arc`s to its inputs until the loss (the root of the graph) is
 //! dropped. Backward frees nothing it saved. So in training *every tensor
 //! an op materialises* is kept, and each rule below lists those tensors for
-//! the stock candle-nn implementation of the op. Views (reshape of a
+//! the implementation the trainable networks use (`crate::ops` for
+//! convolution, pooling and batch-norm; candle's own ops otherwise). Views (reshape of a
 //! contiguous tensor, transpose, narrow, broadcast) cost nothing.
 //!
 //! In inference there is no graph: an op's tensors die when the next op is
@@ -31,28 +32,20 @@ pub(crate) fn leaf(
     let mut cost = Cost::default();
     let output = match *op {
         Op::Conv2d(conv) => return conv2d(conv, input, precision),
-        // candle-nn `BatchNorm::forward_train` materialises six full-size f32
-        // tensors: the transposed input flattened to (C, N*H*W) (a copy: the
-        // transpose is not contiguous), x - mean, its square (for the
-        // variance), the normalised x, x * weight and + bias. Under mixed
-        // precision it must be fed f32 (it rejects half inputs), so the trainer
-        // adds a cast up before it and a cast back to half after it.
+        // `ops::batch_norm_train` is one op: it materialises only its output
+        // (in the input's dtype; its arithmetic is f32, so a half input is read
+        // through an f32 copy and the f32 result is cast back: workspace).
+        // Evaluation uses candle's elementwise ops: x - mean, / std, * weight, + bias.
         Op::BatchNorm2d => {
             let (c, e) = (map(input, "batch-norm")?.0, input.elems());
             cost.param_tensor(c as u64);
             cost.param_tensor(c as u64);
             cost.buffers = 2 * c as u64;
-            let mut eval_temps = 4 * e * F32_BYTES;
+            cost.keep(in_bytes);
             if precision.is_mixed() {
-                cost.keep(e * F32_BYTES);
-                cost.keep(e * cb);
-                eval_temps += e * F32_BYTES + e * cb;
+                cost.workspace_bytes = 2 * e * F32_BYTES;
             }
-            for _ in 0..6 {
-                cost.keep(e * F32_BYTES);
-            }
-            // forward_eval: x - mean, / std, * weight, + bias.
-            cost.eval_live_bytes = in_bytes + eval_temps;
+            cost.eval_live_bytes = in_bytes + 4 * e * F32_BYTES;
             input
         }
         // Unary ops keep their input (the previous op's output, already
@@ -62,8 +55,8 @@ pub(crate) fn leaf(
             cost.eval_live_bytes = 2 * in_bytes;
             input
         }
-        // Candle's max_pool2d has no padding: a padded copy is pooled, and both
-        // the padded copy and the output are kept.
+        // `ops::max_pool2d` pads inside the op and finds each window's maximum
+        // again in backward: it keeps only its output.
         Op::MaxPool2d {
             kernel,
             stride,
@@ -74,15 +67,9 @@ pub(crate) fn leaf(
                 out_size(h, kernel, stride, padding)?,
                 out_size(w, kernel, stride, padding)?,
             );
-            let padded = if padding > 0 {
-                (c * (h + 2 * padding) * (w + 2 * padding)) as u64 * cb
-            } else {
-                0
-            };
             let out = Shape::map(c, oh, ow);
-            cost.keep(padded);
             cost.keep(out.elems() * cb);
-            cost.eval_live_bytes = in_bytes + padded + out.elems() * cb;
+            cost.eval_live_bytes = in_bytes + out.elems() * cb;
             out
         }
         // A sum over H and W and a scale: two tiny tensors.
@@ -156,14 +143,13 @@ pub(crate) fn leaf(
     Ok((output, cost))
 }
 
-/// Candle's conv2d (CUDA without cuDNN, and the rule we use for every device):
-/// im2col writes a `(N*Hout*Wout, Cin*k*k)` column matrix, a gemm writes the
-/// result in NHWC, and a strided copy makes it NCHW; the columns and the NHWC
-/// result are freed on return (workspace), the NCHW output is kept. The
-/// autograd op keeps input and kernel. A bias adds a broadcast_add output.
-/// Grouped convs are run as `groups` single-group convs whose outputs are
-/// concatenated: `cat` keeps its parts, so a depthwise conv keeps its output
-/// twice (parts + concatenation).
+/// `ops::conv2d` (the rule we use for every device): the output is kept (the
+/// autograd op keeps input and kernel, already counted); im2col column
+/// buffers, bounded per thread, are the workspace, counted here as one
+/// sample's `(Hout*Wout, Cin*k*k)` matrix and its result. A bias adds a
+/// broadcast_add output. A depthwise conv is a direct loop with no columns;
+/// in half precision both kinds read an f32 copy of the input and write an
+/// f32 result before the cast back.
 fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Cost), Rejection> {
     let cb = precision.compute_bytes();
     let (c, h, w) = map(input, "conv2d")?;
@@ -200,8 +186,11 @@ fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Co
             cost.workspace_bytes = (spatial * (cin_per_group * k * k) as u64 + e) * cb
         }
         Grouping::Depthwise => {
-            cost.keep(e * cb);
-            cost.workspace_bytes = (spatial * (k * k) as u64 + spatial) * cb;
+            cost.workspace_bytes = if precision.is_mixed() {
+                (input.elems() + e) * F32_BYTES
+            } else {
+                0
+            };
         }
     }
     if conv.bias {
@@ -274,7 +263,7 @@ mod tests {
     }
 
     #[test]
-    fn depthwise_conv_keeps_its_output_twice() {
+    fn depthwise_conv_keeps_its_output_once() {
         let (out, cost) = conv2d(
             Conv2d::depthwise(32, 3, 1),
             Shape::map(32, 10, 10),
@@ -283,16 +272,17 @@ mod tests {
         .unwrap();
         assert_eq!(out, Shape::map(32, 10, 10));
         assert_eq!(cost.params, 32 * 9);
-        assert_eq!(cost.saved_bytes, 2 * 3200 * 4);
+        assert_eq!(cost.saved_bytes, 3200 * 4);
     }
 
     #[test]
-    fn batch_norm_keeps_six_f32_copies_and_two_casts_under_amp() {
+    fn fused_batch_norm_keeps_only_its_output() {
         let input = Shape::map(8, 4, 4);
         let (_, f32_cost) = leaf(&Op::BatchNorm2d, input, Precision::F32).unwrap();
-        assert_eq!(f32_cost.saved_bytes, 6 * 128 * 4);
+        assert_eq!(f32_cost.saved_bytes, 128 * 4);
         let (_, amp) = leaf(&Op::BatchNorm2d, input, Precision::F16Amp).unwrap();
-        assert_eq!(amp.saved_bytes, 7 * 128 * 4 + 128 * 2);
+        assert_eq!(amp.saved_bytes, 128 * 2);
+        assert_eq!(amp.workspace_bytes, 2 * 128 * 4);
         assert_eq!((amp.params, amp.buffers), (16, 16));
     }
 

@@ -109,7 +109,7 @@ fn adam_fixes_appear_only_for_adam() {
 #[test]
 fn when_no_single_lever_fits_the_levers_are_combined() {
     let device = card("4GiB");
-    let report = check(&resnet50(1000), &StepConfig::training(8, 768), &device).unwrap();
+    let report = check(&resnet50(1000), &StepConfig::training(16, 1024), &device).unwrap();
     assert_eq!(report.verdict, Verdict::DoesNotFit);
     for fix in &report.fixes {
         assert!(fix.peak_bytes <= report.target_bytes);

@@ -2,14 +2,15 @@
 
 use std::time::Instant;
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use serde::Serialize;
 
+use super::measure::{Comparison, MeasuredStep};
 use super::task::Stripes;
 use super::trainer::{TrainConfig, TrainError, Trainer};
 use crate::models::{ModelName, Network, Precision, Shape};
 
-/// What to time: a zoo model at one batch and resolution, with one training setup.
+/// What to time or measure: a zoo model at one batch and resolution, with one training setup.
 #[derive(Debug, Clone)]
 pub struct BenchSpec {
     pub model: ModelName,
@@ -42,19 +43,36 @@ pub struct BenchReport {
     pub final_loss: f32,
 }
 
-pub fn bench_train(spec: &BenchSpec, device: &Device) -> Result<BenchReport, TrainError> {
+/// The trainer and synthetic micro-batches a spec describes.
+fn setup(spec: &BenchSpec, device: &Device) -> Result<(Trainer, Vec<(Tensor, Tensor)>), TrainError> {
     let net = Network::new(
         &spec.model.spec(spec.classes),
         Shape::map(3, spec.res, spec.res),
         device,
         spec.seed,
     )?;
-    let parameters = net.param_count();
-    let mut trainer = Trainer::new(net, spec.config.clone())?;
+    let trainer = Trainer::new(net, spec.config.clone())?;
     let task = Stripes::new(spec.classes, spec.res);
     let micro_batches = (0..spec.config.accumulation)
         .map(|i| task.generate(spec.batch, spec.seed.wrapping_add(i as u64), device))
         .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok((trainer, micro_batches))
+}
+
+/// `warmup` steps (the first creates the optimizer state), then one step
+/// measured phase by phase and compared with the ledger; both are published
+/// for `%mem`.
+pub fn measure_train(spec: &BenchSpec, device: &Device) -> Result<(MeasuredStep, Comparison), TrainError> {
+    let (mut trainer, micro_batches) = setup(spec, device)?;
+    for _ in 0..spec.warmup {
+        trainer.step(&micro_batches, 0)?;
+    }
+    trainer.measure_and_compare(&micro_batches)
+}
+
+pub fn bench_train(spec: &BenchSpec, device: &Device) -> Result<BenchReport, TrainError> {
+    let (mut trainer, micro_batches) = setup(spec, device)?;
+    let parameters = trainer.net().param_count();
     for _ in 0..spec.warmup {
         trainer.step(&micro_batches, 0)?;
     }

@@ -4,6 +4,7 @@ pub mod amp;
 mod bench;
 pub mod clip;
 mod events;
+mod measure;
 pub mod optim;
 pub mod schedule;
 mod step;
@@ -11,8 +12,9 @@ mod task;
 mod trainer;
 
 pub use amp::{GradScaler, GradScalerConfig};
-pub use bench::{bench_train, BenchReport, BenchSpec};
+pub use bench::{bench_train, measure_train, BenchReport, BenchSpec};
 pub use clip::{clip_grad_norm, grad_norm};
+pub use measure::{Comparison, MeasuredStep, PhaseSample};
 pub use events::{EpochReport, EvalReport, History, MemorySample, ProgressView, StepReport, TrainEvent};
 pub use optim::{
     Adam, Adam8bit, Adam8bitConfig, AdamConfig, AdamW, AdamWConfig, OptimError, Optimizer,

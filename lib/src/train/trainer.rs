@@ -14,11 +14,12 @@ use serde::Serialize;
 
 use super::amp::{GradScaler, GradScalerConfig};
 use super::clip::clip_grad_norm;
-use super::events::{EpochReport, EvalReport, History, StepReport, TrainEvent};
+use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
 use super::optim::{OptimError, Optimizer, OptimizerConfig};
 use super::schedule::Schedule;
-use super::step::{accumulate, cross_entropy, forward_backward, CheckpointPlan};
+use super::step::{accumulate, cross_entropy, forward_backward_watched, CheckpointPlan};
 use crate::ledger::{Checkpointing, LedgerError};
+use crate::memory::HostMemory;
 use crate::models::{Network, Pass, Precision};
 
 /// How to train. Defaults: f32, no accumulation, no checkpointing, SGD with
@@ -75,6 +76,12 @@ pub enum TrainError {
     MicroBatches { expected: usize, got: usize },
     #[error("the batch source gave no batches")]
     Empty,
+    #[error("measuring a step needs the allocation counters, which this process lacks: run it in the vramlab kernel or the vramlab command")]
+    NotCounting,
+    #[error(transparent)]
+    Device(#[from] crate::gpus::GpuError),
+    #[error("memory probe: {0}")]
+    Memory(#[from] crate::memory::MemoryError),
 }
 
 /// Batches of `(images N x C x H x W f32, labels N u32)`, epoch after epoch.
@@ -224,6 +231,18 @@ impl Trainer {
 
     /// One optimizer step over `micro_batches` (as many as the accumulation).
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)], epoch: usize) -> Result<StepReport, TrainError> {
+        self.step_watched(micro_batches, epoch, &mut |_, _| {})
+    }
+
+    /// [`Trainer::step`], calling `phase` as each phase of the step ends, with
+    /// the ledger's phase names and, once they exist, the gradients' bytes.
+    /// Phases of the last micro-batch only: the earlier ones repeat it.
+    pub fn step_watched(
+        &mut self,
+        micro_batches: &[(Tensor, Tensor)],
+        epoch: usize,
+        phase: &mut dyn FnMut(&str, Option<u64>),
+    ) -> Result<StepReport, TrainError> {
         if micro_batches.len() != self.config.accumulation {
             return Err(TrainError::MicroBatches {
                 expected: self.config.accumulation,
@@ -231,18 +250,36 @@ impl Trainer {
             });
         }
         let started = Instant::now();
+        let before = HostMemory::sample();
+        if before.exact {
+            HostMemory::reset_peak();
+        }
         if let Some(schedule) = &self.config.schedule {
             schedule.apply(self.optimizer.as_mut(), self.steps);
         }
         let loss_scale = self.scaler.scale_factor() / self.config.accumulation as f64;
         let mut grads = GradStore::default();
         let (mut loss, mut correct, mut samples) = (0.0f32, 0, 0);
-        for (images, labels) in micro_batches {
-            let part = forward_backward(&self.net, images, labels, self.pass, &self.plan, loss_scale)?;
+        let last = micro_batches.len() - 1;
+        for (i, (images, labels)) in micro_batches.iter().enumerate() {
+            let mut inner = |name: &str| {
+                if i == last {
+                    phase(name, None)
+                }
+            };
+            inner("input batch copied to the device");
+            let part = forward_backward_watched(&self.net, images, labels, self.pass, &self.plan, loss_scale, &mut inner)?;
             loss += part.loss / self.config.accumulation as f32;
             correct += part.correct;
             samples += part.samples;
+            if i == last {
+                phase("loss and graph dropped", Some(grad_bytes(&part.grads, &self.net)));
+            }
             accumulate(&mut grads, &self.net, part.grads)?;
+        }
+        let grads_bytes = grad_bytes(&grads, &self.net);
+        if self.config.accumulation > 1 {
+            phase("gradients added to the accumulator", Some(grads_bytes));
         }
         let vars = self.net.vars();
         self.scaler.unscale(&mut grads, &vars)?;
@@ -251,11 +288,14 @@ impl Trainer {
             None => None,
         };
         let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
+        phase(&format!("{} step", self.config.optimizer.kind()), Some(grads_bytes));
         let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
         self.scaler.update()?;
         drop(grads);
+        phase("step done, batch and gradients freed", Some(0));
         self.steps += 1;
         let seconds = started.elapsed().as_secs_f64();
+        let after = HostMemory::sample();
         let report = StepReport {
             epoch,
             step: self.steps,
@@ -268,7 +308,10 @@ impl Trainer {
             loss_scale,
             skipped: !stepped,
             grad_norm,
-            memory: None,
+            memory: after.peak.map(|peak| MemorySample {
+                in_use: after.in_use,
+                peak,
+            }),
         };
         self.history.events.push(TrainEvent::Step(report.clone()));
         Ok(report)
@@ -352,6 +395,14 @@ impl Trainer {
         }
         Ok(&self.history)
     }
+}
+
+fn grad_bytes(grads: &GradStore, net: &Network) -> u64 {
+    net.params()
+        .iter()
+        .filter_map(|p| grads.get(p.var.as_tensor()))
+        .map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
+        .sum()
 }
 
 /// Refuses a precision the device cannot run, before any step fails half-way:

@@ -1,0 +1,234 @@
+//! A training step measured by bill, beside the ledger's prediction.
+//!
+//! The allocation counters give bytes in use after every phase and the exact
+//! peak during it. Parameters, gradients, optimizer state and the batch are
+//! read off the tensors themselves; activations are what forward added and
+//! kept; context and workspace are what the peak held beyond all of those.
+
+use candle_core::Tensor;
+use serde::Serialize;
+
+use super::events::StepReport;
+use super::trainer::{TrainError, Trainer};
+use crate::ledger::{estimate, BillKind, Ledger, StepConfig};
+use crate::memory::{BillBytes, HostMemory, MeasuredPhase, Measurement, Prediction, Snapshot};
+
+/// One phase as measured: bytes in use after it (above what was there before
+/// the model), and the most in use during it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PhaseSample {
+    pub name: String,
+    pub in_use: u64,
+    pub peak: u64,
+    /// Bytes of the parameters' gradients held after it, once they are collected.
+    pub gradients: u64,
+}
+
+/// A measured step: bills, peak and phases, all in bytes attributable to
+/// training (what the process held before the model existed is left out).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MeasuredStep {
+    pub bills: BillBytes,
+    /// Gradients alone (they are part of the parameters bill).
+    pub gradients: u64,
+    pub peak: u64,
+    pub phases: Vec<PhaseSample>,
+    pub report: StepReport,
+}
+
+/// Predicted against measured, bill by bill.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Comparison {
+    pub label: String,
+    pub predicted: BillBytes,
+    pub measured: BillBytes,
+    pub predicted_peak: u64,
+    pub measured_peak: u64,
+    pub measured_gradients: u64,
+}
+
+impl Comparison {
+    /// `(measured - predicted) / predicted`, in percent; `None` when nothing was predicted.
+    pub fn error_percent(predicted: u64, measured: u64) -> Option<f64> {
+        (predicted > 0).then(|| (measured as f64 - predicted as f64) / predicted as f64 * 100.0)
+    }
+
+    pub fn peak_error_percent(&self) -> Option<f64> {
+        Self::error_percent(self.predicted_peak, self.measured_peak)
+    }
+
+    /// The bills whose measurement is off by more than `tolerance` percent of
+    /// the predicted peak (small bills are judged against the whole, as a
+    /// 1 MB bill off by 50% does not change whether a step fits).
+    pub fn bill_errors(&self) -> Vec<(BillKind, f64)> {
+        BillKind::ALL
+            .iter()
+            .map(|&kind| {
+                let diff = self.measured.get(kind) as f64 - self.predicted.get(kind) as f64;
+                (kind, diff / self.predicted_peak.max(1) as f64 * 100.0)
+            })
+            .collect()
+    }
+
+    pub fn table(&self) -> crate::render::Table {
+        use crate::ledger::units::human;
+        let pct = |p: Option<f64>| p.map_or("-".to_owned(), |p| format!("{p:+.1}%"));
+        let mut table = crate::render::Table::new(["bill", "predicted", "measured", "difference"])
+            .title(format!("Predicted vs measured: {}", self.label))
+            .right_align(&[1, 2, 3]);
+        for kind in BillKind::ALL {
+            let (p, m) = (self.predicted.get(kind), self.measured.get(kind));
+            table.push_row([kind.to_string(), human(p), human(m), pct(Self::error_percent(p, m))]);
+        }
+        table.footer([
+            "peak".to_owned(),
+            human(self.predicted_peak),
+            human(self.measured_peak),
+            pct(self.peak_error_percent()),
+        ])
+        .note(format!(
+            "Measured gradients: {} (inside parameters). Exact allocation counters; the host has no CUDA context.",
+            human(self.measured_gradients)
+        ))
+    }
+}
+
+fn tensor_bytes(t: &Tensor) -> u64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as u64
+}
+
+impl Trainer {
+    /// The ledger's prediction for this trainer's step at `batch` samples per micro-batch.
+    pub fn predict(&self, batch: usize) -> Result<Ledger, TrainError> {
+        let config = StepConfig {
+            batch,
+            input: self.net().input(),
+            precision: self.config().precision,
+            optimizer: self.config().optimizer.kind(),
+            accumulation: self.config().accumulation,
+            checkpointing: self.config().checkpointing.clone(),
+            mode: crate::ledger::Mode::Training,
+        };
+        let device = crate::gpus::Device::host()?;
+        Ok(estimate(self.net().spec(), &config, &device)?)
+    }
+
+    /// One optimizer step on `micro_batches`, measured phase by phase with the
+    /// allocation counters. Fails when the process does not count allocations.
+    pub fn measure_step(&mut self, micro_batches: &[(Tensor, Tensor)], epoch: usize) -> Result<MeasuredStep, TrainError> {
+        let start = HostMemory::sample();
+        if !start.exact {
+            return Err(TrainError::NotCounting);
+        }
+        // Weights, buffers and optimizer state are the model's; everything else
+        // in use now (the notebook's data, the runtime) is not the step's.
+        let state = self.net().param_bytes() + self.net().buffer_bytes() + self.optimizer().state_bytes() as u64;
+        let input: u64 = micro_batches.iter().map(|(x, y)| tensor_bytes(x) + tensor_bytes(y)).sum();
+        let outside = start.in_use.saturating_sub(state + input);
+        let mut phases: Vec<PhaseSample> = Vec::new();
+        let mut held = 0u64;
+        let mut gradients = 0u64;
+        let report = self.step_watched(micro_batches, epoch, &mut |name, grads| {
+            let now = HostMemory::sample();
+            if let Some(bytes) = grads {
+                held = bytes;
+                gradients = gradients.max(bytes);
+            }
+            phases.push(PhaseSample {
+                name: name.to_owned(),
+                in_use: now.in_use.saturating_sub(outside),
+                peak: now.peak.unwrap_or(now.in_use).saturating_sub(outside),
+                gradients: held,
+            });
+            HostMemory::reset_peak();
+        })?;
+        let peak = phases.iter().map(|p| p.peak.max(p.in_use)).max().unwrap_or(0);
+        let parameters = self.net().param_bytes() + self.net().buffer_bytes() + gradients;
+        let optimizer_state = self.optimizer().state_bytes() as u64;
+        let after_input = phases
+            .iter()
+            .find(|p| p.name.starts_with("input batch"))
+            .map_or(0, |p| p.in_use);
+        let end_of_forward = phases
+            .iter()
+            .filter(|p| p.name.starts_with("forward "))
+            .map(|p| p.in_use)
+            .max()
+            .unwrap_or(after_input);
+        let activations = end_of_forward.saturating_sub(after_input);
+        let accounted = parameters + optimizer_state + input + activations;
+        let bills = BillBytes {
+            parameters,
+            optimizer_state,
+            activations,
+            input_batch: input,
+            context_and_workspace: peak.saturating_sub(accounted),
+        };
+        Ok(MeasuredStep {
+            bills,
+            gradients,
+            peak,
+            phases,
+            report,
+        })
+    }
+
+    /// Measures one step, compares it with the prediction, and publishes both
+    /// for `%mem` (the prediction, the measurement and the step's timeline).
+    pub fn measure_and_compare(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<(MeasuredStep, Comparison), TrainError> {
+        let batch = micro_batches.first().map_or(0, |(x, _)| x.dim(0).unwrap_or(0));
+        let ledger = self.predict(batch)?;
+        let measured = self.measure_step(micro_batches, 0)?;
+        let label = format!(
+            "{}, batch {} at {}, {}, {}, accumulation {}, checkpointing {}",
+            self.net().spec().name,
+            batch,
+            self.net().input(),
+            self.config().precision,
+            self.config().optimizer.kind(),
+            self.config().accumulation,
+            self.config().checkpointing
+        );
+        let comparison = Comparison {
+            label: label.clone(),
+            predicted: Prediction::from_ledger(&ledger).bills,
+            measured: measured.bills,
+            predicted_peak: ledger.peak.bytes,
+            measured_peak: measured.peak,
+            measured_gradients: measured.gradients,
+        };
+        let snapshot = Snapshot {
+            label,
+            predicted: Some(Prediction::from_ledger(&ledger)),
+            measured: Some(Measurement {
+                bills: measured.bills,
+                peak: measured.peak,
+                phases: measured
+                    .phases
+                    .iter()
+                    .map(|p| MeasuredPhase {
+                        name: p.name.clone(),
+                        bills: phase_bills(p, &measured),
+                    })
+                    .collect(),
+            }),
+        };
+        crate::memory::publish(&snapshot)?;
+        Ok((measured, comparison))
+    }
+}
+
+/// A phase's bytes split by bill: the model's state as measured, the rest
+/// of what was in use as activations and the excess of the phase's peak as workspace.
+fn phase_bills(phase: &PhaseSample, step: &MeasuredStep) -> BillBytes {
+    let model = step.bills.parameters - step.gradients + phase.gradients;
+    let input = step.bills.input_batch;
+    let rest = phase.in_use.saturating_sub(model + step.bills.optimizer_state + input);
+    BillBytes {
+        parameters: model,
+        optimizer_state: step.bills.optimizer_state,
+        activations: rest,
+        input_batch: input,
+        context_and_workspace: phase.peak.saturating_sub(phase.in_use),
+    }
+}
