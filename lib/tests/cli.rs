@@ -61,12 +61,12 @@ fn summary_json_has_per_layer_costs() {
 
 #[test]
 fn oomcheck_text_has_the_verdict_bills_and_fixes() {
-    let out = vramlab("oomcheck resnet50 --batch 32 --res 224 --gpu rtx4060-laptop");
+    let out = vramlab("oomcheck resnet50 --batch 64 --res 224 --gpu rtx4060-laptop");
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.starts_with("DOES NOT FIT: peak "), "{text}");
     assert!(text.contains("102,228,128"), "fp32 weights of ResNet-50");
-    assert!(text.contains("19,267,584"), "batch 32 of 224x224x3 f32");
+    assert!(text.contains("38,535,168"), "batch 64 of 224x224x3 f32");
     assert!(text.contains("fixes that peak under"));
 }
 
