@@ -197,7 +197,9 @@ impl Kernel {
     }
 
     pub async fn execute(&mut self, code: &str) -> Execution {
-        self.execute_request(ExecuteRequest::new(code.to_owned()), Duration::from_secs(600)).await
+        // The first cell that uses vramlab compiles it and its dependencies into a
+        // cold cache: about ten minutes on 2 cores.
+        self.execute_request(ExecuteRequest::new(code.to_owned()), Duration::from_secs(1800)).await
     }
 
     pub async fn execute_request(&mut self, request: ExecuteRequest, within: Duration) -> Execution {
