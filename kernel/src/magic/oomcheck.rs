@@ -16,7 +16,7 @@ mod tests {
 
     #[test]
     fn reports_a_verdict_with_a_chart_and_short_usage_errors() {
-        let argv: Vec<String> = ["resnet50", "--batch", "32", "--res", "224", "--gpu", "rtx4060-laptop"].map(String::from).into();
+        let argv: Vec<String> = ["resnet50", "--batch", "64", "--res", "224", "--gpu", "rtx4060-laptop"].map(String::from).into();
         let Ok(Invocation::Show(bundle)) = (MAGIC.run)(&argv) else { panic!("expected a report") };
         assert!(bundle.text().contains("DOES NOT FIT"), "{}", bundle.text());
         assert!(bundle.get("text/html").and_then(|h| h.as_str()).is_some_and(|h| h.contains("<svg")));
