@@ -119,7 +119,7 @@ pub(crate) fn write_snapshot(counters: &Counters, bytes: &[u8]) -> Result<(), Me
     let seq = &counters.snapshot_seq;
     let start = loop {
         let now = seq.load(Ordering::Relaxed);
-        if now % 2 == 0 && seq.compare_exchange(now, now + 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+        if now.is_multiple_of(2) && seq.compare_exchange(now, now + 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
             break now;
         }
         std::hint::spin_loop();
@@ -137,7 +137,7 @@ pub(crate) fn read_snapshot(counters: &Counters) -> Option<Vec<u8>> {
     let area = snapshot_area(counters)?;
     for _ in 0..1000 {
         let before = counters.snapshot_seq.load(Ordering::Acquire);
-        if before % 2 == 1 {
+        if !before.is_multiple_of(2) {
             std::hint::spin_loop();
             continue;
         }

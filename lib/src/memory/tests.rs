@@ -6,9 +6,7 @@ use super::*;
 use crate::render::Render;
 
 fn snapshot() -> Snapshot {
-    let mut predicted = BillBytes::default();
-    predicted.parameters = 100 << 20;
-    predicted.activations = 200 << 20;
+    let predicted = BillBytes { parameters: 100 << 20, activations: 200 << 20, ..Default::default() };
     let mut measured = predicted;
     measured.activations = 210 << 20;
     Snapshot {
