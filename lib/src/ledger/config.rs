@@ -115,17 +115,22 @@ impl Optimizer {
         matches!(self, Optimizer::Adam | Optimizer::AdamW)
     }
 
-    /// Parameter-sized f32 temporaries alive at once while one tensor is
-    /// updated: for candle-nn's AdamW step, `m*b1 + g*(1-b1)`, `v*b2 +
-    /// g^2*(1-b2)`, the bias corrections and `m_hat / (sqrt(v_hat) + eps)`
-    /// overlap up to about six; SGD needs `g*lr` and `w - g*lr`.
-    pub fn step_temporaries(self) -> u64 {
-        match self {
-            Optimizer::Sgd => 2,
-            Optimizer::SgdMomentum => 3,
-            Optimizer::Adam | Optimizer::AdamW => 6,
+    /// Bytes per element of the tensor being updated that the step holds in
+    /// temporaries. On a GPU, with candle tensor ops, f32 temporaries: for
+    /// AdamW, `m*b1 + g*(1-b1)`, `v*b2 + g^2*(1-b2)`, the bias corrections and
+    /// `m_hat / (sqrt(v_hat) + eps)` overlap up to about six; SGD needs `g*lr`
+    /// and `w - g*lr`. On the host the step is one fused in-place pass per
+    /// state tensor and needs none, except 8-bit Adam, which works on host
+    /// copies of the gradient and parameter (f32) and of both moments' codes (u8).
+    pub fn step_temporary_bytes(self, on_host: bool) -> u64 {
+        match (self, on_host) {
+            (Optimizer::Adam8bit, true) => 2 * 4 + 2,
+            (_, true) => 0,
+            (Optimizer::Sgd, false) => 2 * 4,
+            (Optimizer::SgdMomentum, false) => 3 * 4,
+            (Optimizer::Adam | Optimizer::AdamW, false) => 6 * 4,
             // Dequantised f32 moments next to Adam's temporaries.
-            Optimizer::Adam8bit => 8,
+            (Optimizer::Adam8bit, false) => 8 * 4,
         }
     }
 }

@@ -14,10 +14,6 @@ use super::LedgerError;
 const LABEL_BYTES: u64 = 4;
 /// 8-bit Adam: one f32 scale per block of this many elements, per moment.
 const BLOCK: u64 = 2048;
-/// During backward, per op: the incoming gradient, the zero tensor that
-/// `GradStore::or_insert` creates, the freshly computed input gradient and
-/// the sum that replaces the zeros, each up to the largest activation.
-const BACKWARD_TEMPORARIES: u64 = 4;
 
 /// What a step costs on a device.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -42,6 +38,19 @@ impl Ledger {
     pub fn sum_of_bills(&self) -> u64 {
         self.bills.iter().map(|b| b.bytes).sum()
     }
+}
+
+/// Consecutive plain stages form one segment and each checkpointed stage is
+/// its own, as the trainer runs them: backward is one phase per segment.
+fn segments(ckpt: &[bool]) -> Vec<std::ops::Range<usize>> {
+    let mut segments: Vec<std::ops::Range<usize>> = Vec::new();
+    for (i, &checkpointed) in ckpt.iter().enumerate() {
+        match segments.last_mut() {
+            Some(last) if !checkpointed && !ckpt[last.start] => last.end = i + 1,
+            _ => segments.push(i..i + 1),
+        }
+    }
+    segments
 }
 
 /// Costs one step of `spec` with `config` on `device`.
@@ -108,17 +117,6 @@ impl Step<'_> {
         self.batch * self.cost.input.elems() * F32_BYTES
     }
 
-    /// The first conv's input gradient: candle computes it (`grads.or_insert(arg)`
-    /// for every conv input) and keeps it in the GradStore though nothing reads it.
-    fn input_gradient(&self) -> u64 {
-        let bytes = if self.config.precision.is_mixed() {
-            self.config.precision.compute_bytes()
-        } else {
-            F32_BYTES
-        };
-        self.batch * self.cost.input.elems() * bytes
-    }
-
     fn optimizer_state(&self) -> Vec<Line> {
         let params = self.cost.total.params;
         match self.config.optimizer {
@@ -147,7 +145,8 @@ impl Step<'_> {
     }
 
     fn optimizer_temporaries(&self) -> u64 {
-        self.config.optimizer.step_temporaries() * self.cost.total.largest_param_elems * F32_BYTES
+        self.config.optimizer.step_temporary_bytes(self.device.is_cpu())
+            * self.cost.total.largest_param_elems
     }
 
     fn context_line(&self) -> Line {
@@ -172,6 +171,42 @@ impl Step<'_> {
             }
     }
 
+    /// A stage's conv workspace. The host's convolutions cut the batch into
+    /// chunks with per-thread column buffers a few MB in all, so only a
+    /// device's whole-batch im2col (and half-precision batch-norm copies,
+    /// which the backward rules count) is worth a line.
+    fn workspace(&self, cost: &crate::models::Cost) -> u64 {
+        if self.device.is_cpu() {
+            0
+        } else {
+            self.batch * cost.workspace_bytes
+        }
+    }
+
+    /// Per element of a weight, beyond its f32 gradient, while backward makes
+    /// that gradient: the op's weight gradient (in the compute dtype, then an
+    /// f32 copy under AMP) and the zeros it is added into. Measured: 8 B in
+    /// f32, 10 B in f16.
+    fn weight_gradient_temporary_bytes(&self) -> u64 {
+        let precision = self.config.precision;
+        if precision.is_mixed() {
+            precision.compute_bytes() + 2 * F32_BYTES
+        } else {
+            2 * F32_BYTES
+        }
+    }
+
+    /// Under AMP the loss scaler unscales each gradient into a new tensor
+    /// and checks it for inf/NaN before the step: two f32 copies of the
+    /// largest gradient at most (measured).
+    fn unscale_temporaries(&self) -> u64 {
+        if self.config.precision.is_mixed() {
+            2 * self.cost.total.largest_param_elems * F32_BYTES
+        } else {
+            0
+        }
+    }
+
     fn largest_recompute(&self) -> u64 {
         (0..self.cost.stages.len())
             .filter(|&i| self.ckpt[i])
@@ -181,7 +216,7 @@ impl Step<'_> {
     }
 
     fn backward_temporaries(&self) -> u64 {
-        BACKWARD_TEMPORARIES * self.batch * self.cost.total.largest_tensor_bytes
+        self.batch * self.cost.total.backward_bytes
     }
 
     fn training_bills(&self) -> Vec<Bill> {
@@ -205,10 +240,6 @@ impl Step<'_> {
                     0
                 },
             ),
-            line(
-                format!("{half} copies of conv/linear weights (AMP)"),
-                self.amp_copies(self.cost.total.amp_copy_params),
-            ),
         ];
         let mut activations: Vec<Line> = self
             .cost
@@ -225,12 +256,12 @@ impl Step<'_> {
             })
             .collect();
         activations.push(line(
-            "recompute of the largest checkpointed stage",
-            self.largest_recompute(),
+            format!("{half} copies of conv/linear weights, kept by the graph (AMP)"),
+            self.amp_copies(self.cost.total.amp_copy_params),
         ));
         activations.push(line(
-            "input-batch gradient (candle computes it)",
-            self.input_gradient(),
+            "recompute of the largest checkpointed stage",
+            self.largest_recompute(),
         ));
         vec![
             Bill::new(BillKind::Parameters, params),
@@ -243,29 +274,34 @@ impl Step<'_> {
                     self.context_line(),
                     line(
                         "conv workspace (largest im2col + gemm output)",
-                        self.batch * self.cost.total.workspace_bytes,
+                        self.workspace(&self.cost.total),
                     ),
                     line(
-                        "backward temporaries (4 x largest activation)",
+                        "backward temporaries (the largest layer's gradients and scratch)",
                         self.backward_temporaries(),
                     ),
                     line(
-                        format!("{} step temporaries", c.optimizer),
-                        self.optimizer_temporaries(),
+                        format!("{} step temporaries (or AMP's unscaling, the larger)", c.optimizer),
+                        self.optimizer_temporaries().max(self.unscale_temporaries()),
                     ),
                 ],
             ),
         ]
     }
 
-    fn input_lines(&self, labels: bool) -> Vec<Line> {
+    fn input_lines(&self, training: bool) -> Vec<Line> {
         let input = self.cost.input;
         let mut lines = vec![line(
             format!("images (f32, {} x {input})", self.batch),
             self.images(),
         )];
-        if labels {
+        if training {
             lines.push(line("labels (u32)", self.batch * LABEL_BYTES));
+            let more = self.config.accumulation as u64 - 1;
+            lines.push(line(
+                format!("the step's {more} other micro-batches (the trainer takes them together)"),
+                more * (self.images() + self.batch * LABEL_BYTES),
+            ));
         }
         lines
     }
@@ -322,7 +358,6 @@ impl Step<'_> {
     fn walk_training(&self) -> Recorder {
         let c = self.config;
         let stages = &self.cost.stages;
-        let segmented = self.ckpt.iter().any(|&x| x);
         let mut rec = Recorder::default();
         let mut live = Parts::default();
         let none = Parts::default();
@@ -337,64 +372,88 @@ impl Step<'_> {
             live.set(Part::AccumulatedGradients, self.weights());
         }
         rec.phase("model and optimizer state loaded", &live, &none);
-        live.set(Part::Images, self.images());
-        live.set(Part::Labels, self.batch * LABEL_BYTES);
+        let micro_batches = c.accumulation as u64;
+        live.set(Part::Images, micro_batches * self.images());
+        live.set(Part::Labels, micro_batches * self.batch * LABEL_BYTES);
         rec.phase("input batch copied to the device", &live, &none);
 
         for (i, stage) in stages.iter().enumerate() {
             let amp = self.amp_copies(stage.cost.amp_copy_params);
             let mut transient = Parts::default();
-            transient.set(Part::Workspace, self.batch * stage.cost.workspace_bytes);
-            if self.ckpt[i] {
-                // The segment's graph exists until its output is detached.
-                transient.set(
-                    Part::Recompute,
-                    self.batch * stage.cost.saved_bytes - self.held(i),
-                );
-                transient.set(Part::AmpWeightCopies, amp);
-            } else {
-                live.add(Part::AmpWeightCopies, amp);
-            }
+            transient.set(Part::Workspace, self.workspace(&stage.cost));
+            live.add(Part::AmpWeightCopies, amp);
             live.add(Part::Activations, self.held(i));
+            // A checkpointed stage's graph lives until its output is detached,
+            // just after the phase ends.
+            let graph = if self.ckpt[i] {
+                self.batch * stage.cost.saved_bytes - self.held(i)
+            } else {
+                0
+            };
+            live.add(Part::Recompute, graph);
             let what = if i + 1 == stages.len() {
                 " and loss"
             } else {
                 ""
             };
             rec.phase(format!("forward {}{what}", stage.name), &live, &transient);
+            live.remove(Part::Recompute, graph);
+            if self.ckpt[i] {
+                live.remove(Part::AmpWeightCopies, amp);
+            }
         }
 
-        for (i, stage) in stages.iter().enumerate().rev() {
-            let amp = self.amp_copies(stage.cost.amp_copy_params);
-            let mut transient = Parts::default();
-            transient.set(Part::Workspace, self.batch * stage.cost.workspace_bytes);
-            transient.set(
-                Part::BackwardTemporaries,
-                BACKWARD_TEMPORARIES * self.batch * stage.cost.largest_tensor_bytes,
-            );
-            if self.ckpt[i] {
-                // Recomputed from a Var copy of the segment's input.
-                let input_copy = if i > 0 {
-                    self.batch * stages[i - 1].boundary_bytes
-                } else {
-                    0
-                };
-                transient.set(
-                    Part::Recompute,
-                    self.batch * stage.cost.saved_bytes + input_copy,
-                );
-                transient.set(Part::AmpWeightCopies, amp);
-            }
-            live.add(Part::Gradients, stage.cost.params * F32_BYTES);
-            if i == 0 {
-                live.set(Part::InputGradient, self.input_gradient());
-            }
-            rec.phase(format!("backward {}", stage.name), &live, &transient);
-            if segmented {
-                live.remove(Part::Activations, self.held(i));
-                if !self.ckpt[i] {
-                    live.remove(Part::AmpWeightCopies, amp);
+        for segment in segments(self.ckpt).iter().rev() {
+            // The phase's highest point: one of its stages' backward, with
+            // that stage's transients on top of what is resident by then.
+            let mut highest = live;
+            for i in segment.clone().rev() {
+                let stage = &stages[i];
+                if self.ckpt[i] {
+                    // Recomputed from the segment's input (a Var copy when the
+                    // stage before kept a graph), alive while its backward runs.
+                    let input_copy = if i > 0 && !self.ckpt[i - 1] {
+                        self.batch * stages[i - 1].boundary_bytes
+                    } else {
+                        0
+                    };
+                    live.set(Part::Recompute, self.batch * stage.cost.saved_bytes + input_copy);
+                    live.add(Part::AmpWeightCopies, self.amp_copies(stage.cost.amp_copy_params));
                 }
+                // A stage's weights of the largest size come in several
+                // layers, so one of them is made when the stage's other
+                // gradients already exist.
+                let mut weight = Parts::default();
+                weight.set(
+                    Part::BackwardTemporaries,
+                    stage.cost.largest_param_elems * self.weight_gradient_temporary_bytes(),
+                );
+                let mut transient = Parts::default();
+                transient.set(Part::Workspace, self.workspace(&stage.cost));
+                transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes);
+                live.add(Part::Gradients, stage.cost.params * F32_BYTES);
+                for during in [live.plus(&weight), live.plus(&transient)] {
+                    if during.total() > highest.total() {
+                        highest = during;
+                    }
+                }
+            }
+            let names: Vec<&str> = segment.clone().map(|i| stages[i].name.as_str()).collect();
+            let name = format!("backward {}", names.join(", "));
+            // The trainer drops each segment's graph with its backward's root,
+            // before the phase ends; the last segment's output (the logits)
+            // is still borrowed by the loss then.
+            let last = segment.end == stages.len();
+            if last {
+                rec.phase_during(name.clone(), &live, highest);
+            }
+            for i in segment.clone() {
+                live.remove(Part::Activations, self.held(i));
+                live.remove(Part::AmpWeightCopies, self.amp_copies(stages[i].cost.amp_copy_params));
+            }
+            live.set(Part::Recompute, 0);
+            if !last {
+                rec.phase_during(name, &live, highest);
             }
         }
         live.set(Part::Activations, 0);
@@ -411,12 +470,14 @@ impl Step<'_> {
             rec.phase("gradients added to the accumulator", &live, &transient);
         }
         let mut transient = Parts::default();
-        transient.set(Part::OptimizerTemporaries, self.optimizer_temporaries());
+        transient.set(
+            Part::OptimizerTemporaries,
+            self.optimizer_temporaries().max(self.unscale_temporaries()),
+        );
         rec.phase(format!("{} step", c.optimizer), &live, &transient);
         for part in [
             Part::Gradients,
             Part::AccumulatedGradients,
-            Part::InputGradient,
             Part::Images,
             Part::Labels,
         ] {

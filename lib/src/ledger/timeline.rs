@@ -17,7 +17,6 @@ pub enum Part {
     OptimizerState,
     Activations,
     Recompute,
-    InputGradient,
     Images,
     Labels,
     Workspace,
@@ -26,7 +25,7 @@ pub enum Part {
 }
 
 impl Part {
-    const COUNT: usize = 15;
+    const COUNT: usize = 14;
     const ALL: [Part; Part::COUNT] = [
         Part::Context,
         Part::Weights,
@@ -37,7 +36,6 @@ impl Part {
         Part::OptimizerState,
         Part::Activations,
         Part::Recompute,
-        Part::InputGradient,
         Part::Images,
         Part::Labels,
         Part::Workspace,
@@ -50,10 +48,11 @@ impl Part {
             Part::Weights
             | Part::Buffers
             | Part::Gradients
-            | Part::AccumulatedGradients
-            | Part::AmpWeightCopies => BillKind::Parameters,
+            | Part::AccumulatedGradients => BillKind::Parameters,
             Part::OptimizerState => BillKind::OptimizerState,
-            Part::Activations | Part::Recompute | Part::InputGradient => BillKind::Activations,
+            Part::Activations | Part::AmpWeightCopies | Part::Recompute => {
+                BillKind::Activations
+            }
             Part::Images | Part::Labels => BillKind::InputBatch,
             Part::Context
             | Part::Workspace
@@ -73,7 +72,6 @@ impl Part {
             Part::OptimizerState => "optimizer state",
             Part::Activations => "activations",
             Part::Recompute => "checkpointed segment graph",
-            Part::InputGradient => "input-batch gradient",
             Part::Images => "images",
             Part::Labels => "labels",
             Part::Workspace => "conv workspace",
@@ -153,24 +151,38 @@ pub struct Peak {
     pub bytes: u64,
     pub phase: String,
     pub breakdown: Vec<PeakLine>,
+    /// What stays resident once the peak's phase ends; the rest of the peak
+    /// was transient.
+    pub resident: Vec<PeakLine>,
 }
 
 impl Peak {
     /// The part of the peak that belongs to one bill.
     pub fn bill(&self, kind: BillKind) -> u64 {
-        self.breakdown
-            .iter()
-            .filter(|l| l.bill == kind)
-            .map(|l| l.bytes)
-            .sum()
+        sum_of(&self.breakdown, kind)
     }
+
+    /// The peak split as a measurement can split it: each bill's bytes still
+    /// resident when the peak's phase ends, and everything transient in that
+    /// phase counted as workspace, so the five sum to the peak.
+    pub fn composition(&self) -> [u64; 5] {
+        let mut bills = BillKind::ALL.map(|kind| sum_of(&self.resident, kind));
+        let workspace = BillKind::ContextAndWorkspace as usize;
+        let others: u64 = bills.iter().enumerate().filter(|&(i, _)| i != workspace).map(|(_, b)| b).sum();
+        bills[workspace] = self.bytes.saturating_sub(others);
+        bills
+    }
+}
+
+fn sum_of(lines: &[PeakLine], kind: BillKind) -> u64 {
+    lines.iter().filter(|l| l.bill == kind).map(|l| l.bytes).sum()
 }
 
 /// Records phases and keeps the highest.
 #[derive(Debug, Default)]
 pub(crate) struct Recorder {
     pub phases: Vec<Phase>,
-    peak: Option<(u64, String, Parts)>,
+    peak: Option<(u64, String, Parts, Parts)>,
 }
 
 impl Recorder {
@@ -187,9 +199,9 @@ impl Recorder {
         if self
             .peak
             .as_ref()
-            .is_none_or(|(bytes, _, _)| peak_bytes > *bytes)
+            .is_none_or(|(bytes, ..)| peak_bytes > *bytes)
         {
-            self.peak = Some((peak_bytes, name.clone(), during));
+            self.peak = Some((peak_bytes, name.clone(), during, *resident));
         }
         self.phases.push(Phase {
             name,
@@ -199,13 +211,14 @@ impl Recorder {
     }
 
     pub fn finish(self) -> (Vec<Phase>, Peak) {
-        let (bytes, phase, parts) = self.peak.unwrap_or_default();
+        let (bytes, phase, during, resident) = self.peak.unwrap_or_default();
         (
             self.phases,
             Peak {
                 bytes,
                 phase,
-                breakdown: parts.lines(),
+                breakdown: during.lines(),
+                resident: resident.lines(),
             },
         )
     }

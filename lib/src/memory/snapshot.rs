@@ -52,7 +52,9 @@ pub struct PredictedPhase {
     pub peak: u64,
 }
 
-/// The ledger's prediction for one step.
+/// The ledger's prediction for one step. The bills are the peak's
+/// composition (see [`crate::ledger::Peak::composition`]), so they sum to it
+/// and compare with a measurement split the same way.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Prediction {
     pub bills: BillBytes,
@@ -63,8 +65,8 @@ pub struct Prediction {
 impl Prediction {
     pub fn from_ledger(ledger: &Ledger) -> Prediction {
         let mut bills = BillBytes::default();
-        for bill in &ledger.bills {
-            bills.set(bill.kind, bill.bytes);
+        for (kind, bytes) in BillKind::ALL.into_iter().zip(ledger.peak.composition()) {
+            bills.set(kind, bytes);
         }
         Prediction {
             bills,

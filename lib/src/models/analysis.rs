@@ -248,11 +248,14 @@ impl Walker<'_> {
                         ),
                     });
                 }
-                // The residual add materialises its sum.
+                // The residual add materialises its sum; in backward the
+                // shortcut's gradient waits while the body's backward runs.
                 let mut add = Cost::default();
                 let out_bytes = body_out.elems() * self.precision.compute_bytes();
                 add.keep(out_bytes);
+                add.backward_bytes = 3 * out_bytes;
                 add.eval_live_bytes = held + 3 * out_bytes;
+                cost.backward_bytes += out_bytes;
                 cost = cost.then(short_cost).then(add);
                 body_out
             }

@@ -4,8 +4,8 @@ use serde::Serialize;
 ///
 /// Byte counts are for one sample at one [`Precision`](super::Precision);
 /// a ledger multiplies them by the batch. Sums add up the layers; `workspace`,
-/// `eval_live` and `largest_tensor` are maxima because those tensors live one
-/// layer at a time.
+/// `eval_live`, `largest_tensor` and `backward` are maxima because those
+/// tensors live one layer at a time.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Cost {
     /// Trainable parameters (elements).
@@ -22,8 +22,12 @@ pub struct Cost {
     pub workspace_bytes: u64,
     /// Bytes alive at once while the layer runs without a graph (inference), its input included.
     pub eval_live_bytes: u64,
-    /// The largest single activation tensor; backward holds a few tensors of this size at once.
+    /// The largest single activation tensor.
     pub largest_tensor_bytes: u64,
+    /// Bytes a layer's backward holds at once beyond what the graph keeps:
+    /// the incoming gradient, the op's own temporaries, and candle's
+    /// `or_insert` zeros, the input gradient and their sum.
+    pub backward_bytes: u64,
     /// The largest parameter tensor (elements); the optimizer step works one tensor at a time.
     pub largest_param_elems: u64,
     /// Parameters in tensors under [`SMALL_TENSOR_ELEMS`] elements (8-bit optimizers keep them in f32).
@@ -47,6 +51,7 @@ impl Cost {
             workspace_bytes: self.workspace_bytes.max(next.workspace_bytes),
             eval_live_bytes: self.eval_live_bytes.max(next.eval_live_bytes),
             largest_tensor_bytes: self.largest_tensor_bytes.max(next.largest_tensor_bytes),
+            backward_bytes: self.backward_bytes.max(next.backward_bytes),
             largest_param_elems: self.largest_param_elems.max(next.largest_param_elems),
             small_tensor_params: self.small_tensor_params + next.small_tensor_params,
             large_tensors: self.large_tensors + next.large_tensors,

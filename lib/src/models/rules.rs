@@ -9,6 +9,18 @@
 //! convolution, pooling and batch-norm; candle's own ops otherwise). Views (reshape of a
 //! contiguous tensor, transpose, narrow, broadcast) cost nothing.
 //!
+//! Backward frees each node's incoming gradient once the node is done, and
+//! for every input that needs one it adds the op's input gradient into a
+//! zero tensor (`GradStore::or_insert`): incoming gradient, zeros, input
+//! gradient and their sum are alive at once (`backward_bytes`). Where an op's
+//! gradient formula reads its forward input (ReLU, SiLU, a gate), the
+//! gradient it passes on is itself recorded in the graph and keeps every
+//! temporary of that formula alive until the op before has used it; the rule
+//! of such an op counts that op's backward too. Measured with the allocation
+//! counters on single layers (b32, 32x32x32): conv, batch-norm and pooling
+//! 4x their input, ReLU 8.25x, SiLU 14x, an x * gate product 8x in f32;
+//! conv + batch-norm + ReLU 11.5x in f16.
+//!
 //! In inference there is no graph: an op's tensors die when the next op is
 //! done with them, so `eval_live` is the op's input plus what it materialises
 //! (an upper bound: some of its temporaries die earlier).
@@ -45,6 +57,7 @@ pub(crate) fn leaf(
             if precision.is_mixed() {
                 cost.workspace_bytes = 2 * e * F32_BYTES;
             }
+            cost.backward_bytes = 4 * in_bytes + cost.workspace_bytes;
             cost.eval_live_bytes = in_bytes + 4 * e * F32_BYTES;
             input
         }
@@ -52,6 +65,16 @@ pub(crate) fn leaf(
         // counted) and their output is kept by whatever consumes it.
         Op::Relu | Op::Silu => {
             cost.keep(in_bytes);
+            // The chain the gradient carries (ReLU: zeros, a u8 mask, its
+            // float copy, the product and the sum; SiLU: ten tensors) plus the
+            // batch-norm backward that consumes it, which under AMP also
+            // holds f32 copies (6 more bytes per element, measured).
+            let amp_copies = if precision.is_mixed() { 6 * input.elems() } else { 0 };
+            cost.backward_bytes = amp_copies
+                + match op {
+                    Op::Relu => 8 * in_bytes + input.elems(),
+                    _ => 14 * in_bytes,
+                };
             cost.eval_live_bytes = 2 * in_bytes;
             input
         }
@@ -69,6 +92,7 @@ pub(crate) fn leaf(
             );
             let out = Shape::map(c, oh, ow);
             cost.keep(out.elems() * cb);
+            cost.backward_bytes = out.elems() * cb + 3 * in_bytes;
             cost.eval_live_bytes = in_bytes + out.elems() * cb;
             out
         }
@@ -76,6 +100,8 @@ pub(crate) fn leaf(
         Op::GlobalAvgPool => {
             let (c, _, _) = map(input, "global average pool")?;
             cost.keep(2 * c as u64 * cb);
+            // The sum's gradient broadcast back over the map, added into zeros.
+            cost.backward_bytes = 2 * in_bytes;
             cost.eval_live_bytes = in_bytes + 2 * c as u64 * cb;
             Shape::map(c, 1, 1)
         }
@@ -90,6 +116,7 @@ pub(crate) fn leaf(
         Op::Dropout { .. } => {
             cost.keep(in_bytes);
             cost.keep(in_bytes);
+            cost.backward_bytes = 4 * in_bytes;
             cost.eval_live_bytes = in_bytes;
             input
         }
@@ -113,6 +140,7 @@ pub(crate) fn leaf(
             if bias {
                 cost.keep(out);
             }
+            cost.backward_bytes = out + 3 * in_bytes;
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
             Shape::Flat {
                 features: out_features,
@@ -135,6 +163,7 @@ pub(crate) fn leaf(
             }
             cost.keep(in_bytes);
             cost.workspace_bytes = (c64 + sq64) * cb;
+            cost.backward_bytes = 8 * in_bytes;
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
             input
         }
@@ -196,6 +225,7 @@ fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Co
     if conv.bias {
         cost.keep(e * cb);
     }
+    cost.backward_bytes = e * cb + 3 * input.elems() * cb;
     cost.eval_live_bytes = input.elems() * cb + cost.saved_bytes + cost.workspace_bytes;
     Ok((out, cost))
 }

@@ -1,9 +1,12 @@
 //! A training step measured by bill, beside the ledger's prediction.
 //!
 //! The allocation counters give bytes in use after every phase and the exact
-//! peak during it. Parameters, gradients, optimizer state and the batch are
-//! read off the tensors themselves; activations are what forward added and
-//! kept; context and workspace are what the peak held beyond all of those.
+//! peak during it. The bills are the peak's composition, split the way the
+//! ledger splits its predicted peak: at the end of the phase that held the
+//! peak, parameters (weights, running statistics, the gradients then held),
+//! optimizer state and the batch are read off the tensors themselves;
+//! activations are everything else then in use; context and workspace is
+//! what the peak held beyond that, the phase's transients.
 
 use candle_core::Tensor;
 use serde::Serialize;
@@ -20,7 +23,7 @@ pub struct PhaseSample {
     pub name: String,
     pub in_use: u64,
     pub peak: u64,
-    /// Bytes of the parameters' gradients held after it, once they are collected.
+    /// Bytes of the parameters' gradients held after it.
     pub gradients: u64,
 }
 
@@ -28,10 +31,13 @@ pub struct PhaseSample {
 /// training (what the process held before the model existed is left out).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MeasuredStep {
+    /// The peak's composition: they sum to `peak`.
     pub bills: BillBytes,
-    /// Gradients alone (they are part of the parameters bill).
+    /// Gradients held at the peak (they are part of the parameters bill).
     pub gradients: u64,
     pub peak: u64,
+    /// The phase during which the peak happened.
+    pub peak_phase: String,
     pub phases: Vec<PhaseSample>,
     pub report: StepReport,
 }
@@ -44,7 +50,12 @@ pub struct Comparison {
     pub measured: BillBytes,
     pub predicted_peak: u64,
     pub measured_peak: u64,
+    pub predicted_peak_phase: String,
+    pub measured_peak_phase: String,
     pub measured_gradients: u64,
+    /// Both timelines, phase by phase, for `--json` readers.
+    pub predicted_phases: Vec<crate::ledger::Phase>,
+    pub measured_phases: Vec<PhaseSample>,
 }
 
 impl Comparison {
@@ -57,23 +68,19 @@ impl Comparison {
         Self::error_percent(self.predicted_peak, self.measured_peak)
     }
 
-    /// The bills whose measurement is off by more than `tolerance` percent of
-    /// the predicted peak (small bills are judged against the whole, as a
-    /// 1 MB bill off by 50% does not change whether a step fits).
-    pub fn bill_errors(&self) -> Vec<(BillKind, f64)> {
+    /// Each bill's difference in percent of its prediction (`None` where
+    /// nothing was predicted).
+    pub fn bill_errors(&self) -> Vec<(BillKind, Option<f64>)> {
         BillKind::ALL
             .iter()
-            .map(|&kind| {
-                let diff = self.measured.get(kind) as f64 - self.predicted.get(kind) as f64;
-                (kind, diff / self.predicted_peak.max(1) as f64 * 100.0)
-            })
+            .map(|&kind| (kind, Self::error_percent(self.predicted.get(kind), self.measured.get(kind))))
             .collect()
     }
 
     pub fn table(&self) -> crate::render::Table {
         use crate::ledger::units::human;
         let pct = |p: Option<f64>| p.map_or("-".to_owned(), |p| format!("{p:+.1}%"));
-        let mut table = crate::render::Table::new(["bill", "predicted", "measured", "difference"])
+        let mut table = crate::render::Table::new(["bill, at the peak", "predicted", "measured", "difference"])
             .title(format!("Predicted vs measured: {}", self.label))
             .right_align(&[1, 2, 3]);
         for kind in BillKind::ALL {
@@ -87,7 +94,10 @@ impl Comparison {
             pct(self.peak_error_percent()),
         ])
         .note(format!(
-            "Measured gradients: {} (inside parameters). Exact allocation counters; the host has no CUDA context.",
+            "Peak during \"{}\" (predicted: \"{}\"); gradients then held: {} (inside parameters); \
+             workspace is what the peak's phase held only briefly. Exact allocation counters; the host has no CUDA context.",
+            self.measured_peak_phase,
+            self.predicted_peak_phase,
             human(self.measured_gradients)
         ))
     }
@@ -126,48 +136,39 @@ impl Trainer {
         let input: u64 = micro_batches.iter().map(|(x, y)| tensor_bytes(x) + tensor_bytes(y)).sum();
         let outside = start.in_use.saturating_sub(state + input);
         let mut phases: Vec<PhaseSample> = Vec::new();
-        let mut held = 0u64;
-        let mut gradients = 0u64;
-        let report = self.step_watched(micro_batches, epoch, &mut |name, grads| {
+        let report = self.step_watched(micro_batches, epoch, &mut |name, gradients| {
             let now = HostMemory::sample();
-            if let Some(bytes) = grads {
-                held = bytes;
-                gradients = gradients.max(bytes);
-            }
             phases.push(PhaseSample {
                 name: name.to_owned(),
                 in_use: now.in_use.saturating_sub(outside),
                 peak: now.peak.unwrap_or(now.in_use).saturating_sub(outside),
-                gradients: held,
+                gradients,
             });
             HostMemory::reset_peak();
         })?;
-        let peak = phases.iter().map(|p| p.peak.max(p.in_use)).max().unwrap_or(0);
-        let parameters = self.net().param_bytes() + self.net().buffer_bytes() + gradients;
+        let highest = phases
+            .iter()
+            .max_by_key(|p| p.peak.max(p.in_use))
+            .cloned()
+            .ok_or(TrainError::NotCounting)?;
+        let peak = highest.peak.max(highest.in_use);
+        let model = self.net().param_bytes() + self.net().buffer_bytes();
         let optimizer_state = self.optimizer().state_bytes() as u64;
-        let after_input = phases
-            .iter()
-            .find(|p| p.name.starts_with("input batch"))
-            .map_or(0, |p| p.in_use);
-        let end_of_forward = phases
-            .iter()
-            .filter(|p| p.name.starts_with("forward "))
-            .map(|p| p.in_use)
-            .max()
-            .unwrap_or(after_input);
-        let activations = end_of_forward.saturating_sub(after_input);
-        let accounted = parameters + optimizer_state + input + activations;
+        let parameters = model + highest.gradients;
+        let activations = highest.in_use.saturating_sub(parameters + optimizer_state + input);
         let bills = BillBytes {
             parameters,
             optimizer_state,
             activations,
             input_batch: input,
-            context_and_workspace: peak.saturating_sub(accounted),
+            context_and_workspace: peak.saturating_sub(parameters + optimizer_state + input + activations),
         };
+        let gradients = highest.gradients;
         Ok(MeasuredStep {
             bills,
             gradients,
             peak,
+            peak_phase: highest.name,
             phases,
             report,
         })
@@ -195,7 +196,11 @@ impl Trainer {
             measured: measured.bills,
             predicted_peak: ledger.peak.bytes,
             measured_peak: measured.peak,
+            predicted_peak_phase: ledger.peak.phase.clone(),
+            measured_peak_phase: measured.peak_phase.clone(),
             measured_gradients: measured.gradients,
+            predicted_phases: ledger.timeline.clone(),
+            measured_phases: measured.phases.clone(),
         };
         let snapshot = Snapshot {
             label,

@@ -117,12 +117,13 @@ pub fn forward_backward(
     plan: &CheckpointPlan,
     loss_scale: f64,
 ) -> Result<Gradients> {
-    forward_backward_watched(net, images, labels, pass, plan, loss_scale, &mut |_| {})
+    forward_backward_watched(net, images, labels, pass, plan, loss_scale, &mut |_, _| {})
 }
 
 /// [`forward_backward`], calling `phase` with the name of each phase as it
-/// ends (the ledger's names: `forward layer1`, `backward layer4`, ...), so a
-/// probe can read memory between phases.
+/// ends (the ledger's names: `forward layer1`, `backward layer4`, ...) and the
+/// bytes of parameter gradients collected so far, so a probe can read memory
+/// between phases.
 pub fn forward_backward_watched(
     net: &Network,
     images: &Tensor,
@@ -130,7 +131,7 @@ pub fn forward_backward_watched(
     pass: Pass,
     plan: &CheckpointPlan,
     loss_scale: f64,
-    phase: &mut dyn FnMut(&str),
+    phase: &mut dyn FnMut(&str, u64),
 ) -> Result<Gradients> {
     let segments = plan.segments();
     let mut inputs: Vec<Input> = Vec::with_capacity(segments.len());
@@ -139,7 +140,7 @@ pub fn forward_backward_watched(
     let stage_names = net.stage_names();
     let mut forward_phase = |stage: usize| {
         let what = if stage + 1 == stage_names.len() { " and loss" } else { "" };
-        phase(&format!("forward {}{what}", stage_names[stage]));
+        phase(&format!("forward {}{what}", stage_names[stage]), 0);
     };
     for (i, segment) in segments.iter().enumerate() {
         let out = run(net, segment, x.tensor(), pass, &mut forward_phase)?;
@@ -206,7 +207,10 @@ pub fn forward_backward_watched(
             })?);
         }
         drop(segment_grads);
-        phase(&format!("backward {}", stage_names[segment.start..segment.end].join(", ")));
+        phase(
+            &format!("backward {}", stage_names[segment.start..segment.end].join(", ")),
+            grad_bytes(&grads, net),
+        );
     }
     Ok(Gradients {
         loss,
@@ -229,6 +233,15 @@ fn run(
         stage_done(stage);
     }
     Ok(x)
+}
+
+/// Bytes of the parameter gradients in `grads`.
+pub(crate) fn grad_bytes(grads: &GradStore, net: &Network) -> u64 {
+    net.params()
+        .iter()
+        .filter_map(|p| grads.get(p.var.as_tensor()))
+        .map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
+        .sum()
 }
 
 /// Adds `grads` (one micro-batch's) into `total`, parameter by parameter.

@@ -17,7 +17,7 @@ use super::clip::clip_grad_norm;
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
 use super::optim::{OptimError, Optimizer, OptimizerConfig};
 use super::schedule::Schedule;
-use super::step::{accumulate, cross_entropy, forward_backward_watched, CheckpointPlan};
+use super::step::{accumulate, cross_entropy, forward_backward_watched, grad_bytes, CheckpointPlan};
 use crate::ledger::{Checkpointing, LedgerError};
 use crate::memory::HostMemory;
 use crate::models::{Network, Pass, Precision};
@@ -235,13 +235,14 @@ impl Trainer {
     }
 
     /// [`Trainer::step`], calling `phase` as each phase of the step ends, with
-    /// the ledger's phase names and, once they exist, the gradients' bytes.
-    /// Phases of the last micro-batch only: the earlier ones repeat it.
+    /// the ledger's phase names and the bytes of parameter gradients the step
+    /// holds then (the accumulated ones included). Phases of the last
+    /// micro-batch only: the earlier ones repeat it.
     pub fn step_watched(
         &mut self,
         micro_batches: &[(Tensor, Tensor)],
         epoch: usize,
-        phase: &mut dyn FnMut(&str, Option<u64>),
+        phase: &mut dyn FnMut(&str, u64),
     ) -> Result<StepReport, TrainError> {
         if micro_batches.len() != self.config.accumulation {
             return Err(TrainError::MicroBatches {
@@ -262,24 +263,25 @@ impl Trainer {
         let (mut loss, mut correct, mut samples) = (0.0f32, 0, 0);
         let last = micro_batches.len() - 1;
         for (i, (images, labels)) in micro_batches.iter().enumerate() {
-            let mut inner = |name: &str| {
+            let accumulated = grad_bytes(&grads, &self.net);
+            let mut inner = |name: &str, collected: u64| {
                 if i == last {
-                    phase(name, None)
+                    phase(name, accumulated + collected)
                 }
             };
-            inner("input batch copied to the device");
+            inner("input batch copied to the device", 0);
             let part = forward_backward_watched(&self.net, images, labels, self.pass, &self.plan, loss_scale, &mut inner)?;
             loss += part.loss / self.config.accumulation as f32;
             correct += part.correct;
             samples += part.samples;
             if i == last {
-                phase("loss and graph dropped", Some(grad_bytes(&part.grads, &self.net)));
+                phase("loss and graph dropped", accumulated + grad_bytes(&part.grads, &self.net));
             }
             accumulate(&mut grads, &self.net, part.grads)?;
         }
         let grads_bytes = grad_bytes(&grads, &self.net);
         if self.config.accumulation > 1 {
-            phase("gradients added to the accumulator", Some(grads_bytes));
+            phase("gradients added to the accumulator", grads_bytes);
         }
         let vars = self.net.vars();
         self.scaler.unscale(&mut grads, &vars)?;
@@ -288,11 +290,11 @@ impl Trainer {
             None => None,
         };
         let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
-        phase(&format!("{} step", self.config.optimizer.kind()), Some(grads_bytes));
+        phase(&format!("{} step", self.config.optimizer.kind()), grads_bytes);
         let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
         self.scaler.update()?;
         drop(grads);
-        phase("step done, batch and gradients freed", Some(0));
+        phase("step done, batch and gradients freed", 0);
         self.steps += 1;
         let seconds = started.elapsed().as_secs_f64();
         let after = HostMemory::sample();
@@ -395,14 +397,6 @@ impl Trainer {
         }
         Ok(&self.history)
     }
-}
-
-fn grad_bytes(grads: &GradStore, net: &Network) -> u64 {
-    net.params()
-        .iter()
-        .filter_map(|p| grads.get(p.var.as_tensor()))
-        .map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
-        .sum()
 }
 
 /// Refuses a precision the device cannot run, before any step fails half-way:
