@@ -86,3 +86,27 @@ fn predicted_memory_matches_measured_training_steps() {
     }
     assert!(misses.is_empty(), "outside tolerance:\n{}", misses.join("\n"));
 }
+
+/// On a simulated 256 MiB card, the batch the ledger says fits trains and
+/// the one it says does not fails with CUDA's out-of-memory error.
+#[test]
+fn the_simulated_budget_fails_where_the_ledger_says_it_will() {
+    const BUDGET: f64 = 256.0 * MIB;
+    let binary = common::kernel_binary().with_file_name("vramlab");
+    for batch in [24u32, 32] {
+        let predicted = measure("resnet18", batch, 64, &[])["predicted_peak"].as_u64().unwrap() as f64;
+        let fits = predicted < BUDGET;
+        assert!((predicted - BUDGET).abs() > 0.05 * BUDGET, "batch {batch} is too close to the budget to judge");
+        let output = Command::new(&binary)
+            .args(["measure", "--model", "resnet18", "--batch", &batch.to_string(), "--res", "64", "--budget", "256MiB"])
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.success(), fits, "batch {batch}, predicted {:.0} MiB: {err}", predicted / MIB);
+        if !fits {
+            assert!(err.contains("out of memory (simulated device budget, CPU): tried to allocate"), "{err}");
+            assert!(err.contains("budget 256 MiB"), "{err}");
+        }
+    }
+}

@@ -144,6 +144,10 @@ fn bench_train(args: &TrainRunArgs) -> Result<vramlab::train::BenchReport, Usage
 }
 
 fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, UsageError> {
+    if let Some(budget) = &args.budget {
+        let budget = vramlab::memory::Budget::parse(budget).map_err(|e| UsageError(e.to_string()))?;
+        vramlab::memory::set_budget(Some(budget)).map_err(|e| UsageError(e.to_string()))?;
+    }
     vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &vramlab::candle::Device::Cpu)
         .map(|(_, comparison)| comparison)
         .map_err(|e| UsageError(e.to_string()))

@@ -67,6 +67,10 @@ pub struct MeasureArgs {
     /// unless f16 loss scaling skips it (65536 overflows at first), hence two
     #[arg(long, default_value_t = 2, value_parser = positive)]
     pub warmup: usize,
+    /// Simulate a card of this size (`256MiB`, `8GiB`, `rtx4060-laptop`):
+    /// a step that would not fit in it fails with CUDA's out-of-memory error
+    #[arg(long)]
+    pub budget: Option<String>,
 }
 
 impl TrainSetup {

@@ -142,8 +142,11 @@ pub fn forward_backward_watched(
         let what = if stage + 1 == stage_names.len() { " and loss" } else { "" };
         phase(&format!("forward {}{what}", stage_names[stage]), 0);
     };
+    // A simulated device budget fails the step at the end of the phase that crossed it.
+    let check = || crate::memory::check_budget().map_err(candle_core::Error::from);
     for (i, segment) in segments.iter().enumerate() {
         let out = run(net, segment, x.tensor(), pass, &mut forward_phase)?;
+        check()?;
         let last = i + 1 == segments.len();
         let next = if segment.checkpointed && !last {
             graphs.push(None);
@@ -211,6 +214,7 @@ pub fn forward_backward_watched(
             &format!("backward {}", stage_names[segment.start..segment.end].join(", ")),
             grad_bytes(&grads, net),
         );
+        check()?;
     }
     Ok(Gradients {
         loss,

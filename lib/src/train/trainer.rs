@@ -82,6 +82,8 @@ pub enum TrainError {
     Device(#[from] crate::gpus::GpuError),
     #[error("memory probe: {0}")]
     Memory(#[from] crate::memory::MemoryError),
+    #[error(transparent)]
+    OutOfMemory(#[from] crate::memory::OutOfMemory),
 }
 
 /// Batches of `(images N x C x H x W f32, labels N u32)`, epoch after epoch.
@@ -290,6 +292,7 @@ impl Trainer {
             None => None,
         };
         let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
+        crate::memory::check_budget()?;
         phase(&format!("{} step", self.config.optimizer.kind()), grads_bytes);
         let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
         self.scaler.update()?;
