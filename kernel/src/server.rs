@@ -396,16 +396,20 @@ impl Kernel {
                     let job = ExecuteJob { code, output: output.clone(), input: input.clone() };
                     self.engine.execute(job).await.map_err(|_| engine_stopped())??
                 }
-                Segment::Magic { name, args } => self.invoke(magic::run(&name, &args)?, payload).await?,
-                Segment::CellMagic { name, .. } => self.invoke(magic::run_cell(&name)?, payload).await?,
+                Segment::Magic { name, args } => self.invoke(magic::run(&name, &args)?, output, payload).await?,
+                Segment::CellMagic { name, .. } => self.invoke(magic::run_cell(&name)?, output, payload).await?,
             };
         }
         Ok(value)
     }
 
-    async fn invoke(&self, invocation: Invocation, payload: &mut Vec<Payload>) -> Result<Option<Bundle>, CellError> {
+    async fn invoke(&self, invocation: Invocation, output: &Output, payload: &mut Vec<Payload>) -> Result<Option<Bundle>, CellError> {
         match invocation {
             Invocation::Show(bundle) => Ok(Some(bundle)),
+            Invocation::Evaluate(code) => {
+                let job = ExecuteJob { code, output: output.clone(), input: None };
+                self.engine.execute(job).await.map_err(|_| engine_stopped())?
+            }
             Invocation::PageDocs(path) => {
                 let docs = self.engine.inspect(path.clone(), path.len()).await.map_err(|_| engine_stopped())?;
                 match docs {

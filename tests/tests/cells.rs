@@ -166,6 +166,32 @@ async fn vramlab_renders_live_displays_and_rich_results() {
     assert!(progress.stdout().is_empty(), "frames must not leak into stdout: {}", progress.stdout());
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn summary_shows_the_layer_table_of_a_model_built_in_a_cell() {
+    let mut kernel = Kernel::start().await;
+    let built = kernel
+        .execute(
+            "use vramlab::models::{small_cnn, Network, Shape};\n\
+             let net = Network::new(&small_cnn(10), Shape::map(3, 32, 32), &vramlab::candle::Device::Cpu, 0).unwrap();",
+        )
+        .await;
+    assert_eq!(built.reply.status, ReplyStatus::Ok, "{:?}", built.error());
+    let summary = kernel.execute("%summary net --batch 8 --depth 1").await;
+    assert_eq!(summary.reply.status, ReplyStatus::Ok, "{:?}", summary.error());
+    let table = summary.result_text().unwrap();
+    assert!(table.contains("block1") && table.contains("8x32x16x16"), "{table}");
+    let params = kernel.execute("net.param_count()").await.result_text().unwrap();
+    let grouped = params.as_bytes().rchunks(3).rev().map(|c| std::str::from_utf8(c).unwrap()).collect::<Vec<_>>().join(",");
+    assert!(table.contains(&grouped), "{table} should show {grouped} parameters");
+
+    let missing = kernel.execute("%summary no_such_model").await;
+    assert_eq!(missing.reply.status, ReplyStatus::Error);
+    assert!(missing.error().unwrap().evalue.contains("no_such_model"), "{:?}", missing.error());
+    let bad = kernel.execute("%summary net --input 1x3x8x8").await;
+    assert_eq!(bad.error().unwrap().ename, "UsageError");
+    assert!(kernel.execute("net.param_count() > 0").await.result_text().as_deref() == Some("true"), "the model survives");
+}
+
 fn compiled_artifacts(name: &str) -> Vec<(std::path::PathBuf, std::time::SystemTime)> {
     fn walk(dir: &std::path::Path, prefix: &str, found: &mut Vec<(std::path::PathBuf, std::time::SystemTime)>) {
         let Ok(entries) = std::fs::read_dir(dir) else { return };

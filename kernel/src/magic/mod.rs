@@ -17,12 +17,14 @@ pub enum Kind {
     Line,
 }
 
-/// What a magic asks for: a bundle it made itself, or documentation that
-/// only the engine (rust-analyzer) can look up, shown in the pager.
+/// What a magic asks for: a bundle it made itself, documentation that only
+/// the engine (rust-analyzer) can look up, shown in the pager, or Rust code
+/// that must run where the cells' variables live, its value the result.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Invocation {
     Show(Bundle),
     PageDocs(String),
+    Evaluate(String),
 }
 
 pub struct Magic {

@@ -1,3 +1,7 @@
+use vramlab::cli::{parse, SummaryOfArgs, UsageError};
+use vramlab::models::ModelName;
+use vramlab::render::Bundle;
+
 use super::{Invocation, Kind, Magic};
 
 pub const MAGIC: Magic = Magic {
@@ -5,9 +9,33 @@ pub const MAGIC: Magic = Magic {
     kind: Kind::Line,
     summary: "a model's layer table: output shape, parameters, bytes saved for backward, MACs",
     usage: "%summary MODEL [--input 32x3x224x224] [--dtype f32|f16|bf16] [--depth 1|2|3] [--eval] [--classes N]\n\
-            MODEL: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn",
-    run: |args| vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0),
+            %summary VARIABLE [--batch N] [--dtype f32|f16|bf16] [--depth 1|2|3] [--eval]\n\
+            MODEL: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn; VARIABLE: a Network or Trainer built in a cell",
+    run,
 };
+
+/// A zoo model is summarised here; a cell's variable is summarised in the
+/// cell process, where it lives, by a one-line cell.
+fn run(args: &[String]) -> Result<Invocation, String> {
+    let Some(target) = args.first().filter(|a| !a.starts_with('-')) else {
+        return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
+    };
+    let zoo_like = ModelName::ALL.iter().any(|m| strsim::levenshtein(&target.to_lowercase(), m.as_str()) <= 2);
+    if zoo_like || !is_identifier(target) {
+        return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
+    }
+    let rest = &args[1..];
+    if let Err(help) = parse::<SummaryOfArgs>("%summary VARIABLE", rest).map_err(|UsageError(e)| e)? {
+        return Ok(Invocation::Show(Bundle::plain(help)));
+    }
+    let words: Vec<String> = rest.iter().map(|a| format!("{a:?}")).collect();
+    Ok(Invocation::Evaluate(format!("vramlab::cli::summary_of(&{target}, &[{}])?", words.join(", "))))
+}
+
+fn is_identifier(word: &str) -> bool {
+    let mut chars = word.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
 
 #[cfg(test)]
 mod tests {
@@ -22,5 +50,15 @@ mod tests {
         assert!(bundle.text().contains("11,689,512"), "{}", bundle.text());
         let err = (MAGIC.run)(&["resnet19".into()]).unwrap_err();
         assert!(err.contains("resnet18") && !err.contains("\u{1b}["), "{err}");
+    }
+
+    #[test]
+    fn a_variable_becomes_a_cell_and_bad_flags_stop_before_compiling() {
+        let Ok(Invocation::Evaluate(code)) = (MAGIC.run)(&["net".into(), "--depth".into(), "1".into()]) else {
+            panic!("expected a cell")
+        };
+        assert_eq!(code, r#"vramlab::cli::summary_of(&net, &["--depth", "1"])?"#);
+        let err = (MAGIC.run)(&["net".into(), "--input".into(), "1x3x8x8".into()]).unwrap_err();
+        assert!(err.contains("--input"), "{err}");
     }
 }

@@ -32,6 +32,26 @@ pub struct SummaryArgs {
     pub classes: usize,
 }
 
+/// `%summary VARIABLE [--batch N] [--dtype f32|f16|bf16] [--depth D] [--eval]`:
+/// the layer table of a model built in a cell (a `Network` or a `Trainer`),
+/// for the input it was built for.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "summary", color = ColorChoice::Never, about = "The layer table of a model built in a cell")]
+pub struct SummaryOfArgs {
+    /// Samples in the batch
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub batch: usize,
+    /// Arithmetic (default: the trainer's, or f32 for a bare network)
+    #[arg(long, value_enum)]
+    pub dtype: Option<Dtype>,
+    /// Rows down to this depth: 1 stages, 2 blocks, 3 every layer
+    #[arg(long, default_value_t = 3)]
+    pub depth: usize,
+    /// Inference: show what lives at once instead of what backward keeps
+    #[arg(long)]
+    pub eval: bool,
+}
+
 /// `oomcheck MODEL --batch B --res R [--amp f16|bf16] [--opt ...] [--accum N] [--ckpt ...] [--gpu NAME|8GiB] [--sweep ...]`
 #[derive(Debug, Clone, Parser)]
 #[command(name = "oomcheck", color = ColorChoice::Never, about = "Will a training step fit? The five bills, the peak, and ranked fixes")]

@@ -7,7 +7,7 @@ mod data;
 mod report;
 mod train;
 
-pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs};
+pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs, SummaryOfArgs};
 pub use compose::Composer;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 pub use report::Oomcheck;
@@ -16,7 +16,7 @@ pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use crate::models::Summary;
+use crate::models::{Precision, Summary};
 use crate::oom::{check, host_check, sweep};
 use crate::render::{Bundle, Render};
 
@@ -78,6 +78,17 @@ pub fn summary(argv: &[String]) -> Result<Bundle, UsageError> {
         Ok(args) => Ok(run_summary(&args)?.table(args.depth).bundle()),
         Err(help) => Ok(Bundle::plain(help)),
     }
+}
+
+/// `%summary VARIABLE [...]`: the layer table of `model`, a network or
+/// trainer built in a cell. The kernel turns the magic into a call of this.
+pub fn summary_of(model: &dyn crate::models::Summarize, argv: &[&str]) -> Result<crate::render::Table, UsageError> {
+    let argv: Vec<String> = argv.iter().map(|&a| a.to_owned()).collect();
+    let args = parse::<SummaryOfArgs>("%summary VARIABLE", &argv)?.map_err(UsageError)?;
+    let precision = args.dtype.map_or(model.summary_precision(), Precision::from);
+    let summary = Summary::new(model.summary_spec(), args.batch, model.summary_input(), precision, !args.eval)
+        .map_err(|e| UsageError(e.to_string()))?;
+    Ok(summary.table(args.depth))
 }
 
 /// `%oomcheck MODEL --batch B --res R [...]` as a bundle: verdict, ledger

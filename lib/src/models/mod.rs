@@ -27,7 +27,7 @@ pub use resnet::{resnet18, resnet34, resnet50};
 pub use shape::Shape;
 pub use small_cnn::small_cnn;
 pub use spec::{Block, Conv2d, Grouping, Layer, ModelSpec, Op, Shortcut, Stage};
-pub use summary::Summary;
+pub use summary::{Summarize, Summary};
 pub use weights::{Mismatch, WeightsError};
 pub use zoo::{model, ModelName};
 

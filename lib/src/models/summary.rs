@@ -97,13 +97,33 @@ impl Summary {
             ))
             .note(if self.training {
                 format!(
-                    "Saved for backward: {}, what Candle's autograd keeps alive until the loss is dropped (every tensor the forward makes; batch-norm alone keeps six f32 copies of its input).",
+                    "Saved for backward: {}, what Candle's autograd keeps alive until the loss is dropped (every tensor the forward makes).",
                     human(b * total.saved_bytes)
                 )
             } else {
                 format!("Inference keeps no graph: the column is each layer's input, output and temporaries, alive one layer at a time; the largest is {}.", human(b * total.eval_live_bytes))
             })
             .note(format!("Largest conv workspace (im2col columns + gemm output): {}.", human(b * total.workspace_bytes)))
+    }
+}
+
+/// A model built in a cell, as `%summary VARIABLE` sees it: its spec, the
+/// input it was built for, and the arithmetic it trains in.
+pub trait Summarize {
+    fn summary_spec(&self) -> &ModelSpec;
+    fn summary_input(&self) -> Shape;
+    fn summary_precision(&self) -> Precision {
+        Precision::F32
+    }
+}
+
+impl Summarize for super::Network {
+    fn summary_spec(&self) -> &ModelSpec {
+        self.spec()
+    }
+
+    fn summary_input(&self) -> Shape {
+        self.input()
     }
 }
 

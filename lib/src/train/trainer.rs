@@ -414,3 +414,17 @@ fn check_precision(precision: Precision, device: &Device) -> Result<(), TrainErr
     }
     Ok(())
 }
+
+impl crate::models::Summarize for Trainer {
+    fn summary_spec(&self) -> &crate::models::ModelSpec {
+        self.net.spec()
+    }
+
+    fn summary_input(&self) -> crate::models::Shape {
+        self.net.input()
+    }
+
+    fn summary_precision(&self) -> Precision {
+        self.config.precision
+    }
+}
