@@ -237,15 +237,17 @@ impl CellDevice {
             Request::EmptyCache => probe.empty_cache().map(|e| (e.before, e.after)),
         };
         match reading {
-            Ok((before, after)) => {
-                slots[0] = READ;
-                slots[1] = probe.ordinal() as u64;
-                slots[2..2 + CudaMemory::FIELDS].copy_from_slice(&after.to_fields());
-                slots[2 + CudaMemory::FIELDS..].copy_from_slice(&before.to_fields());
-            }
+            Ok((before, after)) => encode(slots, probe.ordinal(), &before, &after),
             Err(_) => slots[0] = FAILED,
         }
     }
+}
+
+fn encode(slots: &mut [u64], ordinal: usize, before: &CudaMemory, after: &CudaMemory) {
+    slots[0] = READ;
+    slots[1] = ordinal as u64;
+    slots[2..2 + CudaMemory::FIELDS].copy_from_slice(&after.to_fields());
+    slots[2 + CudaMemory::FIELDS..ANSWER_FIELDS].copy_from_slice(&before.to_fields());
 }
 
 /// What `%mem` knows about the cell process's CUDA device.
@@ -325,5 +327,26 @@ impl CellCuda {
             human(e.after.free),
             human(e.after.used)
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reading_survives_the_answer_slots_and_renders_as_the_pool_table() {
+        let after = CudaMemory { used: 1 << 30, used_high: 3 << 30, reserved: 2 << 30, reserved_high: 4 << 30, free: 100 << 30, total: 141 << 30, context: 600 << 20 };
+        let before = CudaMemory { reserved: 5 << 30, free: 97 << 30, ..after };
+        let mut slots = [0; ANSWER_FIELDS];
+        encode(&mut slots, 1, &before, &after);
+        let read = CellCuda::from_answer(Request::EmptyCache, &slots);
+        assert_eq!(read, CellCuda::Read { ordinal: 1, memory: after, emptied: Some(CudaEmptyCache { before, after }) });
+        assert_eq!(CellCuda::from_answer(Request::Sample, &slots), CellCuda::Read { ordinal: 1, memory: after, emptied: None });
+        let text = read.table().unwrap().to_string();
+        assert!(text.contains("CUDA device 1") && text.contains("1.00 GiB") && text.contains("600 MiB"), "{text}");
+        assert!(read.headline().unwrap().contains("reserved 5.00 GiB -> 2.00 GiB"));
+        assert_eq!(CellCuda::from_answer(Request::Sample, &[0; ANSWER_FIELDS]), CellCuda::NotInUse);
+        assert!(CellCuda::NotInUse.table().unwrap_err().contains("not used a GPU"));
     }
 }
