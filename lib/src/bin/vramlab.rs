@@ -46,6 +46,9 @@ enum Bench {
     Train(WithJson<TrainRunArgs>),
     /// One pass of the data loader (decode, resize, flip, normalise): images/s
     Loader(WithJson<BenchLoaderArgs>),
+    /// Host-to-device copies from pageable and page-locked memory (pin_memory): MB/s
+    #[cfg(feature = "cuda")]
+    H2d(WithJson<vramlab::cli::BenchH2dArgs>),
 }
 
 #[derive(Args)]
@@ -96,6 +99,21 @@ fn main() -> ExitCode {
         }
         Command::Bench(Bench::Loader(cmd)) => data_error(bench_loader(&cmd.args.root, &cmd.args.config()))
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
+        #[cfg(feature = "cuda")]
+        Command::Bench(Bench::H2d(cmd)) => bench_h2d(&cmd.args).and_then(|result| {
+            emit(cmd.json, &result, || {
+                format!(
+                    "host-to-device, {} MB per copy, median of {}: pageable {:.0} MB/s, page-locked {:.0} MB/s ({:.2}x), \
+                     staged through page-locked (the loader's pin_memory) {:.0} MB/s\n",
+                    result.bytes as f64 / 1e6,
+                    result.repeats,
+                    result.pageable_mb_per_s,
+                    result.pinned_mb_per_s,
+                    result.pinned_mb_per_s / result.pageable_mb_per_s,
+                    result.staged_mb_per_s
+                )
+            })
+        }),
     };
     match printed {
         Ok(()) => ExitCode::SUCCESS,
@@ -104,6 +122,12 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+#[cfg(feature = "cuda")]
+fn bench_h2d(args: &vramlab::cli::BenchH2dArgs) -> Result<vramlab::data::H2dBench, UsageError> {
+    let device = vramlab::candle::Device::new_cuda(args.device).map_err(|e| UsageError(format!("CUDA device {}: {e}", args.device)))?;
+    data_error(vramlab::data::bench_h2d(&device, (args.mib << 20) as usize, args.repeats as usize))
 }
 
 fn data_error<T>(result: Result<T, vramlab::data::DataError>) -> Result<T, UsageError> {

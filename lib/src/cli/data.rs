@@ -102,3 +102,19 @@ impl BenchLoaderArgs {
         }
     }
 }
+
+/// `bench h2d [--mib 64] [--repeats 20] [--device 0]` (feature `cuda`)
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Parser)]
+#[command(name = "h2d", color = ColorChoice::Never, about = "Host-to-device copy speed from pageable and page-locked memory (pin_memory): MB/s")]
+pub struct BenchH2dArgs {
+    /// MiB per copy
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub mib: u64,
+    /// Timed copies of each kind (the median is reported)
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+    pub repeats: u64,
+    /// CUDA device ordinal
+    #[arg(long, default_value_t = 0)]
+    pub device: usize,
+}

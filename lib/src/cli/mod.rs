@@ -10,6 +10,8 @@ mod train;
 pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs, SummaryOfArgs};
 pub use compose::Composer;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
+#[cfg(feature = "cuda")]
+pub use data::BenchH2dArgs;
 pub use report::Oomcheck;
 pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 

@@ -155,6 +155,9 @@ pub struct LoaderConfig {
     /// A sample that fails to load is dropped from its batch (and reported
     /// in [`Batch::skipped`]) instead of ending the epoch with an error.
     pub skip_errors: bool,
+    /// [`DataLoader::to_device`] sends images to a CUDA device through
+    /// page-locked staging (feature `cuda`); a no-op on the CPU. See [`Pinning`](super::Pinning).
+    pub pin_memory: bool,
 }
 
 impl Default for LoaderConfig {
@@ -168,6 +171,7 @@ impl Default for LoaderConfig {
             drop_last: false,
             sampler: Sampler::All,
             skip_errors: false,
+            pin_memory: false,
         }
     }
 }

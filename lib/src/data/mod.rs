@@ -8,6 +8,7 @@ mod footprint;
 mod loader;
 mod manifest;
 mod mix;
+mod pinned;
 mod preprocess;
 mod report;
 mod split;
@@ -22,6 +23,9 @@ pub use footprint::{HostFootprint, LoaderShape};
 pub use loader::{Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 pub use mix::{cutmix, mixup, one_hot, Mixed};
+#[cfg(feature = "cuda")]
+pub use pinned::{bench_h2d, H2dBench};
+pub use pinned::Pinning;
 pub use preprocess::{preprocess, PreprocessReport};
 pub use report::{contact_sheet, decoder_table, loader_bench_table};
 pub use split::{group_split, stratified_group_kfold, stratified_split, Split};

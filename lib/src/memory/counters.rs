@@ -8,7 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::R
 use std::sync::OnceLock;
 
 /// "vramlab" and a layout version: a block of another layout is not read.
+/// The `cuda` feature adds answer slots, so its layout has its own number.
+#[cfg(not(feature = "cuda"))]
 pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6203;
+#[cfg(feature = "cuda")]
+pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6283;
 /// The exported symbol through which code in shared libraries (notebook
 /// cells) finds the executable's counters.
 pub(crate) const SYMBOL: &std::ffi::CStr = c"vramlab_alloc_counters";
@@ -50,7 +54,12 @@ pub struct Counters {
     pub(crate) snapshot_len: AtomicU64,
 }
 
-pub(crate) const ANSWER_FIELDS: usize = 6;
+/// Answer slots: the host's, then (feature `cuda`) the CUDA device's.
+pub(crate) const HOST_ANSWER_FIELDS: usize = 6;
+#[cfg(not(feature = "cuda"))]
+pub(crate) const ANSWER_FIELDS: usize = HOST_ANSWER_FIELDS;
+#[cfg(feature = "cuda")]
+pub(crate) const ANSWER_FIELDS: usize = HOST_ANSWER_FIELDS + super::cuda::ANSWER_FIELDS;
 const _: () = assert!(std::mem::size_of::<Counters>() <= HEADER_BYTES);
 
 impl Counters {

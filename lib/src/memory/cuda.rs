@@ -2,6 +2,9 @@
 //! `cuMemAllocAsync` from the device's default memory pool, whose attributes
 //! give what PyTorch calls allocated (used) and reserved, current and
 //! high-water; the driver gives free and total.
+//!
+//! In the kernel's cell process the memory thread answers for the device
+//! the cells use ([`CellDevice`]), and `%mem` shows it beside the host.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -10,7 +13,11 @@ use serde::Serialize;
 
 use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, DriverError};
 
+use super::counters;
+use super::region::Request;
 use super::MemoryError;
+use crate::ledger::units::{grouped, human};
+use crate::render::Table;
 
 /// One reading of the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -29,11 +36,35 @@ pub struct CudaMemory {
     pub context: u64,
 }
 
+impl CudaMemory {
+    const FIELDS: usize = 7;
+
+    /// Reserved but not in use: the pool's idle cache.
+    pub fn idle(&self) -> u64 {
+        self.reserved.saturating_sub(self.used)
+    }
+
+    fn to_fields(self) -> [u64; Self::FIELDS] {
+        [self.used, self.used_high, self.reserved, self.reserved_high, self.free, self.total, self.context]
+    }
+
+    fn from_fields(f: &[u64]) -> CudaMemory {
+        CudaMemory { used: f[0], used_high: f[1], reserved: f[2], reserved_high: f[3], free: f[4], total: f[5], context: f[6] }
+    }
+}
+
 /// What trimming the pool did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct CudaEmptyCache {
     pub before: CudaMemory,
     pub after: CudaMemory,
+}
+
+impl CudaEmptyCache {
+    /// Bytes the pool gave back to the device.
+    pub fn released(&self) -> u64 {
+        self.before.reserved.saturating_sub(self.after.reserved)
+    }
 }
 
 /// The memory pool of one CUDA device.
@@ -56,10 +87,13 @@ impl CudaProbe {
     /// The probe of the device behind a candle `Device::Cuda`; measures the
     /// context's size once, now.
     pub fn new(device: &candle_core::Device) -> Result<CudaProbe, MemoryError> {
-        let cuda_device = device
-            .as_cuda_device()
-            .map_err(|e| MemoryError::Cuda { what: "the device", reason: e.to_string() })?;
-        let context = Arc::clone(cuda_device.cuda_stream().context());
+        let cuda_device =
+            device.as_cuda_device().map_err(|e| MemoryError::Cuda { what: "the device", reason: e.to_string() })?;
+        CudaProbe::for_context(Arc::clone(cuda_device.cuda_stream().context()))
+    }
+
+    /// The probe of `context`'s device; measures the context's size once, now.
+    pub fn for_context(context: Arc<CudaContext>) -> Result<CudaProbe, MemoryError> {
         context.bind_to_thread().map_err(cuda("binding the context"))?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: writes the device's default pool handle into `pool`.
@@ -72,26 +106,53 @@ impl CudaProbe {
         Ok(probe)
     }
 
+    /// The probe of the first device this process already works on (its
+    /// primary context is active); `None` while the process has not used
+    /// CUDA. Never initialises CUDA or creates a context itself: a process
+    /// that has not touched the GPU stays as it is.
+    pub fn in_use() -> Result<Option<CudaProbe>, MemoryError> {
+        let count = match result::device::get_count() {
+            Ok(count) => count,
+            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_INITIALIZED)) => return Ok(None),
+            Err(err) => return Err(cuda("cuDeviceGetCount")(err)),
+        };
+        for ordinal in 0..count {
+            let device = result::device::get(ordinal).map_err(cuda("cuDeviceGet"))?;
+            let (mut flags, mut active) = (0u32, 0i32);
+            // SAFETY: a device handle from cuDeviceGet; both outputs are plain integers.
+            unsafe { sys::cuDevicePrimaryCtxGetState(device, &mut flags, &mut active) }
+                .result()
+                .map_err(cuda("cuDevicePrimaryCtxGetState"))?;
+            if active != 0 {
+                let context = CudaContext::new(ordinal as usize).map_err(cuda("retaining the primary context"))?;
+                return CudaProbe::for_context(context).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The device's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.context.ordinal()
+    }
+
     fn attribute(&self, attribute: sys::CUmemPool_attribute) -> Result<u64, MemoryError> {
         let mut value: u64 = 0;
         // SAFETY: these pool attributes are 64-bit values written to `value`.
-        unsafe { sys::cuMemPoolGetAttribute(self.pool, attribute, &mut value as *mut u64 as *mut c_void) }
-            .result()
+        unsafe { result::mem_pool::get_attribute(self.pool, attribute, &mut value as *mut u64 as *mut c_void) }
             .map_err(cuda("cuMemPoolGetAttribute"))?;
         Ok(value)
     }
 
     fn set_attribute(&self, attribute: sys::CUmemPool_attribute, mut value: u64) -> Result<(), MemoryError> {
         // SAFETY: as above; the driver reads a 64-bit value.
-        unsafe { sys::cuMemPoolSetAttribute(self.pool, attribute, &mut value as *mut u64 as *mut c_void) }
-            .result()
+        unsafe { result::mem_pool::set_attribute(self.pool, attribute, &mut value as *mut u64 as *mut c_void) }
             .map_err(cuda("cuMemPoolSetAttribute"))
     }
 
     pub fn sample(&self) -> Result<CudaMemory, MemoryError> {
         use sys::CUmemPool_attribute::*;
-        self.context.bind_to_thread().map_err(cuda("binding the context"))?;
-        let (free, total) = result::mem_get_info().map_err(cuda("cuMemGetInfo"))?;
+        let (free, total) = self.context.mem_get_info().map_err(cuda("cuMemGetInfo"))?;
         Ok(CudaMemory {
             used: self.attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
             used_high: self.attribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
@@ -127,7 +188,165 @@ impl CudaProbe {
         self.context.synchronize().map_err(cuda("cuCtxSynchronize"))?;
         let before = self.sample()?;
         // SAFETY: trims our device's default pool; live allocations are kept.
-        unsafe { sys::cuMemPoolTrimTo(self.pool, 0) }.result().map_err(cuda("cuMemPoolTrimTo"))?;
+        unsafe { result::mem_pool::trim_to(self.pool, 0) }.map_err(cuda("cuMemPoolTrimTo"))?;
         Ok(CudaEmptyCache { before, after: self.sample()? })
+    }
+}
+
+/// Slots of the CUDA part of the memory thread's answer: a status (0: no
+/// device in use, 1: read, 2: the probe failed), the device's ordinal (or the
+/// driver's error code), the reading after the request and the one before.
+pub(crate) const ANSWER_FIELDS: usize = 2 + 2 * CudaMemory::FIELDS;
+
+const NOT_IN_USE: u64 = 0;
+const READ: u64 = 1;
+const FAILED: u64 = 2;
+
+/// The cell process's side: finds the device its cells work on (once they
+/// use one) and answers the kernel's requests for it.
+#[derive(Default)]
+pub(crate) struct CellDevice {
+    probe: Option<CudaProbe>,
+}
+
+impl CellDevice {
+    /// `answer` with its CUDA slots filled.
+    pub(crate) fn answer(&mut self, request: Request, mut answer: [u64; counters::ANSWER_FIELDS]) -> [u64; counters::ANSWER_FIELDS] {
+        self.fill(request, &mut answer[counters::HOST_ANSWER_FIELDS..]);
+        answer
+    }
+
+    fn fill(&mut self, request: Request, slots: &mut [u64]) {
+        slots.fill(0);
+        if self.probe.is_none() {
+            match CudaProbe::in_use() {
+                Ok(probe) => self.probe = probe,
+                Err(_) => {
+                    slots[0] = FAILED;
+                    return;
+                }
+            }
+        }
+        let Some(probe) = &self.probe else {
+            slots[0] = NOT_IN_USE;
+            return;
+        };
+        let reading = match request {
+            Request::Sample => probe.sample().map(|m| (m, m)),
+            Request::ResetPeak => probe.reset_peak().map(|m| (m, m)),
+            Request::EmptyCache => probe.empty_cache().map(|e| (e.before, e.after)),
+        };
+        match reading {
+            Ok((before, after)) => encode(slots, probe.ordinal(), &before, &after),
+            Err(_) => slots[0] = FAILED,
+        }
+    }
+}
+
+fn encode(slots: &mut [u64], ordinal: usize, before: &CudaMemory, after: &CudaMemory) {
+    slots[0] = READ;
+    slots[1] = ordinal as u64;
+    slots[2..2 + CudaMemory::FIELDS].copy_from_slice(&after.to_fields());
+    slots[2 + CudaMemory::FIELDS..ANSWER_FIELDS].copy_from_slice(&before.to_fields());
+}
+
+/// What `%mem` knows about the cell process's CUDA device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum CellCuda {
+    /// The cell process has not used CUDA yet.
+    NotInUse,
+    /// Reading the device failed in the cell process (the slots carry no
+    /// text: `CudaProbe::in_use()` in a cell shows the driver's error).
+    Failed,
+    Read {
+        ordinal: usize,
+        memory: CudaMemory,
+        /// What `--empty-cache` did to the pool, when asked.
+        emptied: Option<CudaEmptyCache>,
+    },
+}
+
+impl CellCuda {
+    /// Decodes the CUDA slots of an answer to `request`.
+    pub(crate) fn from_answer(request: Request, slots: &[u64]) -> CellCuda {
+        match slots[0] {
+            READ => {
+                let after = CudaMemory::from_fields(&slots[2..2 + CudaMemory::FIELDS]);
+                let before = CudaMemory::from_fields(&slots[2 + CudaMemory::FIELDS..ANSWER_FIELDS]);
+                CellCuda::Read {
+                    ordinal: slots[1] as usize,
+                    memory: after,
+                    emptied: (request == Request::EmptyCache).then_some(CudaEmptyCache { before, after }),
+                }
+            }
+            FAILED => CellCuda::Failed,
+            _ => CellCuda::NotInUse,
+        }
+    }
+
+    /// The device's table, or the line saying why there is none.
+    pub fn table(&self) -> Result<Table, &'static str> {
+        let (ordinal, m) = match self {
+            CellCuda::Read { ordinal, memory, .. } => (ordinal, memory),
+            CellCuda::NotInUse => {
+                return Err("CUDA: the cell process has not used a GPU yet (a cell that creates a CUDA device starts one).")
+            }
+            CellCuda::Failed => {
+                return Err("CUDA: reading the device failed in the cell process; run vramlab::memory::cuda::CudaProbe::in_use() in a cell to see the driver's error.")
+            }
+        };
+        let mut table = Table::new(["", "bytes", "size", "what"])
+            .title(format!("CUDA device {ordinal}: the memory pool of cuMemAllocAsync"))
+            .right_align(&[1, 2]);
+        let mut row = |name: &str, bytes: u64, what: &str| {
+            table.push_row([name.to_owned(), grouped(bytes), human(bytes), what.to_owned()]);
+        };
+        row("used", m.used, "live tensors (memory_allocated)");
+        row("used peak", m.used_high, "high-water mark since the last reset (max_memory_allocated)");
+        row("reserved", m.reserved, "held by the pool (memory_reserved)");
+        row("reserved peak", m.reserved_high, "high-water mark since the last reset (max_memory_reserved)");
+        row("idle in the pool", m.idle(), "reserved but not used");
+        row("context and others", m.context, "outside the pool when first read: CUDA context, cuBLAS workspace, modules, other processes");
+        table.push_row([
+            "free / total".to_owned(),
+            format!("{} / {}", grouped(m.free), grouped(m.total)),
+            format!("{} / {}", human(m.free), human(m.total)),
+            "the driver's view of the whole device".to_owned(),
+        ]);
+        Ok(table)
+    }
+
+    /// The line saying what `--empty-cache` did to the pool, when asked.
+    pub fn headline(&self) -> Option<String> {
+        let CellCuda::Read { emptied: Some(e), .. } = self else { return None };
+        Some(format!(
+            "empty_cache (cuMemPoolTrimTo): reserved {} -> {}, device free {} -> {}; used stays {}",
+            human(e.before.reserved),
+            human(e.after.reserved),
+            human(e.before.free),
+            human(e.after.free),
+            human(e.after.used)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reading_survives_the_answer_slots_and_renders_as_the_pool_table() {
+        let after = CudaMemory { used: 1 << 30, used_high: 3 << 30, reserved: 2 << 30, reserved_high: 4 << 30, free: 100 << 30, total: 141 << 30, context: 600 << 20 };
+        let before = CudaMemory { reserved: 5 << 30, free: 97 << 30, ..after };
+        let mut slots = [0; ANSWER_FIELDS];
+        encode(&mut slots, 1, &before, &after);
+        let read = CellCuda::from_answer(Request::EmptyCache, &slots);
+        assert_eq!(read, CellCuda::Read { ordinal: 1, memory: after, emptied: Some(CudaEmptyCache { before, after }) });
+        assert_eq!(CellCuda::from_answer(Request::Sample, &slots), CellCuda::Read { ordinal: 1, memory: after, emptied: None });
+        let text = read.table().unwrap().to_string();
+        assert!(text.contains("CUDA device 1") && text.contains("1.00 GiB") && text.contains("600 MiB"), "{text}");
+        assert!(read.headline().unwrap().contains("reserved 5.00 GiB -> 2.00 GiB"));
+        assert_eq!(CellCuda::from_answer(Request::Sample, &[0; ANSWER_FIELDS]), CellCuda::NotInUse);
+        assert!(CellCuda::NotInUse.table().unwrap_err().contains("not used a GPU"));
     }
 }

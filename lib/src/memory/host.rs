@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::counters::{self, Counters, ANSWER_FIELDS};
+use super::counters::{self, Counters, ANSWER_FIELDS, HOST_ANSWER_FIELDS};
 use super::region::{self, Region, Request, REGION_BYTES, REGION_FD_ENV};
 use crate::ledger::units::human;
 
@@ -152,7 +152,20 @@ pub(crate) fn status_rss(pid: &str) -> (u64, u64) {
 /// A reading sent as an answer: held, RSS and high-water after the request,
 /// held and RSS before it.
 pub(crate) fn to_answer(before: &HostMemory, after: &HostMemory) -> [u64; ANSWER_FIELDS] {
-    [after.held, after.rss, after.hwm, before.held, before.rss, 0]
+    let mut answer = [0; ANSWER_FIELDS];
+    answer[..HOST_ANSWER_FIELDS].copy_from_slice(&[after.held, after.rss, after.hwm, before.held, before.rss, 0]);
+    answer
+}
+
+/// The memory thread's answer about the heap: glibc's statistics, around
+/// `malloc_trim` when asked.
+fn host_answer(request: Request) -> [u64; ANSWER_FIELDS] {
+    let before = HostMemory::sample();
+    if request == Request::EmptyCache {
+        trim();
+        return to_answer(&before, &HostMemory::sample());
+    }
+    to_answer(&before, &before)
 }
 
 /// Starts counting for this process. Call first thing in `main` of a binary
@@ -161,7 +174,8 @@ pub(crate) fn to_answer(before: &HostMemory, after: &HostMemory) -> [u64; ANSWER
 /// In a process started with `VRAMLAB_MEM_FD` (the kernel's cell process)
 /// the counters move into the region behind that descriptor, and a thread
 /// answers the kernel's requests for what only this process can measure
-/// (glibc's statistics, `malloc_trim`). Elsewhere they move into a private
+/// (glibc's statistics, `malloc_trim`, and with the `cuda` feature the
+/// device pool of the GPU the cells use). Elsewhere they move into a private
 /// region, so that snapshots can be published the same way.
 pub fn install() {
     counters::mark_installed();
@@ -182,14 +196,14 @@ pub fn install() {
     counters.pid.store(u64::from(std::process::id()), std::sync::atomic::Ordering::Relaxed);
     if serve {
         let spawned = std::thread::Builder::new().name("vramlab-memory".into()).spawn(move || {
-            region::serve(counters, |request| {
-                let before = HostMemory::sample();
-                if request == Request::EmptyCache {
-                    trim();
-                    return to_answer(&before, &HostMemory::sample());
-                }
-                to_answer(&before, &before)
-            })
+            #[cfg(not(feature = "cuda"))]
+            let answer = host_answer;
+            #[cfg(feature = "cuda")]
+            let answer = {
+                let mut device = super::cuda::CellDevice::default();
+                move |request| device.answer(request, host_answer(request))
+            };
+            region::serve(counters, answer)
         });
         if let Err(err) = spawned {
             eprintln!("vramlab: %mem cannot read glibc's statistics in this process: {err}");

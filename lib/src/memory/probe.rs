@@ -133,10 +133,13 @@ impl CellProbe {
 
     /// `malloc_trim(0)` in the cell process, with the readings around it.
     pub fn empty_cache(&self) -> Result<EmptyCache, MemoryError> {
-        let answer = self.ask(Request::EmptyCache)?;
+        Ok(self.emptied(self.ask(Request::EmptyCache)?))
+    }
+
+    fn emptied(&self, answer: [u64; super::counters::ANSWER_FIELDS]) -> EmptyCache {
         let after = self.reading(answer);
         let before = HostMemory { held: answer[3], rss: answer[4], ..after };
-        Ok(EmptyCache { before, after })
+        EmptyCache { before, after }
     }
 
     /// Starts measuring a cell.
@@ -180,13 +183,23 @@ impl CellProbe {
         let pid = self.started()?;
         if reset_peak {
             self.region.counters().reset_peak();
+            #[cfg(feature = "cuda")]
+            self.ask(Request::ResetPeak)?;
         }
-        let emptied = empty_cache.then(|| self.empty_cache()).transpose()?;
-        let memory = match emptied {
-            Some(emptied) => emptied.after,
-            None => self.sample()?,
-        };
+        let request = if empty_cache { Request::EmptyCache } else { Request::Sample };
+        let answer = self.ask(request)?;
+        let emptied = empty_cache.then(|| self.emptied(answer));
+        let memory = emptied.map_or_else(|| self.reading(answer), |emptied| emptied.after);
         let host = crate::gpus::Device::host().ok().map(|d| (d.usable_bytes, d.total_bytes));
-        Ok(super::MemReport { pid, memory, host, snapshot: self.snapshot()?, emptied, peak_reset: reset_peak })
+        Ok(super::MemReport {
+            pid,
+            memory,
+            host,
+            snapshot: self.snapshot()?,
+            emptied,
+            peak_reset: reset_peak,
+            #[cfg(feature = "cuda")]
+            cuda: super::cuda::CellCuda::from_answer(request, &answer[super::counters::HOST_ANSWER_FIELDS..]),
+        })
     }
 }

@@ -159,6 +159,10 @@ pub(crate) fn read_snapshot(counters: &Counters) -> Option<Vec<u8>> {
 pub(crate) enum Request {
     Sample = 1,
     EmptyCache = 2,
+    /// Start the CUDA pool's high-water marks again (the host's peak is
+    /// reset from the kernel, in the shared counters).
+    #[cfg(feature = "cuda")]
+    ResetPeak = 3,
 }
 
 /// Asks the owner of `counters` to run `request` and waits up to `within`
@@ -185,7 +189,7 @@ pub(crate) fn ask(counters: &Counters, request: Request, within: Duration) -> Op
 }
 
 /// The owner's side: answers requests forever with `answer`.
-pub(crate) fn serve(counters: &'static Counters, answer: impl Fn(Request) -> [u64; super::counters::ANSWER_FIELDS]) -> ! {
+pub(crate) fn serve(counters: &'static Counters, mut answer: impl FnMut(Request) -> [u64; super::counters::ANSWER_FIELDS]) -> ! {
     loop {
         let asked = counters.request.load(Ordering::Acquire);
         if asked == counters.answered.load(Ordering::Relaxed) {
@@ -194,6 +198,8 @@ pub(crate) fn serve(counters: &'static Counters, answer: impl Fn(Request) -> [u6
         }
         let request = match counters.request_kind.load(Ordering::Relaxed) {
             2 => Request::EmptyCache,
+            #[cfg(feature = "cuda")]
+            3 => Request::ResetPeak,
             _ => Request::Sample,
         };
         for (slot, value) in counters.answer.iter().zip(answer(request)) {

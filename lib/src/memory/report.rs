@@ -24,6 +24,9 @@ pub struct MemReport {
     pub emptied: Option<EmptyCache>,
     /// Whether `--reset-peak` was asked.
     pub peak_reset: bool,
+    /// The cell process's GPU: its memory pool and the driver's free/total.
+    #[cfg(feature = "cuda")]
+    pub cuda: super::cuda::CellCuda,
 }
 
 impl MemReport {
@@ -109,6 +112,16 @@ impl Render for MemReport {
             composer = composer.headline(&line, "#2a7d2a");
         }
         composer = composer.part(&self.table().bundle());
+        #[cfg(feature = "cuda")]
+        {
+            if let Some(line) = self.cuda.headline() {
+                composer = composer.headline(&line, "#2a7d2a");
+            }
+            composer = match self.cuda.table() {
+                Ok(table) => composer.part(&table.bundle()),
+                Err(line) => composer.headline(line, "#555555"),
+            };
+        }
         if self.memory.budget.is_some() {
             composer = composer.headline("The device budget is simulated: tensors live in host memory; past the budget, check_budget() raises CUDA's out-of-memory error.", "#b36b00");
         }

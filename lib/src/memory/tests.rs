@@ -51,7 +51,7 @@ fn out_of_memory_reads_like_cuda_and_says_it_is_simulated() {
 #[test]
 fn the_report_puts_bills_side_by_side_with_their_difference() {
     let memory = HostMemory { exact: true, in_use: 64 << 20, held: 80 << 20, peak: Some(128 << 20), rss: 90 << 20, hwm: 140 << 20, allocations: Some(10), budget: Some(1 << 30) };
-    let report = MemReport { pid: 42, memory, host: Some((1 << 30, 2 << 30)), snapshot: Some(snapshot()), emptied: None, peak_reset: false };
+    let report = MemReport { pid: 42, memory, host: Some((1 << 30, 2 << 30)), snapshot: Some(snapshot()), emptied: None, peak_reset: false, #[cfg(feature = "cuda")] cuda: super::cuda::CellCuda::NotInUse };
     let text = report.bundle().text().to_owned();
     assert!(text.contains("cell process 42"), "{text}");
     assert!(text.contains("16.0 MiB"), "idle = held - in use: {text}");
@@ -103,7 +103,13 @@ fn snapshots_round_trip_through_a_region_and_too_large_ones_are_refused() {
 fn requests_are_answered_by_the_serving_thread_and_silence_times_out() {
     let counters = region();
     assert_eq!(region::ask(counters, Request::Sample, Duration::from_millis(20)), None);
-    std::thread::spawn(move || region::serve(counters, |request| [request as u64, 7, 0, 0, 0, 0]));
+    std::thread::spawn(move || {
+        region::serve(counters, |request| {
+            let mut answer = [0; super::counters::ANSWER_FIELDS];
+            answer[..2].copy_from_slice(&[request as u64, 7]);
+            answer
+        })
+    });
     assert_eq!(region::ask(counters, Request::EmptyCache, Duration::from_secs(5)).unwrap()[..2], [2, 7]);
     assert_eq!(region::ask(counters, Request::Sample, Duration::from_secs(5)).unwrap()[..2], [1, 7]);
 }
