@@ -34,6 +34,20 @@ impl Ledger {
         &self.bills[kind as usize]
     }
 
+    /// What forward adds and keeps until backward: resident after the last
+    /// forward phase less resident once the batch is copied.
+    pub fn kept_by_forward(&self) -> u64 {
+        let resident = |prefix: &str| {
+            self.timeline
+                .iter()
+                .filter(|p| p.name.starts_with(prefix))
+                .map(|p| p.resident_bytes)
+                .last()
+                .unwrap_or(0)
+        };
+        resident("forward ").saturating_sub(resident("input batch"))
+    }
+
     /// Every line of every bill, as if all were resident at once (they aren't).
     pub fn sum_of_bills(&self) -> u64 {
         self.bills.iter().map(|b| b.bytes).sum()

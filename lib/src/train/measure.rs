@@ -38,6 +38,10 @@ pub struct MeasuredStep {
     pub peak: u64,
     /// The phase during which the peak happened.
     pub peak_phase: String,
+    /// What forward added and kept until backward (the lesson's activations
+    /// bill, whenever the peak happens): in use after the last forward phase
+    /// less in use once the batch was copied.
+    pub kept_by_forward: u64,
     pub phases: Vec<PhaseSample>,
     pub report: StepReport,
 }
@@ -52,6 +56,8 @@ pub struct Comparison {
     pub measured_peak: u64,
     pub predicted_peak_phase: String,
     pub measured_peak_phase: String,
+    pub predicted_kept_by_forward: u64,
+    pub measured_kept_by_forward: u64,
     pub measured_gradients: u64,
     /// Both timelines, phase by phase, for `--json` readers.
     pub predicted_phases: Vec<crate::ledger::Phase>,
@@ -164,11 +170,14 @@ impl Trainer {
             context_and_workspace: peak.saturating_sub(parameters + optimizer_state + input + activations),
         };
         let gradients = highest.gradients;
+        let after = |prefix: &str| phases.iter().filter(|p| p.name.starts_with(prefix)).map(|p| p.in_use).last();
+        let kept_by_forward = after("forward ").unwrap_or(0).saturating_sub(after("input batch").unwrap_or(0));
         Ok(MeasuredStep {
             bills,
             gradients,
             peak,
             peak_phase: highest.name,
+            kept_by_forward,
             phases,
             report,
         })
@@ -198,6 +207,8 @@ impl Trainer {
             measured_peak: measured.peak,
             predicted_peak_phase: ledger.peak.phase.clone(),
             measured_peak_phase: measured.peak_phase.clone(),
+            predicted_kept_by_forward: ledger.kept_by_forward(),
+            measured_kept_by_forward: measured.kept_by_forward,
             measured_gradients: measured.gradients,
             predicted_phases: ledger.timeline.clone(),
             measured_phases: measured.phases.clone(),
