@@ -4,12 +4,14 @@
 mod args;
 mod compose;
 mod data;
+mod fit;
 mod report;
 mod train;
 
 pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs};
 pub use compose::Composer;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
+pub use fit::FitArgs;
 pub use report::Oomcheck;
 pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 
