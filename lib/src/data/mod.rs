@@ -64,9 +64,22 @@ pub enum DataError {
     #[error("loader worker {worker} stopped without finishing batch {batch}")]
     WorkerLost { worker: usize, batch: usize },
     #[error("building the model: {0}")]
-    Model(#[from] crate::models::ModelError),
+    Model(Box<crate::models::ModelError>),
     #[error(transparent)]
-    Train(#[from] crate::train::TrainError),
+    Train(Box<crate::train::TrainError>),
+}
+
+// Boxed: the model's and the trainer's errors would make every data result several times larger.
+impl From<crate::models::ModelError> for DataError {
+    fn from(err: crate::models::ModelError) -> Self {
+        DataError::Model(Box::new(err))
+    }
+}
+
+impl From<crate::train::TrainError> for DataError {
+    fn from(err: crate::train::TrainError) -> Self {
+        DataError::Train(Box::new(err))
+    }
 }
 
 impl DataError {
