@@ -4,15 +4,43 @@ pub const MAGIC: Magic = Magic {
     name: "oomcheck",
     kind: Kind::Line,
     summary: "will this training step fit on this GPU? the five bills, the peak, and ranked fixes",
-    usage: "%oomcheck MODEL --batch B --res R [--amp f16|bf16] [--opt adam|adamw|sgd|sgd-momentum|adam8bit]\n\
+    usage: "%oomcheck MODEL --batch B --res R [--channels C] [--amp f16|bf16] [--opt adam|adamw|sgd|sgd-momentum|adam8bit]\n\
             \x20         [--accum N] [--ckpt none|stages|layer3,layer4] [--gpu NAME|8GiB|cpu] [--sweep batch=8..64|res=128..512]\n\
-            \x20         [--classes N] [--eval]",
+            \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB]]",
     run: |args| vramlab::cli::oomcheck(args).map(Invocation::Show).map_err(|e| e.0),
 };
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The usage is what `%help oomcheck` and every usage error show: it
+    /// must name each flag the parser takes, and none it does not.
+    #[test]
+    fn the_usage_names_every_flag_of_the_parser_and_no_other() {
+        use clap::CommandFactory;
+        let command = vramlab::cli::OomcheckArgs::command();
+        let mut accepted: Vec<String> = command
+            .get_arguments()
+            .filter_map(|a| a.get_long())
+            .filter(|long| !matches!(*long, "help" | "version"))
+            .map(|long| format!("--{long}"))
+            .collect();
+        let mut listed: Vec<String> = MAGIC
+            .usage
+            .split_whitespace()
+            .map(|word| word.trim_start_matches('[').trim_end_matches(']'))
+            .filter(|word| word.starts_with("--"))
+            .map(String::from)
+            .collect();
+        accepted.sort();
+        listed.sort();
+        listed.dedup();
+        assert_eq!(listed, accepted);
+        for positional in command.get_positionals() {
+            assert!(MAGIC.usage.contains(&positional.get_id().as_str().to_uppercase()), "{}", positional.get_id());
+        }
+    }
 
     #[test]
     fn reports_a_verdict_with_a_chart_and_short_usage_errors() {

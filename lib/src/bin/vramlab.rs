@@ -1,15 +1,15 @@
 //! `vramlab`: the command-line twin of the `%summary` and `%oomcheck` magics,
-//! and the data pipeline's commands (`synth`, `preprocess`, `bench loader`).
+//! and the data pipeline's commands (`synth`, `preprocess`, `train`, `bench loader`).
 
 use std::process::ExitCode;
 
 use clap::{Args, ColorChoice, Parser, Subcommand};
 use serde::Serialize;
 use vramlab::cli::{
-    run_oomcheck, run_summary, BenchLoaderArgs, MeasureArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs,
+    run_oomcheck, run_summary, BenchLoaderArgs, FitArgs, MeasureArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs,
     TrainRunArgs, TrainSetup, UsageError,
 };
-use vramlab::data::{bench_loader, preprocess};
+use vramlab::data::{bench_loader, fit_folder, preprocess, DataError, FitReport};
 use vramlab::render::Render;
 
 // Every heap allocation of this process is counted, so that measurements
@@ -35,6 +35,8 @@ enum Command {
     Preprocess(WithJson<PreprocessArgs>),
     /// Run real training steps: every bill predicted and measured, and both peaks
     Measure(WithJson<MeasureArgs>),
+    /// Train a zoo model on an image folder through the loader: validation accuracy per class against the baselines
+    Train(WithJson<FitArgs>),
     /// Benchmarks on this machine
     #[command(subcommand)]
     Bench(Bench),
@@ -97,6 +99,9 @@ fn main() -> ExitCode {
             data_error(preprocess(&a.src, &a.out, a.short_side, a.quality))
                 .and_then(|report| emit(cmd.json, &report, || report.bundle().text().to_owned()))
         }
+        Command::Train(cmd) => data_error(train(&cmd.args)).and_then(|report| {
+            emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))
+        }),
         Command::Bench(Bench::Loader(cmd)) => data_error(bench_loader(&cmd.args.root, &cmd.args.config()))
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
         #[cfg(feature = "cuda")]
@@ -132,6 +137,16 @@ fn bench_h2d(args: &vramlab::cli::BenchH2dArgs) -> Result<vramlab::data::H2dBenc
 
 fn data_error<T>(result: Result<T, vramlab::data::DataError>) -> Result<T, UsageError> {
     result.map_err(|e| UsageError(e.to_string()))
+}
+
+/// Trains with a progress bar on stderr.
+fn train(args: &FitArgs) -> Result<FitReport, DataError> {
+    let (folder, split) = args.open()?;
+    let steps = args.epochs * (split.train.len() / args.batch);
+    let mut progress = vramlab::train::ProgressView::new(format!("train {}", args.model.as_str()), steps as u64);
+    let report = fit_folder(&folder, &split, &args.config(), &vramlab::candle::Device::Cpu, &mut |event| progress.on_event(event));
+    progress.finish();
+    report
 }
 
 fn emit<T: Serialize>(

@@ -5,6 +5,7 @@ mod bench;
 mod decode;
 mod folder;
 mod footprint;
+mod learn;
 mod loader;
 mod manifest;
 mod mix;
@@ -20,6 +21,7 @@ pub use bench::{bench_decoders, bench_loader, DecoderBench, LoaderBench, LoaderB
 pub use decode::{decode_bytes, decode_file, Decoded, DecodeOptions, Decoder, RgbImage};
 pub use folder::{ImageDataset, ImageFolder, ImageItem, OnError, IMAGE_EXTENSIONS};
 pub use footprint::{HostFootprint, LoaderShape};
+pub use learn::{fit_folder, ClassScore, FitConfig, FitEpoch, FitReport, OnDevice};
 pub use loader::{Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 pub use mix::{cutmix, mixup, one_hot, Mixed};
@@ -29,7 +31,7 @@ pub use pinned::Pinning;
 pub use preprocess::{preprocess, PreprocessReport};
 pub use report::{contact_sheet, decoder_table, loader_bench_table};
 pub use split::{group_split, stratified_group_kfold, stratified_split, Split};
-pub use synth::{LeafDiseaseSynth, PhotoPlan, SizeShare, CLASSES};
+pub use synth::{LeafDiseaseSynth, PhotoPlan, SizeShare, Symptom, CLASSES};
 pub use transform::{to_image, ColorJitter, Normalize, Transform, Transforms};
 
 use std::path::PathBuf;
@@ -65,6 +67,23 @@ pub enum DataError {
     },
     #[error("loader worker {worker} stopped without finishing batch {batch}")]
     WorkerLost { worker: usize, batch: usize },
+    #[error("building the model: {0}")]
+    Model(Box<crate::models::ModelError>),
+    #[error(transparent)]
+    Train(Box<crate::train::TrainError>),
+}
+
+// Boxed: the model's and the trainer's errors would make every data result several times larger.
+impl From<crate::models::ModelError> for DataError {
+    fn from(err: crate::models::ModelError) -> Self {
+        DataError::Model(Box::new(err))
+    }
+}
+
+impl From<crate::train::TrainError> for DataError {
+    fn from(err: crate::train::TrainError) -> Self {
+        DataError::Train(Box::new(err))
+    }
 }
 
 impl DataError {

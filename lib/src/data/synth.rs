@@ -32,6 +32,41 @@ pub const CLASSES: [&str; 12] = [
     "yellow_curl",
 ];
 
+/// What a class does to the leaf, for reports that group the classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Symptom {
+    Healthy,
+    /// Many small lesions that differ in size, ring pattern and colour.
+    Spots,
+    /// A few large patches.
+    Blotches,
+    /// Colour changes of the leaf itself (mottle, yellow or brown margins), no lesions.
+    Discolouration,
+}
+
+impl Symptom {
+    /// The symptom of a class of [`CLASSES`]; `None` for any other name.
+    pub fn of(class: &str) -> Option<Symptom> {
+        Some(match class {
+            "healthy" => Symptom::Healthy,
+            "bacterial_spot" | "early_blight" | "rust" | "septoria_spot" | "target_spot" => Symptom::Spots,
+            "late_blight" | "leaf_mold" | "powdery_mildew" => Symptom::Blotches,
+            "leaf_scorch" | "mosaic_virus" | "yellow_curl" => Symptom::Discolouration,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Symptom::Healthy => "healthy",
+            Symptom::Spots => "spots",
+            Symptom::Blotches => "blotches",
+            Symptom::Discolouration => "discolouration",
+        }
+    }
+}
+
 /// Relative class frequencies: healthy is the largest, leaf scorch 10x rarer.
 const FREQUENCY: [f64; 12] = [2.6, 6.0, 10.0, 4.5, 3.5, 1.0, 1.6, 2.2, 1.9, 3.0, 1.2, 1.4];
 

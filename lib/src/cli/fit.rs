@@ -1,0 +1,77 @@
+//! The arguments of `vramlab train`: a zoo model trained on an image folder
+//! through the loader, scored per class against the baselines.
+
+use std::path::PathBuf;
+
+use clap::{ColorChoice, Parser};
+
+use super::args::{parse_model, positive, Opt};
+use crate::data::{group_split, FitConfig, ImageFolder, OnError, Split};
+use crate::models::ModelName;
+use crate::train::OptimizerConfig;
+
+/// `train --root DIR [--model small-cnn] [--res 64] [--epochs 6] [--batch 32] [--opt adam] [--lr 0.002] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "train",
+    color = ColorChoice::Never,
+    about = "Train a zoo model on an image folder through the loader, validating on whole plants held out: accuracy per class against the baselines"
+)]
+pub struct FitArgs {
+    /// The dataset: root/class/*.jpg (groups from root/manifest.csv when present)
+    #[arg(long)]
+    pub root: PathBuf,
+    /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
+    #[arg(long, value_parser = parse_model, default_value = "small-cnn")]
+    pub model: ModelName,
+    /// Square input side in pixels
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..))]
+    pub res: u32,
+    #[arg(long, default_value_t = 6, value_parser = positive)]
+    pub epochs: usize,
+    #[arg(long, default_value_t = 32, value_parser = positive)]
+    pub batch: usize,
+    #[arg(long, value_enum, default_value_t = Opt::Adam)]
+    pub opt: Opt,
+    /// Learning rate
+    #[arg(long, default_value_t = 0.002)]
+    pub lr: f64,
+    /// Share of the photos held out for validation, whole plants at a time, class shares kept
+    #[arg(long, default_value_t = 0.2)]
+    pub val: f64,
+    /// Seed of the split, the weights, the batch order and the augmentation
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Loader worker threads
+    #[arg(long, default_value_t = 2)]
+    pub workers: usize,
+    /// Random resized crop, rotation and colour jitter instead of resize and flip
+    #[arg(long)]
+    pub augment: bool,
+    /// Skip the colour-histogram baseline
+    #[arg(long)]
+    pub no_baseline: bool,
+}
+
+impl FitArgs {
+    pub fn config(&self) -> FitConfig {
+        FitConfig {
+            model: self.model,
+            res: self.res,
+            epochs: self.epochs,
+            batch_size: self.batch,
+            optimizer: OptimizerConfig::for_kind(self.opt.into(), self.lr),
+            workers: self.workers,
+            augment: self.augment,
+            seed: self.seed,
+            baseline: !self.no_baseline,
+        }
+    }
+
+    /// The folder (failing on a file that is not an image) and its stratified group split.
+    pub fn open(&self) -> Result<(ImageFolder, Split), crate::data::DataError> {
+        let folder = ImageFolder::open(&self.root, OnError::Fail)?;
+        let split = group_split(&folder.labels(), &folder.groups(), self.val, self.seed)?;
+        Ok((folder, split))
+    }
+}

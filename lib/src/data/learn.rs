@@ -1,0 +1,286 @@
+//! Training straight from an image folder: the loader as the Trainer's batch
+//! source, and the validation accuracy per class beside the majority-class
+//! and colour-histogram baselines (is a dataset learnable, and how hard?).
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+use serde::Serialize;
+
+use super::baseline::{histogram_baseline, BaselineReport};
+use super::folder::ImageFolder;
+use super::loader::{DataLoader, Dataset, LoaderConfig};
+use super::split::Split;
+use super::synth::Symptom;
+use super::transform::{Transform, Transforms};
+use super::DataError;
+use crate::models::{ModelName, Network, Pass, Shape};
+use crate::train::{BatchSource, OptimizerConfig, TrainConfig, TrainEvent, Trainer};
+
+/// Each epoch's batches as they come off the loader, on the host.
+impl<D: Dataset> BatchSource for DataLoader<D> {
+    fn batches_per_epoch(&self) -> usize {
+        self.len()
+    }
+
+    fn epoch(&mut self, epoch: usize) -> Box<dyn Iterator<Item = candle_core::Result<(Tensor, Tensor)>> + '_> {
+        Box::new(DataLoader::epoch(self, epoch as u64).map(|batch| {
+            let batch = batch.map_err(candle_core::Error::wrap)?;
+            Ok((batch.images, batch.labels))
+        }))
+    }
+}
+
+/// A batch source whose batches are copied to `device` on the way (a no-op on the CPU).
+#[derive(Debug)]
+pub struct OnDevice<S> {
+    pub source: S,
+    pub device: Device,
+}
+
+impl<S: BatchSource> BatchSource for OnDevice<S> {
+    fn batches_per_epoch(&self) -> usize {
+        self.source.batches_per_epoch()
+    }
+
+    fn epoch(&mut self, epoch: usize) -> Box<dyn Iterator<Item = candle_core::Result<(Tensor, Tensor)>> + '_> {
+        let device = self.device.clone();
+        Box::new(self.source.epoch(epoch).map(move |batch| {
+            let (images, labels) = batch?;
+            Ok((images.to_device(&device)?, labels.to_device(&device)?))
+        }))
+    }
+}
+
+/// How [`fit_folder`] trains. Defaults: small-cnn at 64x64, 6 epochs of
+/// batch 32, Adam at 0.002, two loader workers, resize and flip only.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitConfig {
+    pub model: ModelName,
+    /// Square input side in pixels.
+    pub res: u32,
+    pub epochs: usize,
+    pub batch_size: usize,
+    pub optimizer: OptimizerConfig,
+    pub workers: usize,
+    /// The full training augmentation (random resized crop, rotation, colour
+    /// jitter) instead of resize and horizontal flip.
+    pub augment: bool,
+    /// Seed of the weights, the batch order and the augmentation.
+    pub seed: u64,
+    /// Also fit the colour-histogram baseline on the same split.
+    pub baseline: bool,
+}
+
+impl Default for FitConfig {
+    fn default() -> Self {
+        FitConfig {
+            model: ModelName::SmallCnn,
+            res: 64,
+            epochs: 6,
+            batch_size: 32,
+            optimizer: OptimizerConfig::for_kind(crate::ledger::Optimizer::Adam, 0.002),
+            workers: 2,
+            augment: false,
+            seed: 0,
+            baseline: true,
+        }
+    }
+}
+
+/// One epoch: the training side's running figures, then the validation pass.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitEpoch {
+    pub epoch: usize,
+    pub train_loss: f32,
+    pub train_accuracy: f64,
+    pub val_loss: f32,
+    pub val_accuracy: f64,
+    /// Loading and training, without the validation pass.
+    pub seconds: f64,
+}
+
+/// Validation accuracy of one class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassScore {
+    pub class: String,
+    /// For the synthetic leaf-disease classes; `None` for other names.
+    pub symptom: Option<Symptom>,
+    pub val_images: usize,
+    /// `None` when the class has no validation image.
+    pub accuracy: Option<f64>,
+    pub baseline_accuracy: Option<f64>,
+}
+
+/// What training from the folder reached, and the floors to judge it by.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FitReport {
+    pub config: FitConfig,
+    pub train_images: usize,
+    pub val_images: usize,
+    pub epochs: Vec<FitEpoch>,
+    /// After the last epoch.
+    pub val_accuracy: f64,
+    /// The mean of the per-class accuracies (classes with validation images).
+    pub balanced_accuracy: f64,
+    pub per_class: Vec<ClassScore>,
+    /// Always answering the most frequent training class.
+    pub majority_accuracy: f64,
+    pub baseline: Option<BaselineReport>,
+    pub seconds: f64,
+}
+
+impl FitReport {
+    /// Validation images and accuracy over the classes with `symptom`
+    /// (`None`: no class has it or none of its images was validated).
+    pub fn symptom_accuracy(&self, symptom: Symptom) -> Option<(usize, f64)> {
+        let (mut images, mut hits) = (0usize, 0.0f64);
+        for score in self.per_class.iter().filter(|s| s.symptom == Some(symptom)) {
+            if let Some(accuracy) = score.accuracy {
+                images += score.val_images;
+                hits += accuracy * score.val_images as f64;
+            }
+        }
+        (images > 0).then(|| (images, hits / images as f64))
+    }
+}
+
+fn tensor_err(op: &'static str) -> impl Fn(candle_core::Error) -> DataError {
+    move |source| DataError::Tensor { op, shape: Vec::new(), source }
+}
+
+/// Trains `config.model` on `split.train` of `folder`, read through the
+/// loader (never all in memory), validating after every epoch on `split.val`
+/// resized to the same side; then scores each class. `watch` sees every
+/// training event as it happens.
+pub fn fit_folder(
+    folder: &ImageFolder,
+    split: &Split,
+    config: &FitConfig,
+    device: &Device,
+    watch: &mut dyn FnMut(&TrainEvent),
+) -> Result<FitReport, DataError> {
+    let invalid = |m: String| Err(DataError::invalid("fit_folder", m));
+    if config.epochs == 0 || config.batch_size == 0 || config.res < 8 {
+        return invalid(format!(
+            "needs at least 1 epoch, a batch of at least 1 and a side of at least 8 pixels; got {} epochs, batch {}, {} pixels",
+            config.epochs, config.batch_size, config.res
+        ));
+    }
+    if split.train.len() < config.batch_size || split.val.is_empty() {
+        return invalid(format!(
+            "{} training images cannot fill one batch of {} (or validation is empty: {} images)",
+            split.train.len(),
+            config.batch_size,
+            split.val.len()
+        ));
+    }
+    let started = Instant::now();
+    let res = config.res;
+    let train_transforms = if config.augment {
+        Transforms::train(res)
+    } else {
+        Transforms::new(vec![Transform::Resize { width: res, height: res }, Transform::HorizontalFlip { p: 0.5 }])
+    };
+    let loader = |indices: &[usize], transforms: Transforms, train: bool| {
+        let config = LoaderConfig {
+            batch_size: config.batch_size,
+            shuffle: train,
+            seed: config.seed,
+            num_workers: config.workers,
+            // Batch-norm statistics of a tiny last batch are noise.
+            drop_last: train,
+            ..LoaderConfig::default()
+        };
+        DataLoader::new(folder.dataset(indices, transforms), config)
+    };
+    let mut train = OnDevice { source: loader(&split.train, train_transforms, true)?, device: device.clone() };
+    let mut val = OnDevice { source: loader(&split.val, Transforms::resize(res), false)?, device: device.clone() };
+
+    let classes = folder.classes.len();
+    let spec = config.model.spec(classes);
+    let net = Network::new(&spec, Shape::map(3, res as usize, res as usize), device, config.seed)?;
+    let train_config = TrainConfig { optimizer: config.optimizer.clone(), ..TrainConfig::default() };
+    let mut trainer = Trainer::new(net, train_config)?;
+    trainer.fit(&mut train, Some(&mut val), config.epochs, watch)?;
+
+    let mut epochs: Vec<FitEpoch> = Vec::with_capacity(config.epochs);
+    for event in &trainer.history().events {
+        match event {
+            TrainEvent::Epoch(e) => epochs.push(FitEpoch {
+                epoch: e.epoch,
+                train_loss: e.loss,
+                train_accuracy: e.accuracy,
+                val_loss: f32::NAN,
+                val_accuracy: f64::NAN,
+                seconds: e.seconds,
+            }),
+            TrainEvent::Eval(e) => {
+                if let Some(last) = epochs.iter_mut().rev().find(|f| f.epoch == e.epoch) {
+                    last.val_loss = e.loss;
+                    last.val_accuracy = e.accuracy;
+                }
+            }
+            TrainEvent::Step(_) => {}
+        }
+    }
+
+    let (truth, predicted) = predictions(trainer.net(), &mut val)?;
+    let hits = truth.iter().zip(&predicted).filter(|(t, p)| t == p).count();
+    let val_accuracy = hits as f64 / truth.len().max(1) as f64;
+
+    let baseline = if config.baseline { Some(histogram_baseline(folder, split)?) } else { None };
+    let mut per_class = Vec::with_capacity(classes);
+    for (c, name) in folder.classes.iter().enumerate() {
+        let of_class: Vec<usize> = (0..truth.len()).filter(|&i| truth[i] as usize == c).collect();
+        let accuracy = (!of_class.is_empty())
+            .then(|| of_class.iter().filter(|&&i| predicted[i] as usize == c).count() as f64 / of_class.len() as f64);
+        per_class.push(ClassScore {
+            class: name.clone(),
+            symptom: Symptom::of(name),
+            val_images: of_class.len(),
+            accuracy,
+            baseline_accuracy: baseline.as_ref().and_then(|b| b.per_class.get(c).copied().filter(|a| !a.is_nan())),
+        });
+    }
+    let scored: Vec<f64> = per_class.iter().filter_map(|s| s.accuracy).collect();
+    let balanced_accuracy = scored.iter().sum::<f64>() / scored.len().max(1) as f64;
+
+    let labels = folder.labels();
+    let mut counts = vec![0usize; classes];
+    for &i in &split.train {
+        counts[labels[i] as usize] += 1;
+    }
+    let majority = counts.iter().enumerate().max_by_key(|(_, &n)| n).map_or(0, |(c, _)| c) as u32;
+    let majority_accuracy = truth.iter().filter(|&&t| t == majority).count() as f64 / truth.len().max(1) as f64;
+
+    Ok(FitReport {
+        config: config.clone(),
+        train_images: split.train.len(),
+        val_images: split.val.len(),
+        epochs,
+        val_accuracy,
+        balanced_accuracy,
+        per_class,
+        majority_accuracy,
+        baseline,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// True and predicted classes of every validation image, batch-norm on its running statistics.
+fn predictions(net: &Network, val: &mut dyn BatchSource) -> Result<(Vec<u32>, Vec<u32>), DataError> {
+    let pass = Pass::eval(DType::F32);
+    let (mut truth, mut predicted) = (Vec::new(), Vec::new());
+    for batch in val.epoch(0) {
+        let (images, labels) = batch.map_err(tensor_err("loading a validation batch"))?;
+        let logits = net.forward(&images, pass).map_err(tensor_err("validation forward"))?;
+        let argmax = logits.argmax(1).and_then(|a| a.to_dtype(DType::U32)).and_then(|a| a.to_vec1::<u32>());
+        predicted.extend(argmax.map_err(tensor_err("validation argmax"))?);
+        truth.extend(labels.to_vec1::<u32>().map_err(tensor_err("validation labels"))?);
+    }
+    Ok((truth, predicted))
+}
+
+#[cfg(test)]
+mod tests;
