@@ -187,3 +187,39 @@ fn a_step_wants_as_many_micro_batches_as_the_accumulation() {
     let err = trainer.step(&[batch], 0).unwrap_err().to_string();
     assert!(err.contains("needs 2 micro-batches"), "{err}");
 }
+
+/// A source that counts the batches it has handed out.
+struct Counting {
+    inner: InMemory,
+    produced: std::rc::Rc<std::cell::Cell<usize>>,
+}
+
+impl BatchSource for Counting {
+    fn batches_per_epoch(&self) -> usize {
+        self.inner.batches_per_epoch()
+    }
+
+    fn epoch(&mut self, epoch: usize) -> Box<dyn Iterator<Item = candle_core::Result<(Tensor, Tensor)>> + '_> {
+        let produced = self.produced.clone();
+        Box::new(self.inner.epoch(epoch).inspect(move |_| produced.set(produced.get() + 1)))
+    }
+}
+
+#[test]
+fn fit_takes_batches_as_it_trains_not_a_whole_epoch_first() {
+    let (x, y) = Stripes::new(4, 16).generate(96, 3, &Device::Cpu).unwrap();
+    let produced = std::rc::Rc::new(std::cell::Cell::new(0));
+    let mut source = Counting { inner: InMemory::new(x, y, 16), produced: produced.clone() };
+    let config = TrainConfig { accumulation: 2, ..TrainConfig::default() };
+    let mut trainer = Trainer::new(net(ModelName::SmallCnn, 4, 16), config).unwrap();
+    let mut seen = Vec::new();
+    trainer
+        .fit(&mut source, None, 1, &mut |event| {
+            if let TrainEvent::Step(step) = event {
+                seen.push((step.step, produced.get()));
+            }
+        })
+        .unwrap();
+    // Each optimizer step has taken exactly its two micro-batches, no more.
+    assert_eq!(seen, vec![(1, 2), (2, 4), (3, 6)]);
+}

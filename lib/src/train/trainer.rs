@@ -366,8 +366,8 @@ impl Trainer {
             let started = Instant::now();
             let (mut loss_sum, mut correct, mut samples, mut steps) = (0.0f64, 0.0f64, 0usize, 0usize);
             let mut group = Vec::with_capacity(self.config.accumulation);
-            let batches: Vec<_> = train.epoch(epoch).collect();
-            for batch in batches {
+            // Batch by batch, so a loader's prefetch bound holds and loading overlaps training.
+            for batch in train.epoch(epoch) {
                 group.push(batch?);
                 if group.len() < self.config.accumulation {
                     continue;
