@@ -421,6 +421,15 @@ impl Step<'_> {
             // The phase's highest point: one of its stages' backward, with
             // that stage's transients on top of what is resident by then.
             let mut highest = live;
+            // Below the head, backward starts from the product of the
+            // segment's output and the gradient that reached it: that
+            // product, its sum's gradient, zeros and their sum stay until
+            // the segment is done.
+            let root = if segment.end == stages.len() {
+                0
+            } else {
+                4 * self.batch * stages[segment.end - 1].boundary_bytes
+            };
             for i in segment.clone().rev() {
                 let stage = &stages[i];
                 if self.ckpt[i] {
@@ -444,7 +453,7 @@ impl Step<'_> {
                 );
                 let mut transient = Parts::default();
                 transient.set(Part::Workspace, self.workspace(&stage.cost));
-                transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes);
+                transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes + root);
                 live.add(Part::Gradients, stage.cost.params * F32_BYTES);
                 for during in [live.plus(&weight), live.plus(&transient)] {
                     if during.total() > highest.total() {
