@@ -141,8 +141,16 @@ fn checkpointing_lowers_the_peak_and_names_unknown_stages() {
         ..StepConfig::training(32, 224)
     };
     let ledger = estimate(&resnet50(1000), &ckpt, &laptop()).unwrap();
+    // Forward keeps only the stage boundaries, a tenth of the activations;
+    // the peak falls less, as a stage's recomputation and its backward come back.
     assert!(
-        ledger.peak.bytes * 10 < plain.peak.bytes * 6,
+        ledger.kept_by_forward() * 10 < plain.kept_by_forward(),
+        "{} vs {}",
+        ledger.kept_by_forward(),
+        plain.kept_by_forward()
+    );
+    assert!(
+        ledger.peak.bytes * 10 < plain.peak.bytes * 7,
         "{} vs {}",
         ledger.peak.bytes,
         plain.peak.bytes
