@@ -174,14 +174,19 @@ impl Step<'_> {
         }
     }
 
-    /// What stage `i` holds between its forward and its backward.
+    /// What stage `i` holds between its forward and its backward. A
+    /// checkpointed first stage under mixed precision also keeps the half
+    /// copy of the images it is recomputed from.
     fn held(&self, i: usize) -> u64 {
         let stage = &self.cost.stages[i];
+        let precision = self.config.precision;
         self.batch
-            * if self.ckpt[i] {
-                stage.boundary_bytes
-            } else {
+            * if !self.ckpt[i] {
                 stage.cost.saved_bytes
+            } else if i == 0 && precision.is_mixed() {
+                stage.boundary_bytes + stage.input.elems() * precision.compute_bytes()
+            } else {
+                stage.boundary_bytes
             }
     }
 
@@ -261,7 +266,9 @@ impl Step<'_> {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let what = if self.ckpt[i] {
+                let what = if self.ckpt[i] && i == 0 && c.precision.is_mixed() {
+                    "checkpointed: keeps its output and the half images"
+                } else if self.ckpt[i] {
                     "checkpointed: keeps its output"
                 } else {
                     "saved for backward"
@@ -443,19 +450,19 @@ impl Step<'_> {
                     live.set(Part::Recompute, self.batch * stage.cost.saved_bytes + input_copy);
                     live.add(Part::AmpWeightCopies, self.amp_copies(stage.cost.amp_copy_params));
                 }
-                // A stage's weights of the largest size come in several
-                // layers, so one of them is made when the stage's other
-                // gradients already exist.
-                let mut weight = Parts::default();
-                weight.set(
-                    Part::BackwardTemporaries,
-                    stage.cost.largest_param_elems * self.weight_gradient_temporary_bytes(),
-                );
                 let mut transient = Parts::default();
                 transient.set(Part::Workspace, self.workspace(&stage.cost));
                 transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes + root);
                 live.add(Part::Gradients, stage.cost.params * F32_BYTES);
-                for during in [live.plus(&weight), live.plus(&transient)] {
+                // The stage's largest weight gradient is made before the
+                // gradients of the layers that precede it.
+                let mut at_largest_weight = live;
+                at_largest_weight.remove(Part::Gradients, stage.cost.params_before_largest * F32_BYTES);
+                at_largest_weight.add(
+                    Part::BackwardTemporaries,
+                    stage.cost.largest_param_elems * self.weight_gradient_temporary_bytes(),
+                );
+                for during in [at_largest_weight, live.plus(&transient)] {
                     if during.total() > highest.total() {
                         highest = during;
                     }
@@ -467,6 +474,13 @@ impl Step<'_> {
             // before the phase ends; the last segment's output (the logits)
             // is still borrowed by the loss then.
             let last = segment.end == stages.len();
+            // The gradient that came in is freed with the segment's graph;
+            // the one at its input waits for the segment below.
+            let passed = match segment.start {
+                0 => 0,
+                start => self.batch * stages[start - 1].boundary_bytes,
+            };
+            live.set(Part::PassedGradient, passed);
             if last {
                 rec.phase_during(name.clone(), &live, highest);
             }

@@ -17,6 +17,7 @@ pub enum Part {
     OptimizerState,
     Activations,
     Recompute,
+    PassedGradient,
     Images,
     Labels,
     Workspace,
@@ -25,7 +26,7 @@ pub enum Part {
 }
 
 impl Part {
-    const COUNT: usize = 14;
+    const COUNT: usize = 15;
     const ALL: [Part; Part::COUNT] = [
         Part::Context,
         Part::Weights,
@@ -36,6 +37,7 @@ impl Part {
         Part::OptimizerState,
         Part::Activations,
         Part::Recompute,
+        Part::PassedGradient,
         Part::Images,
         Part::Labels,
         Part::Workspace,
@@ -50,7 +52,7 @@ impl Part {
             | Part::Gradients
             | Part::AccumulatedGradients => BillKind::Parameters,
             Part::OptimizerState => BillKind::OptimizerState,
-            Part::Activations | Part::AmpWeightCopies | Part::Recompute => {
+            Part::Activations | Part::AmpWeightCopies | Part::Recompute | Part::PassedGradient => {
                 BillKind::Activations
             }
             Part::Images | Part::Labels => BillKind::InputBatch,
@@ -72,6 +74,7 @@ impl Part {
             Part::OptimizerState => "optimizer state",
             Part::Activations => "activations",
             Part::Recompute => "checkpointed segment graph",
+            Part::PassedGradient => "gradient passed to the segment below",
             Part::Images => "images",
             Part::Labels => "labels",
             Part::Workspace => "conv workspace",

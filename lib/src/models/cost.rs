@@ -30,6 +30,9 @@ pub struct Cost {
     pub backward_bytes: u64,
     /// The largest parameter tensor (elements); the optimizer step works one tensor at a time.
     pub largest_param_elems: u64,
+    /// Parameters that come before the first tensor of that largest size in
+    /// forward order: backward makes their gradients after that tensor's.
+    pub params_before_largest: u64,
     /// Parameters in tensors under [`SMALL_TENSOR_ELEMS`] elements (8-bit optimizers keep them in f32).
     pub small_tensor_params: u64,
     /// How many parameter tensors have at least [`SMALL_TENSOR_ELEMS`] elements.
@@ -53,6 +56,11 @@ impl Cost {
             largest_tensor_bytes: self.largest_tensor_bytes.max(next.largest_tensor_bytes),
             backward_bytes: self.backward_bytes.max(next.backward_bytes),
             largest_param_elems: self.largest_param_elems.max(next.largest_param_elems),
+            params_before_largest: if next.largest_param_elems > self.largest_param_elems {
+                self.params + next.params_before_largest
+            } else {
+                self.params_before_largest
+            },
             small_tensor_params: self.small_tensor_params + next.small_tensor_params,
             large_tensors: self.large_tensors + next.large_tensors,
         }
@@ -60,8 +68,11 @@ impl Cost {
 
     /// Records one parameter tensor of `elems` elements.
     pub(crate) fn param_tensor(&mut self, elems: u64) {
+        if elems > self.largest_param_elems {
+            self.largest_param_elems = elems;
+            self.params_before_largest = self.params;
+        }
         self.params += elems;
-        self.largest_param_elems = self.largest_param_elems.max(elems);
         if elems < SMALL_TENSOR_ELEMS {
             self.small_tensor_params += elems;
         } else {

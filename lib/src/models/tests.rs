@@ -13,6 +13,18 @@ fn parameter_counts_match_the_reference_architectures() {
 }
 
 #[test]
+fn the_largest_weight_comes_after_the_layers_before_it() {
+    let layer4 = &cost(&resnet18(10)).stages[4];
+    assert_eq!(layer4.name, "layer4");
+    // 512x512 3x3 convs; the first is layer4.0.conv2, after conv1 (256 -> 512) and bn1.
+    assert_eq!(layer4.cost.largest_param_elems, 512 * 512 * 9);
+    assert_eq!(layer4.cost.params_before_largest, 256 * 512 * 9 + 2 * 512);
+    let whole = cost(&resnet18(10)).total;
+    let before_layer4: u64 = cost(&resnet18(10)).stages[..4].iter().map(|s| s.cost.params).sum();
+    assert_eq!(whole.params_before_largest, before_layer4 + layer4.cost.params_before_largest);
+}
+
+#[test]
 fn parameters_scale_with_the_number_of_classes() {
     // Only the classifier changes: in_features x classes + classes.
     assert_eq!(
