@@ -18,6 +18,7 @@ use vramlab::memory::CellProbe;
 use vramlab::render::{Bundle, DisplayFrame};
 
 use crate::engine::{CellError, Completion, Engine, ExecuteJob, Outcome, Output};
+use crate::final_value::FinalValue;
 use crate::install::LIB_ENV;
 use crate::slot::BuildSlot;
 
@@ -142,6 +143,7 @@ struct Worker {
     library: Library,
     running: Arc<Running>,
     memory: Option<Arc<CellProbe>>,
+    final_value: FinalValue,
 }
 
 impl Worker {
@@ -156,9 +158,12 @@ impl Worker {
             Ok((eval, outputs)) => (CommandContext::with_eval_context(eval), outputs),
             Err(err) => return Self::refuse_all(jobs, format!("the Rust engine (evcxr) failed to start: {err}")),
         };
-        let mut worker = Worker { ctx, pump: Pump::start(outputs), slot, library, running, memory };
-        if let Err(err) = worker.ctx.execute(PANIC_HOOK_CELL) {
-            log::error!("could not install the panic hook in the cell process: {err}");
+        let final_value = FinalValue::default();
+        let mut worker = Worker { ctx, pump: Pump::start(outputs), slot, library, running, memory, final_value };
+        // One compile for both: the start of the first cell waits for it.
+        let prepare = format!("{}\n{PANIC_HOOK_CELL}", worker.final_value.definition());
+        if let Err(err) = worker.ctx.execute(&prepare) {
+            log::error!("could not prepare the cell process (panic hook, final values): {err}");
         }
         for job in jobs {
             worker.handle(job);
@@ -232,6 +237,11 @@ impl Worker {
         if !self.library.loaded && job.code.contains("vramlab") {
             self.load_library(&job.output)?;
         }
+        let after = self.final_value.after(&job.code);
+        if after.settings != self.final_value {
+            self.final_value = after.settings;
+            self.define_final_value();
+        }
         let variables_before: BTreeSet<String> = self.ctx.variables_and_types().map(|(name, _)| name.to_owned()).collect();
         self.pump.attach(job.output.clone());
         *self.running.process.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.ctx.process_handle());
@@ -251,11 +261,18 @@ impl Worker {
         };
         *self.running.process.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let report = self.pump.detach();
+        if after.cleared {
+            self.define_final_value();
+        }
         let interrupted = self.running.interrupted.swap(false, Ordering::SeqCst);
         match result {
             Ok(_) if interrupted => Err(interrupted_error(&variables_before)),
             Ok(outputs) => match report.panic {
                 Some(panic) => Err(panic.into_error()),
+                None if outputs.timing.is_some() => {
+                    job.output.stream(Stdio::Stdout, timing_line(&outputs));
+                    Ok((!outputs.content_by_mime_type.is_empty()).then(|| bundle_of(outputs.content_by_mime_type)))
+                }
                 None if outputs.content_by_mime_type.is_empty() => Ok(None),
                 None => Ok(Some(bundle_of(outputs.content_by_mime_type))),
             },
@@ -263,6 +280,12 @@ impl Worker {
             Err(evcxr::Error::SubprocessTerminated(detail)) => Err(process_died(&variables_before, &detail)),
             Err(evcxr::Error::CompilationErrors(errors)) => Err(compilation_error(&errors, &job.code)),
             Err(other) => Err(CellError::new("Error", other.to_string(), vec![other.to_string()])),
+        }
+    }
+
+    fn define_final_value(&mut self) {
+        if let Err(err) = self.ctx.execute(&self.final_value.definition()) {
+            log::error!("could not define how final values are shown: {err}");
         }
     }
 
@@ -328,6 +351,14 @@ fn bundle_of(content: std::collections::HashMap<String, String>) -> Bundle {
             _ => bundle.with(&mime, text),
         }
     })
+}
+
+/// What `:timing` shows: the whole evaluation, then evcxr's phases (a
+/// `Fallback` phase is a compile that failed and was redone).
+fn timing_line(outputs: &evcxr::EvalOutputs) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let phases: Vec<String> = outputs.phases.iter().map(|p| format!("{} {:.0} ms", p.name, ms(p.duration))).collect();
+    format!("Took {:.0} ms: {}\n", outputs.timing.map_or(0.0, ms), phases.join(", "))
 }
 
 fn identifier_end(code: &str, cursor: usize) -> usize {

@@ -5,6 +5,7 @@ mod connection;
 mod display;
 mod engine;
 mod evcxr_engine;
+mod final_value;
 mod history;
 mod install;
 mod iopub;

@@ -55,6 +55,45 @@ async fn panics_and_compile_errors_keep_the_variables() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn final_values_show_after_one_compile_and_follow_fmt_and_types() {
+    let mut kernel = Kernel::start().await;
+    let timing = kernel.execute(":timing").await;
+    assert_eq!(timing.result_text().as_deref().map(str::trim_end), Some("Timing: true"));
+    let sum = kernel.execute("1 + 1").await;
+    assert_eq!(sum.result_text().as_deref(), Some("2"));
+    let took = sum.stdout();
+    assert!(took.starts_with("Took ") && took.contains("Final compile"), "{took}");
+    assert!(!took.contains("Fallback"), "a Debug value needs no second compile: {took}");
+
+    kernel.execute("#[derive(Debug)] struct Point { x: i32 }
+let word = String::from(\"kept\");").await;
+    assert_eq!(kernel.execute("word").await.result_text().as_deref(), Some("\"kept\""));
+    assert_eq!(kernel.execute("word.len()").await.result_text().as_deref(), Some("4"), "the value was borrowed, not moved");
+    // A cell's leading commands apply to its own value.
+    let pretty = kernel.execute(":fmt {:#?}\nPoint { x: 1 }").await.result_text().unwrap();
+    assert!(pretty.ends_with("\nPoint {\n    x: 1,\n}"), "{pretty}");
+    let hex = kernel.execute(":fmt {:x}\n255").await;
+    assert!(hex.result_text().unwrap().ends_with("\nff"), "other formats take evcxr's own path: {:?}", hex.result_text());
+    assert!(hex.stdout().contains("Fallback"), "{}", hex.stdout());
+    let typed = kernel.execute(":fmt\n:types\nvec![1u8]").await.result_text().unwrap();
+    assert!(typed.ends_with("\n: Vec<u8> = [1]"), "{typed}");
+    kernel.execute(":types").await;
+
+    struct_without_debug_is_a_compile_error(&mut kernel).await;
+    kernel.execute(":clear").await;
+    let after_clear = kernel.execute("[1.5f32, 2.0]").await;
+    assert_eq!(after_clear.result_text().as_deref(), Some("[1.5, 2.0]"));
+    assert!(!after_clear.stdout().contains("Fallback"), "{}", after_clear.stdout());
+}
+
+async fn struct_without_debug_is_a_compile_error(kernel: &mut Kernel) {
+    let run = kernel.execute("struct Opaque;\nOpaque").await;
+    let error = run.error().expect("a value without Debug cannot be shown");
+    assert_eq!(error.ename, "CompilationError");
+    assert!(error.evalue.contains("Debug"), "{}", error.evalue);
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_dead_cell_process_is_reported_and_replaced() {
     let mut kernel = Kernel::start().await;
     kernel.execute("let doomed = 1;\nfn still_here() -> u8 { 7 }").await;
