@@ -40,7 +40,7 @@ pub fn preprocess(src: &Path, out: &Path, short_side: u32, quality: u8) -> Resul
         let dir = out.join(class);
         std::fs::create_dir_all(&dir).map_err(DataError::io("creating", dir))?;
     }
-    let options = DecodeOptions { decoder: Decoder::JpegDecoder, min_short_side: Some(short_side) };
+    let options = DecodeOptions { decoder: Decoder::TurboJpeg, min_short_side: Some(short_side) };
     let progress = Mutex::new(Progress::new("preprocess", folder.items.len() as u64));
     let results: Result<Vec<(std::path::PathBuf, u64, u64, u32, u32, bool)>, DataError> = folder
         .items
