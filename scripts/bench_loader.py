@@ -5,7 +5,8 @@ Pipeline on both sides: decode, resize to RES x RES, random horizontal flip,
 to tensor, normalise (ImageNet), batches of 32, one pass in file order, for
 each worker count, on the synthetic leaf-disease set at its original sizes
 and pre-resized to short side 512. The two loaders alternate so that the
-machine's load falls on each alike. Also decode MB/s on one core for PIL.
+machine's load falls on each alike. Also decode MB/s on one core for PIL,
+and the one-minute load average sampled before each pair of passes.
 
 Creates its own venv (torch, torchvision, pillow from
 scripts/bench-requirements.txt) at $BENCH_VENV (default .venv-bench); point
@@ -88,6 +89,20 @@ def pil_decode_mb_per_s(root: Path, limit: int = 200) -> float:
     return total_bytes / 1e6 / seconds
 
 
+def summary(values: list[float]) -> dict | None:
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values), "samples": len(values)}
+
+
+def load_average() -> float | None:
+    """The one-minute load average, or None where /proc/loadavg is missing."""
+    try:
+        return float(Path("/proc/loadavg").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -123,11 +138,12 @@ def main() -> None:
     if not (resized / "manifest.csv").exists():
         run_vramlab("preprocess", "--src", str(original), "--out", str(resized), "--short-side", "512")
 
-    rows = []
+    rows, loads = [], []
     for name, root in (("original", original), ("short side 512", resized)):
         for workers in args.workers:
             ours, theirs = [], []
             for _ in range(args.repeat):
+                loads.append(load_average())
                 ours.append(run_vramlab("bench", "loader", "--root", str(root), "--batch", str(args.batch), "--res", str(args.res), "--workers", str(workers)))
                 theirs.append(torchvision_pass(root, args.batch, args.res, workers))
             best = lambda runs: statistics.median(r["images_per_s"] for r in runs)
@@ -153,6 +169,7 @@ def main() -> None:
         "res": args.res,
         "pil_decode_mb_per_s_per_core": {"original": pil_decode_mb_per_s(original), "short side 512": pil_decode_mb_per_s(resized)},
         "rows": rows,
+        "load_average_1min": summary([l for l in loads if l is not None]),
     }
     text = json.dumps(result, indent=2)
     print(text)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Everything the lessons and the tests need on a fresh machine: the rust-src
-# component (evcxr's rust-analyzer reads it), a Python venv with the Jupyter
-# clients, the release build, and the kernelspec inside the venv.
+# Everything the lessons and the tests need on a fresh machine: cmake and nasm
+# (system packages), the rust-src component (evcxr's rust-analyzer reads it), a
+# Python venv with the Jupyter clients, the release build, and the kernelspec
+# inside the venv.
 # Sourced by scripts/lessons.sh and scripts/test.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,9 +15,17 @@ if ! rustup component list --installed 2>/dev/null | grep -q '^rust-src'; then
     rustup component add rust-src
 fi
 
+# System packages, with apt-get as root or through sudo: cmake and nasm build
+# libjpeg-turbo (the JPEG decoder, with its SIMD code) during the cargo build.
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v nasm >/dev/null 2>&1 || missing+=(nasm)
 if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
-    say "installing python3-venv"
-    if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq python3-venv; else sudo apt-get update -qq && sudo apt-get install -y -qq python3-venv; fi
+    missing+=(python3-venv)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]}"
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${missing[@]}"; else sudo apt-get update -qq && sudo apt-get install -y -qq "${missing[@]}"; fi
 fi
 
 if [ ! -x .venv/bin/python ]; then

@@ -52,8 +52,9 @@ pub struct PreprocessArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DecoderChoice {
-    /// jpeg-decoder with DCT-domain downscaling
-    JpegDecoder,
+    /// libjpeg-turbo with DCT-domain downscaling
+    #[value(name = "turbojpeg")]
+    TurboJpeg,
     /// image (zune-jpeg), full size
     Image,
 }
@@ -61,7 +62,7 @@ pub enum DecoderChoice {
 impl From<DecoderChoice> for Decoder {
     fn from(choice: DecoderChoice) -> Decoder {
         match choice {
-            DecoderChoice::JpegDecoder => Decoder::JpegDecoder,
+            DecoderChoice::TurboJpeg => Decoder::TurboJpeg,
             DecoderChoice::Image => Decoder::Image,
         }
     }
@@ -83,7 +84,7 @@ pub struct BenchLoaderArgs {
     /// Batches each worker queues ahead
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
     pub prefetch: u64,
-    #[arg(long, value_enum, default_value_t = DecoderChoice::JpegDecoder)]
+    #[arg(long, value_enum, default_value_t = DecoderChoice::TurboJpeg)]
     pub decoder: DecoderChoice,
     /// Only the first N images
     #[arg(long)]

@@ -49,7 +49,7 @@ fn tensor_err(op: &'static str) -> impl Fn(candle_core::Error) -> DataError {
 /// Trains on `split.train` and evaluates on `split.val` of `folder`
 /// (400 full-batch AdamW steps on standardised histograms).
 pub fn histogram_baseline(folder: &ImageFolder, split: &Split) -> Result<BaselineReport, DataError> {
-    let options = DecodeOptions { decoder: Decoder::JpegDecoder, min_short_side: Some(64) };
+    let options = DecodeOptions { decoder: Decoder::TurboJpeg, min_short_side: Some(64) };
     let features: Vec<Vec<f32>> = folder
         .items
         .par_iter()

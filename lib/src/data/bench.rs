@@ -24,7 +24,7 @@ pub struct LoaderBenchConfig {
 
 impl Default for LoaderBenchConfig {
     fn default() -> Self {
-        LoaderBenchConfig { batch: 32, res: 224, workers: 0, prefetch: 2, decoder: Decoder::JpegDecoder, limit: None }
+        LoaderBenchConfig { batch: 32, res: 224, workers: 0, prefetch: 2, decoder: Decoder::TurboJpeg, limit: None }
     }
 }
 
@@ -104,13 +104,13 @@ pub struct DecoderBench {
     pub megapixels_out: f64,
 }
 
-/// Decodes `files` with each of: `image` at full size, `jpeg-decoder` at
-/// full size, and `jpeg-decoder` at the DCT scale that still covers `short_side`.
+/// Decodes `files` with each of: `image` at full size, libjpeg-turbo at
+/// full size, and libjpeg-turbo at the DCT scale that still covers `short_side`.
 pub fn bench_decoders(files: &[std::path::PathBuf], short_side: u32) -> Result<Vec<DecoderBench>, DataError> {
     let runs = [
         ("image (zune-jpeg), full size", DecodeOptions { decoder: Decoder::Image, min_short_side: None }),
-        ("jpeg-decoder, full size", DecodeOptions { decoder: Decoder::JpegDecoder, min_short_side: None }),
-        ("jpeg-decoder, DCT-scaled", DecodeOptions { decoder: Decoder::JpegDecoder, min_short_side: Some(short_side) }),
+        ("libjpeg-turbo, full size", DecodeOptions { decoder: Decoder::TurboJpeg, min_short_side: None }),
+        ("libjpeg-turbo, DCT-scaled", DecodeOptions { decoder: Decoder::TurboJpeg, min_short_side: Some(short_side) }),
     ];
     let mut out = Vec::new();
     for (label, options) in runs {

@@ -1,14 +1,17 @@
 //! Bytes to RGB: JPEG (with DCT-domain downscaling), PNG and the rest of
 //! what `image` reads; greyscale, CMYK, alpha and EXIF orientation handled.
 
+use std::cell::RefCell;
 use std::io::Cursor;
 use std::path::Path;
+use std::sync::LazyLock;
 use std::time::Instant;
 
 use fast_image_resize::images::{Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageReader};
+use turbojpeg::{Colorspace, Decompressor, PixelFormat, ScalingFactor};
 
 use super::DataError;
 
@@ -204,9 +207,11 @@ fn composite_on_white(rgba: image::RgbaImage) -> image::RgbImage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Decoder {
-    /// `jpeg-decoder`: can decode at 1/2, 1/4 or 1/8 scale in the DCT domain.
+    /// libjpeg-turbo (through `turbojpeg`): decodes at any M/8 of the stored
+    /// size in the DCT domain, SIMD throughout.
     #[default]
-    JpegDecoder,
+    #[serde(rename = "turbojpeg")]
+    TurboJpeg,
     /// `image` (its JPEG path is zune-jpeg): always full size.
     Image,
 }
@@ -225,13 +230,14 @@ pub struct Decoded {
     pub image: RgbImage,
     /// Size stored in the file (before EXIF orientation and DCT scaling).
     pub stored_size: (u32, u32),
-    /// 1, 2, 4 or 8.
-    pub dct_scale: u32,
+    /// The image was decoded at `dct_eighths`/8 of its stored size (8: full size).
+    pub dct_eighths: u32,
     pub encoded_bytes: usize,
     pub seconds: f64,
 }
 
 const JPEG_MAGIC: [u8; 2] = [0xFF, 0xD8];
+const FULL_SIZE: u32 = 8;
 
 pub fn decode_file(path: &Path, options: DecodeOptions) -> Result<Decoded, DataError> {
     let bytes = std::fs::read(path).map_err(DataError::io("reading", path))?;
@@ -242,12 +248,12 @@ pub fn decode_file(path: &Path, options: DecodeOptions) -> Result<Decoded, DataE
 pub fn decode_bytes(bytes: &[u8], path: &Path, options: DecodeOptions) -> Result<Decoded, DataError> {
     let started = Instant::now();
     let err = |message: String| DataError::Decode { path: path.to_owned(), message };
-    let (image, stored_size, dct_scale) = if bytes.starts_with(&JPEG_MAGIC) && options.decoder == Decoder::JpegDecoder {
+    let (image, stored_size, dct_eighths) = if bytes.starts_with(&JPEG_MAGIC) && options.decoder == Decoder::TurboJpeg {
         decode_jpeg(bytes, options.min_short_side).map_err(err)?
     } else {
         decode_with_image(bytes).map_err(err)?
     };
-    Ok(Decoded { image, stored_size, dct_scale, encoded_bytes: bytes.len(), seconds: started.elapsed().as_secs_f64() })
+    Ok(Decoded { image, stored_size, dct_eighths, encoded_bytes: bytes.len(), seconds: started.elapsed().as_secs_f64() })
 }
 
 fn decode_with_image(bytes: &[u8]) -> Result<(RgbImage, (u32, u32), u32), String> {
@@ -260,52 +266,113 @@ fn decode_with_image(bytes: &[u8]) -> Result<(RgbImage, (u32, u32), u32), String
     let stored = decoder.dimensions();
     let mut image = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
     image.apply_orientation(orientation);
-    Ok((RgbImage::from_dynamic(image).map_err(|e| e.to_string())?, stored, 1))
+    Ok((RgbImage::from_dynamic(image).map_err(|e| e.to_string())?, stored, FULL_SIZE))
 }
 
-/// The largest DCT scale divisor (8, 4, 2, 1) that keeps the shorter side at least `min`.
-fn dct_divisor(width: u32, height: u32, min: Option<u32>) -> u32 {
-    let Some(min) = min else { return 1 };
-    [8, 4, 2].into_iter().find(|&k| width.min(height).div_ceil(k) >= min).unwrap_or(1)
+/// The smallest DCT scale, in eighths of the stored size, among those
+/// libjpeg-turbo offers up to full size, that keeps the shorter side at least `min`.
+fn dct_eighths(width: u32, height: u32, min: Option<u32>) -> u32 {
+    let Some(min) = min else { return FULL_SIZE };
+    let short = width.min(height) as usize;
+    (1..FULL_SIZE)
+        .filter(|&m| DCT_SCALES.contains(&m))
+        .find(|&m| ScalingFactor::new(m as usize, 8).scale(short) >= min as usize)
+        .unwrap_or(FULL_SIZE)
+}
+
+/// Eighths of the stored size libjpeg-turbo decodes to in the DCT domain.
+static DCT_SCALES: LazyLock<Vec<u32>> = LazyLock::new(|| {
+    Decompressor::supported_scaling_factors()
+        .into_iter()
+        .filter(|f| f.num() <= f.denom() && 8 % f.denom() == 0)
+        .map(|f| (f.num() * 8 / f.denom()) as u32)
+        .collect()
+});
+
+thread_local! {
+    /// A libjpeg-turbo handle per thread: set up once, reused for every file.
+    static DECOMPRESSOR: RefCell<Option<Decompressor>> = const { RefCell::new(None) };
 }
 
 fn decode_jpeg(bytes: &[u8], min_short_side: Option<u32>) -> Result<(RgbImage, (u32, u32), u32), String> {
-    use jpeg_decoder::PixelFormat;
-    let mut decoder = jpeg_decoder::Decoder::new(Cursor::new(bytes));
-    decoder.read_info().map_err(|e| e.to_string())?;
-    let info = decoder.info().ok_or("no JPEG header")?;
-    let (w, h) = (info.width as u32, info.height as u32);
-    let divisor = dct_divisor(w, h, min_short_side);
-    if divisor > 1 {
-        decoder
-            .scale(w.div_ceil(divisor) as u16, h.div_ceil(divisor) as u16)
-            .map_err(|e| e.to_string())?;
-    }
-    let raw = decoder.decode().map_err(|e| e.to_string())?;
-    let info = decoder.info().ok_or("no JPEG header")?;
-    let (dw, dh) = (info.width as u32, info.height as u32);
-    let pixels = match info.pixel_format {
-        PixelFormat::RGB24 => raw,
-        PixelFormat::L8 => raw.iter().flat_map(|&l| [l, l, l]).collect(),
-        PixelFormat::L16 => raw.chunks_exact(2).flat_map(|v| [v[0], v[0], v[0]]).collect(),
-        PixelFormat::CMYK32 => cmyk_to_rgb(&raw),
-    };
-    let expected = dw as usize * dh as usize * 3;
-    if pixels.len() != expected {
-        return Err(format!("truncated: {} of {expected} pixel bytes", pixels.len()));
-    }
-    let orientation = decoder.exif_data().and_then(Orientation::from_exif_chunk).map_or(1, |o| o.to_exif());
-    let image = RgbImage::new(dw, dh, pixels).map_err(|e| e.to_string())?;
-    Ok((image.oriented(orientation).map_err(|e| e.to_string())?, (w, h), divisor))
+    DECOMPRESSOR.with_borrow_mut(|slot| {
+        let decompressor = match slot {
+            Some(decompressor) => decompressor,
+            None => slot.insert(Decompressor::new().map_err(|e| format!("starting libjpeg-turbo: {e}"))?),
+        };
+        decode_jpeg_with(decompressor, bytes, min_short_side)
+    })
 }
 
-/// `jpeg-decoder` undoes Adobe's inversion and hands back ink amounts
-/// (0 is no ink). Uncalibrated conversion: R = (255 - C)(255 - K) / 255.
-fn cmyk_to_rgb(cmyk: &[u8]) -> Vec<u8> {
+/// libjpeg-turbo treats a truncated stream as a warning and fills the rest in
+/// grey; TurboJPEG then reports failure and `turbojpeg` an error, so such a file fails.
+fn decode_jpeg_with(
+    decompressor: &mut Decompressor,
+    bytes: &[u8],
+    min_short_side: Option<u32>,
+) -> Result<(RgbImage, (u32, u32), u32), String> {
+    let header = decompressor.read_header(bytes).map_err(|e| e.to_string())?;
+    let stored = (u32::try_from(header.width), u32::try_from(header.height));
+    let (Ok(w), Ok(h)) = stored else {
+        return Err(format!("{}x{} is too large", header.width, header.height));
+    };
+    let eighths = if header.is_lossless { FULL_SIZE } else { dct_eighths(w, h, min_short_side) };
+    let factor = ScalingFactor::new(eighths as usize, 8);
+    decompressor.set_scaling_factor(factor).map_err(|e| e.to_string())?;
+    let scaled = header.scaled(factor);
+    let cmyk = matches!(header.colorspace, Colorspace::CMYK | Colorspace::YCCK);
+    let format = if cmyk { PixelFormat::CMYK } else { PixelFormat::RGB };
+    let pitch = scaled.width * format.size();
+    let mut pixels = vec![0u8; pitch * scaled.height];
+    let output = turbojpeg::Image { pixels: pixels.as_mut_slice(), width: scaled.width, pitch, height: scaled.height, format };
+    decompressor.decompress(bytes, output).map_err(|e| e.to_string())?;
+    if cmyk {
+        pixels = cmyk_to_rgb(&pixels, app_segment(bytes, APP14, b"Adobe").is_some());
+    }
+    let (dw, dh) = (scaled.width as u32, scaled.height as u32);
+    let orientation = app_segment(bytes, APP1, b"Exif\0\0").and_then(Orientation::from_exif_chunk).map_or(1, |o| o.to_exif());
+    let image = RgbImage::new(dw, dh, pixels).map_err(|e| e.to_string())?;
+    Ok((image.oriented(orientation).map_err(|e| e.to_string())?, (w, h), eighths))
+}
+
+const APP1: u8 = 0xE1;
+const APP14: u8 = 0xEE;
+
+/// The rest of the first `marker` segment before the scan whose payload
+/// starts with `tag` (EXIF, Adobe: libjpeg-turbo reads neither for us).
+fn app_segment<'a>(bytes: &'a [u8], marker: u8, tag: &[u8]) -> Option<&'a [u8]> {
+    const FILL: u8 = 0xFF;
+    const START_OF_SCAN: u8 = 0xDA;
+    let mut at = JPEG_MAGIC.len();
+    loop {
+        let found = *bytes.get(at + 1)?;
+        if bytes[at] != 0xFF || found == START_OF_SCAN {
+            return None;
+        }
+        if found == FILL {
+            at += 1;
+            continue;
+        }
+        let length = u16::from_be_bytes([*bytes.get(at + 2)?, *bytes.get(at + 3)?]) as usize;
+        let payload = bytes.get(at + 4..at + 2 + length)?;
+        if found == marker {
+            if let Some(rest) = payload.strip_prefix(tag) {
+                return Some(rest);
+            }
+        }
+        at += 2 + length;
+    }
+}
+
+/// libjpeg-turbo hands back the stored CMYK values. Adobe's files (what
+/// Photoshop writes) store them inverted, 255 meaning no ink; others store
+/// ink amounts. Uncalibrated conversion: R = (255 - C)(255 - K) / 255 in ink.
+fn cmyk_to_rgb(cmyk: &[u8], adobe_inverted: bool) -> Vec<u8> {
+    let no_ink = |v: u8| if adobe_inverted { v as u32 } else { 255 - v as u32 };
     cmyk.chunks_exact(4)
         .flat_map(|p| {
-            let k = 255 - p[3] as u32;
-            [0, 1, 2].map(|c| (((255 - p[c] as u32) * k + 127) / 255) as u8)
+            let k = no_ink(p[3]);
+            [0, 1, 2].map(|c| ((no_ink(p[c]) * k + 127) / 255) as u8)
         })
         .collect()
 }

@@ -97,7 +97,7 @@ impl ImageFolder {
     /// Decodes every image once (at 1/8 scale where possible) and, by
     /// policy, fails on the first unreadable one or moves the unreadable ones to `skipped`.
     pub fn verify(&mut self, policy: OnError) -> Result<(), DataError> {
-        let options = DecodeOptions { decoder: Decoder::JpegDecoder, min_short_side: Some(1) };
+        let options = DecodeOptions { decoder: Decoder::TurboJpeg, min_short_side: Some(1) };
         let mut kept = Vec::with_capacity(self.items.len());
         for item in self.items.drain(..) {
             match decode_file(&item.path, options) {

@@ -40,9 +40,9 @@ pub fn preprocess(src: &Path, out: &Path, short_side: u32, quality: u8) -> Resul
         let dir = out.join(class);
         std::fs::create_dir_all(&dir).map_err(DataError::io("creating", dir))?;
     }
-    let options = DecodeOptions { decoder: Decoder::JpegDecoder, min_short_side: Some(short_side) };
+    let options = DecodeOptions { decoder: Decoder::TurboJpeg, min_short_side: Some(short_side) };
     let progress = Mutex::new(Progress::new("preprocess", folder.items.len() as u64));
-    let results: Result<Vec<(std::path::PathBuf, u64, u64, u32, u32, bool)>, DataError> = folder
+    let results: Result<Vec<Copied>, DataError> = folder
         .items
         .par_iter()
         .map(|item| {
@@ -60,7 +60,14 @@ pub fn preprocess(src: &Path, out: &Path, short_side: u32, quality: u8) -> Resul
             if let Ok(mut p) = progress.lock() {
                 p.inc(1);
             }
-            Ok((relative, decoded.encoded_bytes as u64, bytes.len() as u64, image.width(), image.height(), small))
+            Ok(Copied {
+                relative,
+                bytes_in: decoded.encoded_bytes as u64,
+                bytes_out: bytes.len() as u64,
+                width: image.width(),
+                height: image.height(),
+                kept_size: small,
+            })
         })
         .collect();
     if let Ok(mut p) = progress.lock() {
@@ -70,11 +77,11 @@ pub fn preprocess(src: &Path, out: &Path, short_side: u32, quality: u8) -> Resul
     if let Some(mut manifest) = Manifest::read_if_present(src)? {
         for entry in &mut manifest.entries {
             let relative = entry.path.with_extension("jpg");
-            if let Some((_, _, bytes, w, h, _)) = results.iter().find(|r| r.0 == relative) {
+            if let Some(copy) = results.iter().find(|r| r.relative == relative) {
                 entry.path = relative;
-                entry.width = *w;
-                entry.height = *h;
-                entry.bytes = *bytes;
+                entry.width = copy.width;
+                entry.height = copy.height;
+                entry.bytes = copy.bytes_out;
                 entry.quality = quality;
                 entry.orientation = 1;
             }
@@ -85,11 +92,21 @@ pub fn preprocess(src: &Path, out: &Path, short_side: u32, quality: u8) -> Resul
     }
     Ok(PreprocessReport {
         images: results.len(),
-        bytes_in: results.iter().map(|r| r.1).sum(),
-        bytes_out: results.iter().map(|r| r.2).sum(),
+        bytes_in: results.iter().map(|r| r.bytes_in).sum(),
+        bytes_out: results.iter().map(|r| r.bytes_out).sum(),
         seconds: started.elapsed().as_secs_f64(),
         short_side,
         quality,
-        kept_size: results.iter().filter(|r| r.5).count(),
+        kept_size: results.iter().filter(|r| r.kept_size).count(),
     })
+}
+
+/// One image's copy: where it went, its sizes, and whether it was already small enough.
+struct Copied {
+    relative: std::path::PathBuf,
+    bytes_in: u64,
+    bytes_out: u64,
+    width: u32,
+    height: u32,
+    kept_size: bool,
 }

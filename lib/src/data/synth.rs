@@ -458,8 +458,8 @@ fn draw(plant: &Plant, scene: &Scene, w: u32, h: u32) -> Result<RgbImage, DataEr
             }
             let shade = 1.0 - scene.shadow * (px / wf);
             let light = scene.gain * shade;
-            for c in 0..3 {
-                pixels.push((rgb[c] * light * scene.tint[c]).clamp(0.0, 255.0) as u8);
+            for (channel, tint) in rgb.iter().zip(scene.tint) {
+                pixels.push((channel * light * tint).clamp(0.0, 255.0) as u8);
             }
         }
     }
