@@ -10,7 +10,7 @@ use crate::data::{group_split, FitConfig, ImageFolder, OnError, Split};
 use crate::models::ModelName;
 use crate::train::OptimizerConfig;
 
-/// `train --root DIR [--model small-cnn] [--res 64] [--epochs 6] [--batch 32] [--opt adam] [--lr 0.002] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
+/// `train --root DIR [--model small-cnn] [--res 64] [--epochs 12] [--batch 32] [--opt adam] [--lr 0.002] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "train",
@@ -27,7 +27,9 @@ pub struct FitArgs {
     /// Square input side in pixels
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..))]
     pub res: u32,
-    #[arg(long, default_value_t = 6, value_parser = positive)]
+    /// Passes over the training split (12 reach about 70% validation accuracy on the synthetic
+    /// leaf set; 6 only tie the colour-histogram baseline)
+    #[arg(long, default_value_t = 12, value_parser = positive)]
     pub epochs: usize,
     #[arg(long, default_value_t = 32, value_parser = positive)]
     pub batch: usize,
