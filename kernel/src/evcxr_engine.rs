@@ -269,12 +269,12 @@ impl Worker {
             Ok(_) if interrupted => Err(interrupted_error(&variables_before)),
             Ok(outputs) => match report.panic {
                 Some(panic) => Err(panic.into_error()),
-                None if outputs.timing.is_some() => {
-                    job.output.stream(Stdio::Stdout, timing_line(&outputs));
+                None => {
+                    if outputs.timing.is_some() {
+                        job.output.stream(Stdio::Stdout, timing_line(&outputs));
+                    }
                     Ok((!outputs.content_by_mime_type.is_empty()).then(|| bundle_of(outputs.content_by_mime_type)))
                 }
-                None if outputs.content_by_mime_type.is_empty() => Ok(None),
-                None => Ok(Some(bundle_of(outputs.content_by_mime_type))),
             },
             Err(evcxr::Error::SubprocessTerminated(_)) if interrupted => Err(interrupted_error(&variables_before)),
             Err(evcxr::Error::SubprocessTerminated(detail)) => Err(process_died(&variables_before, &detail)),

@@ -179,15 +179,18 @@ impl Step<'_> {
     /// copy of the images it is recomputed from.
     fn held(&self, i: usize) -> u64 {
         let stage = &self.cost.stages[i];
-        let precision = self.config.precision;
         self.batch
             * if !self.ckpt[i] {
                 stage.cost.saved_bytes
-            } else if i == 0 && precision.is_mixed() {
-                stage.boundary_bytes + stage.input.elems() * precision.compute_bytes()
+            } else if self.keeps_half_images(i) {
+                stage.boundary_bytes + stage.input.elems() * self.config.precision.compute_bytes()
             } else {
                 stage.boundary_bytes
             }
+    }
+
+    fn keeps_half_images(&self, i: usize) -> bool {
+        i == 0 && self.ckpt[i] && self.config.precision.is_mixed()
     }
 
     /// A stage's conv workspace. The host's convolutions cut the batch into
@@ -266,7 +269,7 @@ impl Step<'_> {
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let what = if self.ckpt[i] && i == 0 && c.precision.is_mixed() {
+                let what = if self.keeps_half_images(i) {
                     "checkpointed: keeps its output and the half images"
                 } else if self.ckpt[i] {
                     "checkpointed: keeps its output"
