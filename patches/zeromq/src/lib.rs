@@ -353,6 +353,7 @@ pub struct SocketOptions {
     // Shared by read preparation and decoder reservation.
     pub(crate) read_buffer_max_size: usize,
     pub(crate) read_buffer_short_reads: usize,
+    pub(crate) max_message_size: Option<usize>,
 }
 
 impl Default for SocketOptions {
@@ -363,6 +364,7 @@ impl Default for SocketOptions {
             read_buffer_initial_size: 128,
             read_buffer_max_size: 64 * 1024,
             read_buffer_short_reads: 2,
+            max_message_size: None,
         }
     }
 }
@@ -416,6 +418,23 @@ impl SocketOptions {
         self.read_buffer_initial_size = initial_size;
         self.read_buffer_max_size = max_size;
         self.read_buffer_short_reads = short_reads;
+        self
+    }
+
+    /// The largest message (all its frames together) or command frame a peer
+    /// may send, like libzmq's `ZMQ_MAXMSGSIZE`. A peer that announces a
+    /// larger frame is disconnected before anything of that size is
+    /// allocated. Unlimited by default.
+    ///
+    /// ```
+    /// use zeromq::{RouterSocket, Socket, SocketOptions};
+    ///
+    /// let mut options = SocketOptions::default();
+    /// options.max_message_size(64 << 20);
+    /// let socket = RouterSocket::with_options(options);
+    /// ```
+    pub fn max_message_size(&mut self, bytes: usize) -> &mut Self {
+        self.max_message_size = Some(bytes);
         self
     }
 

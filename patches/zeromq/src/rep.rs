@@ -105,6 +105,9 @@ impl MultiPeerBackend for RepSocketBackend {
             let _ = monitor.try_send(SocketEvent::Disconnected(peer_id.clone()));
         }
         self.peers.remove_sync(peer_id);
+        // As GenericSocketBackend does: without this the read half stays in
+        // the queue and keeps the connection open after a decode error.
+        self.fair_queue_inner.lock().remove(peer_id);
     }
 }
 

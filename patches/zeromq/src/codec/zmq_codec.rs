@@ -33,6 +33,9 @@ pub struct ZmqCodec {
     // internal details to higher levels
     buffered_message: Option<ZmqMessage>,
     max_read_chunk_size: usize,
+    max_message_size: Option<usize>,
+    // Bytes of the frames of `buffered_message` so far
+    message_size: usize,
 }
 
 impl ZmqCodec {
@@ -46,6 +49,8 @@ impl ZmqCodec {
             waiting_for: 64, // len of the greeting frame
             buffered_message: None,
             max_read_chunk_size: options.read_buffer_max_size,
+            max_message_size: options.max_message_size,
+            message_size: 0,
         }
     }
 
@@ -123,6 +128,18 @@ impl Decoder for ZmqCodec {
                     } else {
                         usize::from(src.get_u8())
                     };
+                    if let Some(max) = self.max_message_size {
+                        // Commands are not part of a message; each is held to the limit alone.
+                        let before = if frame.command { 0 } else { self.message_size };
+                        if frame_len > max.saturating_sub(before) {
+                            return Err(CodecError::Decode(
+                                "Message exceeds the socket's maximum message size",
+                            ));
+                        }
+                    }
+                    if !frame.command {
+                        self.message_size += frame_len;
+                    }
                     self.state = DecoderState::Frame(frame);
                     self.waiting_for = frame_len;
                 }
@@ -141,6 +158,7 @@ impl Decoder for ZmqCodec {
                     }
 
                     if !frame.more {
+                        self.message_size = 0;
                         // Quoth the Raven “Nevermore.”
                         return Ok(Some(Message::Message(
                             self.buffered_message
