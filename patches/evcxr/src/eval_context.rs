@@ -914,7 +914,9 @@ impl EvalContext {
                         prompt,
                         is_password,
                     }))?;
-            } else if line == evcxr_internal_runtime::USER_ERROR_OCCURRED {
+            } else if let Some(report) =
+                line.strip_prefix(evcxr_internal_runtime::USER_ERROR_OCCURRED)
+            {
                 // A question mark operator in user code triggered an early
                 // return. Any newly defined variables won't have been stored.
                 state
@@ -922,6 +924,7 @@ impl EvalContext {
                     .retain(|_variable_name, variable_state| {
                         variable_state.move_state != VariableMoveState::New
                     });
+                output.user_error = Some(UserError::from_report(report));
             } else if let Some(variable_name) =
                 line.strip_prefix(evcxr_internal_runtime::VARIABLE_CHANGED_TYPE)
             {
@@ -1126,6 +1129,58 @@ pub struct EvalOutputs {
     pub content_by_mime_type: HashMap<String, String>,
     pub timing: Option<Duration>,
     pub phases: Vec<PhaseDetails>,
+    /// Set when the code returned early with `?`: the error it returned.
+    pub user_error: Option<UserError>,
+}
+
+/// The error that a `?` in user code returned from the cell.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserError {
+    /// The error's type, as `std::any::type_name` gives it.
+    pub type_name: String,
+    /// The error, formatted as `:efmt` says (`Display` by default).
+    pub message: String,
+}
+
+impl UserError {
+    /// Reads what the generated `From` impl prints after
+    /// `USER_ERROR_OCCURRED`: the type name, a tab, the message escaped with
+    /// `str::escape_default`.
+    fn from_report(report: &str) -> UserError {
+        let (type_name, escaped) = report.split_once('\t').unwrap_or((report, ""));
+        UserError {
+            type_name: type_name.to_owned(),
+            message: unescape_default(escaped),
+        }
+    }
+}
+
+/// The inverse of `str::escape_default`.
+fn unescape_default(escaped: &str) -> String {
+    let mut out = String::with_capacity(escaped.len());
+    let mut chars = escaped.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('t') => out.push('\t'),
+            Some('u') => {
+                let hex: String = chars
+                    .by_ref()
+                    .skip_while(|c| *c == '{')
+                    .take_while(|c| *c != '}')
+                    .collect();
+                out.extend(u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32));
+            }
+            Some(other) => out.push(other),
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 impl EvalOutputs {
@@ -1134,6 +1189,7 @@ impl EvalOutputs {
             content_by_mime_type: HashMap::new(),
             timing: None,
             phases: Vec::new(),
+            user_error: None,
         }
     }
 
@@ -1166,6 +1222,7 @@ impl EvalOutputs {
             (t1, t2) => t1.or(t2),
         };
         self.phases.append(&mut other.phases);
+        self.user_error = self.user_error.take().or(other.user_error);
     }
 }
 
@@ -1614,9 +1671,13 @@ impl ContextState {
             self.config.error_fmt.format_trait,
             self.config.error_fmt.format_str,
             if for_analysis {
-                ""
+                String::new()
             } else {
-                "println!(\"{}\", evcxr_internal_runtime::USER_ERROR_OCCURRED);"
+                format!(
+                    "println!(\"{{}}{{}}\\t{{}}\", evcxr_internal_runtime::USER_ERROR_OCCURRED, \
+                     std::any::type_name::<T>(), format!(\"{}\", error).escape_default());",
+                    self.config.error_fmt.format_str
+                )
             }
         ))
     }

@@ -36,6 +36,7 @@ pub use crate::eval_context::EvalCallbacks;
 pub use crate::eval_context::EvalContext;
 pub use crate::eval_context::EvalContextOutputs;
 pub use crate::eval_context::EvalOutputs;
+pub use crate::eval_context::UserError;
 pub use crate::runtime::runtime_hook;
 pub use rust_analyzer::Completions;
 
