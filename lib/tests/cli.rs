@@ -208,3 +208,19 @@ fn help_succeeds() {
     assert!(out.status.success());
     assert!(stdout(&out).contains("--sweep"));
 }
+
+#[test]
+fn an_absurd_configuration_is_a_one_line_error() {
+    let out = vramlab("oomcheck resnet50 --batch 4294967296 --res 65535");
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("batch 4294967296 is over the largest vramlab costs, 65536"), "{err}");
+    let out = vramlab("measure --model resnet18 --batch 4294967296 --res 64");
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("batch 4294967296 is over the largest"), "{}", stderr(&out));
+    // Within the bounds but beyond this host: refused before the images are made.
+    let out = vramlab("measure --model resnet18 --batch 65536 --res 1024");
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("the host has") && stderr(&out).contains("available"), "{}", stderr(&out));
+}

@@ -5,7 +5,7 @@ use clap::{ColorChoice, Parser, ValueEnum};
 use crate::data::LoaderShape;
 use crate::gpus::Device;
 use crate::ledger::{Checkpointing, Mode, Optimizer, StepConfig};
-use crate::models::{ModelName, Precision, Shape};
+use crate::models::{ModelName, Precision, Shape, MAX_CLASSES};
 use crate::oom::SweepSpec;
 
 /// `summary MODEL [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]`
@@ -28,7 +28,7 @@ pub struct SummaryArgs {
     #[arg(long)]
     pub eval: bool,
     /// Number of classes of the classifier
-    #[arg(long, default_value_t = 1000, value_parser = positive)]
+    #[arg(long, default_value_t = 1000, value_parser = |s: &str| whole(s, 1..=MAX_CLASSES))]
     pub classes: usize,
 }
 
@@ -87,16 +87,16 @@ pub struct OomcheckArgs {
     #[arg(long, value_parser = parse_sweep)]
     pub sweep: Option<SweepSpec>,
     /// Number of classes of the classifier
-    #[arg(long, default_value_t = 1000, value_parser = positive)]
+    #[arg(long, default_value_t = 1000, value_parser = |s: &str| whole(s, 1..=MAX_CLASSES))]
     pub classes: usize,
     /// Inference instead of training
     #[arg(long)]
     pub eval: bool,
     /// Data loader workers: adds the loader's host memory to the report (the second kind of OOM)
-    #[arg(long)]
+    #[arg(long, value_parser = |s: &str| whole(s, 0..=1024))]
     pub workers: Option<usize>,
     /// Batches each loader worker queues ahead (PyTorch's prefetch_factor)
-    #[arg(long, default_value_t = 2, value_parser = positive)]
+    #[arg(long, default_value_t = 2, value_parser = |s: &str| whole(s, 1..=1024))]
     pub prefetch: usize,
     /// Largest photo a loader worker decodes, WIDTHxHEIGHT
     #[arg(long, value_parser = parse_dims, default_value = "4000x3000")]
@@ -225,6 +225,14 @@ pub(crate) fn positive(text: &str) -> Result<usize, String> {
     }
 }
 
+/// A whole number in `range`.
+fn whole(text: &str, range: std::ops::RangeInclusive<usize>) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if range.contains(&n) => Ok(n),
+        _ => Err(format!("expected a whole number from {} to {}", range.start(), range.end())),
+    }
+}
+
 fn parse_input(text: &str) -> Result<InputShape, String> {
     let dims: Vec<usize> = text
         .split(['x', 'X', ','])
@@ -283,7 +291,7 @@ pub(crate) fn parse_dims(text: &str) -> Result<(u32, u32), String> {
 }
 
 /// `32GiB`, `16 GB`, `512MiB`: binary units GiB/MiB/TiB, decimal GB/MB/TB.
-pub(crate) fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);

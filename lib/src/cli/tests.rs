@@ -125,3 +125,26 @@ fn oomcheck_reports_the_loaders_host_memory_when_given_workers() {
     let err = oomcheck(&words("resnet18 --batch 32 --res 224 --workers 2 --source 4000")).unwrap_err();
     assert!(err.0.contains("WIDTHxHEIGHT"), "{}", err.0);
 }
+
+#[test]
+fn absurd_configurations_are_refused_at_once_in_one_line() {
+    for (line, expected) in [
+        ("resnet50 --batch 4294967296 --res 65535", "batch 4294967296 is over the largest vramlab costs, 65536"),
+        ("resnet50 --batch 32 --res 65535", "input height 65535 is over the largest vramlab takes, 16384"),
+        ("resnet50 --batch 32 --res 224 --channels 100000", "input channels 100000"),
+        ("resnet50 --batch 32 --res 224 --accum 99999999", "accumulation steps 99999999"),
+        ("resnet50 --batch 32 --res 224 --classes 99999999999", "from 1 to 1048576"),
+        ("resnet50 --batch 32 --res 224 --sweep batch=1..18446744073709551615:1", "at most 64"),
+        ("resnet50 --batch 32 --res 224 --workers 100000", "from 0 to 1024"),
+        ("resnet50 --batch 32 --res 224 --workers 2 --prefetch 4294967296", "from 1 to 1024"),
+    ] {
+        let error = oomcheck(&words(line)).expect_err(line).to_string();
+        assert!(error.contains(expected), "{line}: {error}");
+        assert_short_and_plain(&error);
+    }
+    let error = summary(&words("resnet50 --input 4294967296x3x65535x65535")).unwrap_err().to_string();
+    assert!(error.contains("is over the largest"), "{error}");
+    // The largest configuration allowed is costed exactly, without overflow, and found not to fit.
+    let bundle = oomcheck(&words("resnet50 --batch 65536 --res 16384 --workers 1024 --prefetch 1024 --source 65535x65535")).unwrap();
+    assert!(bundle.text().contains("DOES NOT FIT"), "{}", bundle.text());
+}

@@ -31,22 +31,26 @@ pub struct HostFootprint {
 }
 
 impl LoaderShape {
+    /// Saturates rather than wraps: settings too large to count hold more
+    /// than any host has.
     pub fn footprint(&self) -> HostFootprint {
-        let values: u64 = self.sample.iter().map(|&d| d as u64).product();
-        let batch_bytes = self.batch_size as u64 * (values * 4 + 4);
+        let values = self.sample.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64));
+        let batch_bytes = (self.batch_size as u64).saturating_mul(values.saturating_mul(4).saturating_add(4));
         let builders = self.num_workers.max(1) as u64;
         let batches_in_flight = if self.num_workers == 0 {
             1
         } else {
-            self.num_workers as u64 * (self.prefetch as u64 + 1) + 1
+            (self.num_workers as u64).saturating_mul((self.prefetch as u64).saturating_add(1)).saturating_add(1)
         };
-        let decode_bytes_per_worker = self.source.0 as u64 * self.source.1 as u64 * 3;
+        let decode_bytes_per_worker = (self.source.0 as u64 * self.source.1 as u64).saturating_mul(3);
         HostFootprint {
             shape: *self,
             batch_bytes,
             batches_in_flight,
             decode_bytes_per_worker,
-            total_bytes: batches_in_flight * batch_bytes + builders * decode_bytes_per_worker,
+            total_bytes: batches_in_flight
+                .saturating_mul(batch_bytes)
+                .saturating_add(builders.saturating_mul(decode_bytes_per_worker)),
         }
     }
 }

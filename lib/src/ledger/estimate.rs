@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use crate::gpus::Device;
-use crate::models::{analyze, ModelCost, ModelSpec, Precision, F32_BYTES};
+use crate::models::{analyze, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
 
 use super::bill::{line, Bill, BillKind, Line};
 use super::config::{Mode, Optimizer, StepConfig};
@@ -79,6 +79,9 @@ pub fn estimate(
     ] {
         if value == 0 {
             return Err(LedgerError::Zero { what });
+        }
+        if value > MAX_BATCH {
+            return Err(LedgerError::TooLarge { what, value, max: MAX_BATCH });
         }
     }
     let cost = analyze(spec, config.input, config.precision)?;

@@ -21,6 +21,8 @@ pub enum LedgerError {
     Model(#[from] ModelError),
     #[error("{what} must be at least 1")]
     Zero { what: &'static str },
+    #[error("{what} {value} is over the largest vramlab costs, {max}")]
+    TooLarge { what: &'static str, value: usize, max: usize },
     #[error("cannot checkpoint `{name}`: no such stage; stages: {valid}")]
     UnknownStage { name: String, valid: String },
 }

@@ -52,6 +52,7 @@ pub fn analyze(
     input: Shape,
     precision: Precision,
 ) -> Result<ModelCost, ModelError> {
+    super::limits::check_input(&spec.name, input)?;
     if input.elems() == 0 {
         return Err(ModelError::EmptyInput {
             model: spec.name.clone(),

@@ -6,6 +6,7 @@ mod analysis;
 mod cost;
 mod efficientnet;
 mod layers;
+mod limits;
 mod net;
 mod precision;
 mod resnet;
@@ -21,6 +22,7 @@ pub use analysis::{analyze, ModelCost, Row, StageCost};
 pub use cost::{Cost, SMALL_TENSOR_ELEMS};
 pub use efficientnet::efficientnet_b0;
 pub use layers::{global_avg_pool, Named, Pass};
+pub use limits::{MAX_BATCH, MAX_CHANNELS, MAX_CLASSES, MAX_SIDE};
 pub use net::Network;
 pub use precision::{Precision, F32_BYTES};
 pub use resnet::{resnet18, resnet34, resnet50};
@@ -44,6 +46,8 @@ pub enum ModelError {
     UnknownModel { name: String, valid: String },
     #[error("{model} needs at least one class")]
     NoClasses { model: String },
+    #[error("{model}: {what} {value} is over the largest vramlab takes, {max}")]
+    TooLarge { model: String, what: &'static str, value: usize, max: usize },
     #[error("{model} cannot take an empty input ({input})")]
     EmptyInput { model: String, input: Shape },
     #[error("{model}: layer `{layer}` ({kind}) cannot take input {input}: {reason}")]

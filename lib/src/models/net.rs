@@ -106,6 +106,7 @@ impl Network {
     /// Builds `spec` for one sample of `input` (`C x H x W`), with parameters
     /// initialised as torchvision does from a generator seeded with `seed`.
     pub fn new(spec: &ModelSpec, input: Shape, device: &Device, seed: u64) -> std::result::Result<Self, ModelError> {
+        super::limits::check_input(&spec.name, input)?;
         if input.elems() == 0 {
             return Err(ModelError::EmptyInput {
                 model: spec.name.clone(),

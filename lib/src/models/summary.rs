@@ -27,6 +27,7 @@ impl Summary {
         precision: Precision,
         training: bool,
     ) -> Result<Summary, ModelError> {
+        super::limits::check(&spec.name, "batch", batch, super::MAX_BATCH)?;
         if batch == 0 {
             return Err(ModelError::EmptyInput {
                 model: spec.name.clone(),

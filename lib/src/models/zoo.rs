@@ -85,6 +85,7 @@ impl fmt::Display for ModelName {
 
 /// A zoo model by name, for `num_classes` outputs.
 pub fn model(name: &str, num_classes: usize) -> Result<ModelSpec, ModelError> {
+    super::limits::check(name, "classes", num_classes, super::MAX_CLASSES)?;
     if num_classes == 0 {
         return Err(ModelError::NoClasses {
             model: name.to_owned(),

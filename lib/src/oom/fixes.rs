@@ -280,8 +280,9 @@ impl Search<'_> {
 
     fn smaller_resolution(&self) -> Option<Fix> {
         let current = self.base.resolution();
-        let candidates: Vec<usize> = (1..).map(|k| 32 * k).take_while(|&r| r < current).collect();
-        let found = largest_fitting(&candidates, |&r| self.fitting(self.base.with_resolution(r)))?;
+        let found = largest_fitting(current.saturating_sub(1) / 32, |k| {
+            self.fitting(self.base.with_resolution(32 * k))
+        })?;
         let r = found.0.resolution();
         let time = (100.0 * ((r * r) as f64 / (current * current) as f64 - 1.0)).round() as i32;
         let risk = if 4 * r < 3 * current {
@@ -304,8 +305,7 @@ impl Search<'_> {
     }
 
     fn largest_batch(&self) -> Option<Fix> {
-        let candidates: Vec<usize> = (1..self.base.batch).collect();
-        let found = largest_fitting(&candidates, |&b| {
+        let found = largest_fitting(self.base.batch - 1, |b| {
             self.fitting(StepConfig {
                 batch: b,
                 ..self.base.clone()
@@ -381,14 +381,15 @@ fn bn_risk(batch: usize) -> Risk {
     }
 }
 
-/// Binary search over ascending `values` for the largest that fits, assuming
-/// memory grows with the value.
-fn largest_fitting<T>(values: &[usize], mut fits: impl FnMut(&usize) -> Option<T>) -> Option<T> {
-    let (mut lo, mut hi) = (0, values.len());
+/// Binary search over `1..=largest` for the largest value that fits,
+/// assuming memory grows with the value: a logarithmic number of estimates
+/// whatever the range.
+fn largest_fitting<T>(largest: usize, mut fits: impl FnMut(usize) -> Option<T>) -> Option<T> {
+    let (mut lo, mut hi) = (1, largest.saturating_add(1));
     let mut best = None;
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
-        match fits(&values[mid]) {
+        match fits(mid) {
             Some(found) => {
                 best = Some(found);
                 lo = mid + 1;
@@ -446,13 +447,13 @@ mod tests {
 
     #[test]
     fn largest_fitting_finds_the_boundary() {
-        let values: Vec<usize> = (1..100).collect();
-        assert_eq!(
-            largest_fitting(&values, |&v| (v <= 37).then_some(v)),
-            Some(37)
-        );
-        assert_eq!(largest_fitting(&values, |&v| (v == 0).then_some(v)), None);
-        assert_eq!(largest_fitting(&values, |&v| Some(v)), Some(99));
+        assert_eq!(largest_fitting(99, |v| (v <= 37).then_some(v)), Some(37));
+        assert_eq!(largest_fitting(99, |v| (v == 0).then_some(v)), None);
+        assert_eq!(largest_fitting(99, Some), Some(99));
+        assert_eq!(largest_fitting(0, Some), None);
+        let mut asked = 0;
+        assert_eq!(largest_fitting(usize::MAX - 1, |v| { asked += 1; (v <= 1 << 40).then_some(v) }), Some(1 << 40));
+        assert!(asked <= 65, "{asked} estimates");
     }
 
     #[test]

@@ -102,6 +102,10 @@ impl FromStr for SweepSpec {
                 }
                 step
             });
+            let points = (to - from) / step + 1;
+            if points > MAX_POINTS {
+                return Err(bad(&format!("{points} points; at most {MAX_POINTS}")));
+            }
             (from..=to).step_by(step).collect()
         } else {
             values.split(',').map(number).collect::<Result<_, _>>()?

@@ -52,11 +52,28 @@ fn setup(spec: &BenchSpec, device: &Device) -> Result<(Trainer, Vec<(Tensor, Ten
         spec.seed,
     )?;
     let trainer = Trainer::new(net, spec.config.clone())?;
+    if device.is_cpu() {
+        refuse_what_the_host_cannot_hold(&trainer, spec.batch)?;
+    }
     let task = Stripes::new(spec.classes, spec.res);
     let micro_batches = (0..spec.config.accumulation)
         .map(|i| task.generate(spec.batch, spec.seed.wrapping_add(i as u64), device))
         .collect::<candle_core::Result<Vec<_>>>()?;
     Ok((trainer, micro_batches))
+}
+
+/// On the CPU, a step predicted to need more than the host has available would be
+/// killed by the system, or abort on a failed allocation, losing everything:
+/// it is refused before its images are made. Under a simulated budget smaller
+/// than that, the budget's out-of-memory error comes first, as it should.
+fn refuse_what_the_host_cannot_hold(trainer: &Trainer, batch: usize) -> Result<(), TrainError> {
+    let predicted = trainer.predict(batch)?.peak.bytes;
+    let available = crate::gpus::Device::host()?.usable_bytes;
+    let budgeted = crate::memory::budget().is_some_and(|b| b.0 < available);
+    if predicted > available && !budgeted {
+        return Err(TrainError::HostTooSmall { predicted, available });
+    }
+    Ok(())
 }
 
 /// Warm-up steps the loss scaler may skip before the optimizer state exists:

@@ -84,6 +84,12 @@ pub enum TrainError {
     Memory(#[from] crate::memory::MemoryError),
     #[error(transparent)]
     OutOfMemory(#[from] crate::memory::OutOfMemory),
+    #[error(
+        "this step is predicted to need {} and the host has {} available: lower the batch or the resolution",
+        crate::ledger::units::human(*predicted),
+        crate::ledger::units::human(*available)
+    )]
+    HostTooSmall { predicted: u64, available: u64 },
 }
 
 /// Batches of `(images N x C x H x W f32, labels N u32)`, epoch after epoch.
