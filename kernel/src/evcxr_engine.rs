@@ -234,6 +234,7 @@ impl Worker {
                 vec![],
             ));
         }
+        crate::syntax::check(&job.code)?;
         if !self.library.loaded && job.code.contains("vramlab") {
             self.load_library(&job.output)?;
         }
@@ -267,9 +268,10 @@ impl Worker {
         let interrupted = self.running.interrupted.swap(false, Ordering::SeqCst);
         match result {
             Ok(_) if interrupted => Err(interrupted_error(&variables_before)),
-            Ok(outputs) => match report.panic {
-                Some(panic) => Err(panic.into_error()),
-                None => {
+            Ok(outputs) => match (report.panic, outputs.user_error.clone()) {
+                (Some(panic), _) => Err(panic.into_error()),
+                (None, Some(error)) => Err(returned_error(error)),
+                (None, None) => {
                     if outputs.timing.is_some() {
                         job.output.stream(Stdio::Stdout, timing_line(&outputs));
                     }
@@ -407,6 +409,16 @@ fn process_died(lost: &BTreeSet<String>, detail: &str) -> CellError {
     traceback.push(KEPT.into());
     traceback.push("A new cell process has started: the next cell runs normally.".into());
     CellError::new("CellProcessDied", format!("the cell process died ({status}); its variables were lost"), traceback)
+}
+
+/// A cell that returned early through `?`.
+fn returned_error(error: evcxr::UserError) -> CellError {
+    let traceback = vec![
+        format!("\x1b[1;31m{}\x1b[0m: {}", error.type_name, error.message),
+        "returned by `?` in this cell.".into(),
+        "Variables from earlier cells are kept; those this cell was defining are not.".into(),
+    ];
+    CellError::new(&error.type_name, error.message, traceback)
 }
 
 fn compilation_error(errors: &[CompilationError], code: &str) -> CellError {

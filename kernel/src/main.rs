@@ -11,10 +11,12 @@ mod install;
 mod iopub;
 mod is_complete;
 mod magic;
+mod parent;
 mod server;
 #[cfg(test)]
 mod server_tests;
 mod slot;
+mod syntax;
 mod wire;
 
 use std::path::PathBuf;
@@ -39,6 +41,10 @@ struct Cli {
     /// The connection file Jupyter writes for the kernel.
     #[arg(long, value_name = "FILE")]
     connection_file: Option<PathBuf>,
+    /// The largest message a client may send (all its frames and buffers
+    /// together), such as 256MiB; a client that sends more is disconnected
+    #[arg(long, env = "VRAMLAB_MAX_MESSAGE_SIZE", value_name = "SIZE", default_value = "256MiB", value_parser = vramlab::cli::parse_bytes)]
+    max_message_size: u64,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -62,7 +68,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match (cli.command, cli.connection_file) {
         (Some(Command::Install(args)), _) => install::install(&args),
-        (None, Some(file)) => run_kernel(&file),
+        (None, Some(file)) => run_kernel(&file, cli.max_message_size),
         (None, None) => Err(anyhow::anyhow!(
             "nothing to do: pass --connection-file FILE (as Jupyter does) or `install`; see --help"
         )),
@@ -76,15 +82,17 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_kernel(connection_file: &std::path::Path) -> anyhow::Result<()> {
+fn run_kernel(connection_file: &std::path::Path, max_message_size: u64) -> anyhow::Result<()> {
     let info = connection::read(connection_file)?;
+    parent::exit_when_orphaned();
     // Set before any thread starts: the cell process inherits it and
     // `vramlab::render` then sends live displays to us instead of printing text.
     std::env::set_var("VRAMLAB_KERNEL", "1");
     ensure_cargo_on_path();
     let engine = evcxr_engine::EvcxrEngine::start()?;
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(server::serve(info, std::sync::Arc::new(engine)))?;
+    let max_message_size = usize::try_from(max_message_size).unwrap_or(usize::MAX);
+    runtime.block_on(server::serve(info, std::sync::Arc::new(engine), max_message_size))?;
     // The engine thread may be inside a long compile; nothing of it needs to outlive us.
     std::process::exit(0)
 }

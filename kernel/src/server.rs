@@ -2,6 +2,7 @@
 //! channel, busy/idle, execution counts and replies. Cells are run by an
 //! [`Engine`]; this module only keeps the protocol's books.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -13,13 +14,11 @@ use jupyter_protocol::{
     IsCompleteReply, JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, Payload, ReplyError,
     ReplyStatus, ShutdownReply, Status, UnknownMessage,
 };
-use jupyter_zmq_client::{
-    create_kernel_control_connection, create_kernel_heartbeat_connection, create_kernel_iopub_xpub_connection,
-    create_kernel_shell_connection, create_kernel_stdin_connection, RouterRecvConnection, RouterSendConnection,
-};
+use futures::FutureExt;
+use jupyter_zmq_client::{Connection, KernelHeartbeatConnection, RouterRecvConnection, RouterSendConnection};
 use tokio::sync::{mpsc, Notify};
 use vramlab::render::Bundle;
-use zeromq::{SocketRecv, SocketSend};
+use zeromq::{RepSocket, RouterSocket, Socket, SocketOptions, SocketRecv, SocketSend, XPubSocket};
 
 use crate::cell::{self, Segment};
 use crate::display;
@@ -28,19 +27,22 @@ use crate::history::History;
 use crate::iopub::Iopub;
 use crate::is_complete;
 use crate::magic::{self, Invocation};
-use crate::wire;
+use crate::wire::{Incoming, Verifier};
 
 pub const PROTOCOL_VERSION: &str = "5.3";
 
-/// Serves the kernel until a shutdown request.
-pub async fn serve(info: ConnectionInfo, engine: Arc<dyn Engine>) -> anyhow::Result<()> {
+/// Serves the kernel until a shutdown request. A peer that sends a message
+/// (or a frame) larger than `max_message_bytes` is disconnected before that
+/// much is allocated.
+pub async fn serve(info: ConnectionInfo, engine: Arc<dyn Engine>, max_message_bytes: usize) -> anyhow::Result<()> {
     let session = uuid::Uuid::new_v4().to_string();
-    let sockets = Sockets::bind(&info, &session).await?;
+    let sockets = Sockets::bind(&info, &session, max_message_bytes).await?;
     let iopub = Iopub::start(sockets.iopub);
     let (input_tx, input_rx) = mpsc::unbounded_channel();
     let kernel = Arc::new(Kernel {
         engine,
         iopub,
+        verifier: Verifier::new(&info.key),
         inputs: input_tx,
         input_cancelled: Arc::new(Notify::new()),
         cancel_input: Arc::new(AtomicBool::new(false)),
@@ -49,7 +51,7 @@ pub async fn serve(info: ConnectionInfo, engine: Arc<dyn Engine>) -> anyhow::Res
         shutdown: Notify::new(),
     });
     tokio::spawn(heartbeat(sockets.heartbeat));
-    tokio::spawn(stdin_loop(sockets.stdin, input_rx, Arc::clone(&kernel.input_cancelled)));
+    tokio::spawn(stdin_loop(Arc::clone(&kernel), sockets.stdin, input_rx));
     let (shell_send, shell_recv) = sockets.shell.split();
     let (control_send, control_recv) = sockets.control.split();
     tokio::spawn(shell_loop(Arc::clone(&kernel), shell_recv, shell_send));
@@ -70,27 +72,31 @@ struct Sockets {
 }
 
 impl Sockets {
-    async fn bind(info: &ConnectionInfo, session: &str) -> anyhow::Result<Sockets> {
-        let at = |name: &str, port: u16| format!("cannot listen on the {name} port {}:{port} (is it in use?)", info.ip);
+    async fn bind(info: &ConnectionInfo, session: &str, max: usize) -> anyhow::Result<Sockets> {
+        let connection = |socket| Connection::new(socket, &info.key, session);
         Ok(Sockets {
-            shell: create_kernel_shell_connection(info, session).await.with_context(|| at("shell", info.shell_port))?,
-            control: create_kernel_control_connection(info, session)
-                .await
-                .with_context(|| at("control", info.control_port))?,
-            stdin: create_kernel_stdin_connection(info, session).await.with_context(|| at("stdin", info.stdin_port))?,
-            iopub: create_kernel_iopub_xpub_connection(info, session)
-                .await
-                .with_context(|| at("iopub", info.iopub_port))?,
-            heartbeat: create_kernel_heartbeat_connection(info)
-                .await
-                .with_context(|| at("heartbeat", info.hb_port))?,
+            shell: connection(bind::<RouterSocket>("shell", info.shell_url(), info, info.shell_port, max).await?),
+            control: connection(bind::<RouterSocket>("control", info.control_url(), info, info.control_port, max).await?),
+            stdin: connection(bind::<RouterSocket>("stdin", info.stdin_url(), info, info.stdin_port, max).await?),
+            iopub: Connection::new(bind::<XPubSocket>("iopub", info.iopub_url(), info, info.iopub_port, max).await?, &info.key, session),
+            heartbeat: KernelHeartbeatConnection { socket: bind::<RepSocket>("heartbeat", info.hb_url(), info, info.hb_port, max).await? },
         })
     }
+}
+
+/// A socket listening at `url` that disconnects a peer sending more than `max_message_bytes` at once.
+async fn bind<S: Socket>(name: &str, url: String, info: &ConnectionInfo, port: u16, max_message_bytes: usize) -> anyhow::Result<S> {
+    let mut options = SocketOptions::default();
+    options.max_message_size(max_message_bytes);
+    let mut socket = S::with_options(options);
+    socket.bind(&url).await.with_context(|| format!("cannot listen on the {name} port {}:{port} (is it in use?)", info.ip))?;
+    Ok(socket)
 }
 
 struct Kernel {
     engine: Arc<dyn Engine>,
     iopub: Iopub,
+    verifier: Verifier,
     inputs: mpsc::UnboundedSender<InputAsk>,
     input_cancelled: Arc<Notify>,
     cancel_input: Arc<AtomicBool>,
@@ -107,43 +113,34 @@ enum After {
     AbortQueued,
 }
 
-/// The next authentic message. Forged and unreadable ones are logged and
-/// dropped; an authentic request whose content does not fit its type is
-/// returned as it is (an `UnknownMessage`) so that it can be answered.
-async fn read(socket: &mut RouterRecvConnection, channel: &str) -> Option<JupyterMessage> {
+/// The next authentic message. Forged, replayed and unreadable ones are
+/// logged and dropped; an authentic request whose content does not fit its
+/// type comes back as [`Incoming::Malformed`], so that it can be answered.
+async fn read(socket: &mut RouterRecvConnection, channel: &str, verifier: &Verifier) -> Incoming {
     loop {
-        let frames = match socket.socket.recv().await {
-            Ok(frames) => frames,
+        match socket.socket.recv().await {
+            Ok(frames) => match verifier.decode(frames) {
+                Ok(incoming) => return incoming,
+                Err(err) => log::warn!("{channel}: dropped a message: {err}"),
+            },
             Err(err) => {
+                // A receive error concerns one peer (zeromq drops it); the socket goes on.
                 log::warn!("{channel}: receive failed: {err}");
-                return None;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-        };
-        match wire::decode(frames, &socket.mac) {
-            Ok(message) => return Some(message),
-            Err(wire::DecodeError::Content { request, source }) => {
-                log::warn!("{channel}: {}: content is not valid: {source}", request.header.msg_type);
-                let mut request = *request;
-                if let JupyterMessageContent::UnknownMessage(unknown) = &mut request.content {
-                    unknown.content["vramlab_malformed"] = source.to_string().into();
-                }
-                return Some(request);
-            }
-            Err(err) => log::warn!("{channel}: dropped a message: {err}"),
         }
     }
 }
 
-/// An error reply to a request whose content could not be read, so the client
-/// is told what was wrong instead of waiting for a reply that never comes.
-fn malformed_reply(request: &JupyterMessage) -> Option<JupyterMessage> {
-    let JupyterMessageContent::UnknownMessage(unknown) = &request.content else { return None };
-    let problem = unknown.content.get("vramlab_malformed")?.as_str()?;
+/// An error reply of the request's reply type, so the client is told what was
+/// wrong instead of waiting for a reply that never comes. None for a message
+/// that is not a request.
+fn error_reply(request: &JupyterMessage, ename: &str, problem: &str) -> Option<JupyterMessage> {
     let reply_type = request.header.msg_type.strip_suffix("_request")?;
     let evalue = format!("{}: {problem}", request.header.msg_type);
     let content = serde_json::json!({
         "status": "error",
-        "ename": "MalformedMessage",
+        "ename": ename,
         "evalue": evalue,
         "traceback": [evalue],
     });
@@ -157,41 +154,37 @@ async fn reply(socket: &mut RouterSendConnection, channel: &str, message: Jupyte
 }
 
 async fn shell_loop(kernel: Arc<Kernel>, mut recv: RouterRecvConnection, mut send: RouterSendConnection) {
-    while let Some(request) = read(&mut recv, "shell").await {
-        if kernel.handle_shell(request, &mut send).await == After::AbortQueued {
+    loop {
+        let incoming = read(&mut recv, "shell", &kernel.verifier).await;
+        if kernel.serve_shell(incoming, &mut send).await == After::AbortQueued {
             kernel.abort_queued(&mut recv, &mut send).await;
         }
     }
 }
 
 async fn control_loop(kernel: Arc<Kernel>, mut recv: RouterRecvConnection, mut send: RouterSendConnection) {
-    while let Some(request) = read(&mut recv, "control").await {
-        kernel.status(&request, ExecutionState::Busy);
-        let answer = match &request.content {
-            JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(&request)),
-            JupyterMessageContent::InterruptRequest(_) => {
-                kernel.interrupt();
-                Some(InterruptReply { status: ReplyStatus::Ok, error: None }.as_child_of(&request))
-            }
-            JupyterMessageContent::ShutdownRequest(shutdown) => {
-                kernel.interrupt();
-                let answer = ShutdownReply { restart: shutdown.restart, status: ReplyStatus::Ok, error: None };
-                reply(&mut send, "control", answer.as_child_of(&request)).await;
-                kernel.status(&request, ExecutionState::Idle);
-                kernel.shutdown.notify_one();
-                return;
-            }
-            JupyterMessageContent::UnknownMessage(_) if malformed_reply(&request).is_some() => malformed_reply(&request),
-            other => {
-                log::warn!("control: `{}` is not handled here; ignored", other.message_type());
-                None
+    loop {
+        let request = match read(&mut recv, "control", &kernel.verifier).await {
+            Incoming::Request(request) => request,
+            Incoming::Malformed { request, problem } => {
+                kernel.answer_malformed(&request, &problem, &mut send, "control").await;
+                continue;
             }
         };
-        if let Some(answer) = answer {
-            reply(&mut send, "control", answer).await;
+        kernel.status(&request, ExecutionState::Busy);
+        let handled = AssertUnwindSafe(kernel.handle_control(&request, &mut send)).catch_unwind().await;
+        match handled {
+            Ok(Control::Continue) => {}
+            Ok(Control::Shutdown) => return,
+            Err(panic) => kernel.answer_panic(&request, panic_text(&*panic), &mut send, "control").await,
         }
         kernel.status(&request, ExecutionState::Idle);
     }
+}
+
+enum Control {
+    Continue,
+    Shutdown,
 }
 
 async fn interrupt_on_sigint(kernel: Arc<Kernel>) {
@@ -209,7 +202,10 @@ async fn heartbeat(mut socket: jupyter_zmq_client::KernelHeartbeatConnection) {
                     log::warn!("heartbeat: could not answer: {err}");
                 }
             }
-            Err(err) => log::warn!("heartbeat: receive failed: {err}"),
+            Err(err) => {
+                log::warn!("heartbeat: receive failed: {err}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
     }
 }
@@ -221,31 +217,46 @@ struct InputAsk {
     answer: std::sync::mpsc::Sender<Option<String>>,
 }
 
-async fn stdin_loop(
-    socket: jupyter_zmq_client::KernelStdinConnection,
-    mut asks: mpsc::UnboundedReceiver<InputAsk>,
-    cancelled: Arc<Notify>,
-) {
+/// Asks the front end for input when a cell wants it. The socket is read at
+/// all times, so that garbage is dropped as it comes and a reply to an
+/// earlier, cancelled request is never taken for the answer to a later one.
+async fn stdin_loop(kernel: Arc<Kernel>, socket: jupyter_zmq_client::KernelStdinConnection, mut asks: mpsc::UnboundedReceiver<InputAsk>) {
     let (mut send, mut recv) = socket.split();
-    while let Some(ask) = asks.recv().await {
-        // The request goes to the client that sent the cell: its shell identities.
-        let request = InputRequest { prompt: ask.prompt, password: ask.password }.as_child_of(&ask.parent);
-        if let Err(err) = send.send(request).await {
-            log::warn!("stdin: could not ask for input: {err}");
-            let _ = ask.answer.send(None);
-            continue;
-        }
-        let value = loop {
-            tokio::select! {
-                message = read(&mut recv, "stdin") => match message.map(|m| m.content) {
-                    Some(JupyterMessageContent::InputReply(reply)) => break Some(reply.value),
-                    Some(other) => log::warn!("stdin: expected input_reply, got {}", other.message_type()),
-                    None => break None,
-                },
-                _ = cancelled.notified() => break None,
+    let mut waiting: Option<(String, std::sync::mpsc::Sender<Option<String>>)> = None;
+    loop {
+        tokio::select! {
+            Some(ask) = asks.recv() => {
+                // The request goes to the client that sent the cell: its shell identities.
+                let request = InputRequest { prompt: ask.prompt, password: ask.password }.as_child_of(&ask.parent);
+                let id = request.header.msg_id.clone();
+                match send.send(request).await {
+                    Ok(()) => waiting = Some((id, ask.answer)),
+                    Err(err) => {
+                        log::warn!("stdin: could not ask for input: {err}");
+                        let _ = ask.answer.send(None);
+                    }
+                }
             }
-        };
-        let _ = ask.answer.send(value);
+            message = read(&mut recv, "stdin", &kernel.verifier) => match message {
+                Incoming::Request(JupyterMessage { content: JupyterMessageContent::InputReply(reply), parent_header, .. }) => {
+                    let parent = parent_header.map(|h| h.msg_id);
+                    match waiting.take() {
+                        Some((id, answer)) if parent.as_deref() == Some(id.as_str()) => drop(answer.send(Some(reply.value))),
+                        still => {
+                            log::warn!("stdin: an input_reply to no pending request was dropped");
+                            waiting = still;
+                        }
+                    }
+                }
+                Incoming::Request(other) => log::warn!("stdin: expected input_reply, got {}", other.message_type()),
+                Incoming::Malformed { request, problem } => log::warn!("stdin: {} is not valid: {problem}", request.message_type()),
+            },
+            _ = kernel.input_cancelled.notified(), if waiting.is_some() => {
+                if let Some((_, answer)) = waiting.take() {
+                    let _ = answer.send(None);
+                }
+            }
+        }
     }
 }
 
@@ -262,38 +273,58 @@ impl Kernel {
         }
     }
 
-    async fn handle_shell(&self, request: JupyterMessage, send: &mut RouterSendConnection) -> After {
+    /// One shell message, answered whatever it holds: a panic while handling
+    /// it is logged and answered as an error, and the loop goes on.
+    async fn serve_shell(&self, incoming: Incoming, send: &mut RouterSendConnection) -> After {
+        let request = match incoming {
+            Incoming::Request(request) => request,
+            Incoming::Malformed { request, problem } => {
+                self.answer_malformed(&request, &problem, send, "shell").await;
+                return After::Continue;
+            }
+        };
         self.status(&request, ExecutionState::Busy);
+        let after = match AssertUnwindSafe(self.handle_shell(&request, send)).catch_unwind().await {
+            Ok(after) => after,
+            Err(panic) => {
+                self.answer_panic(&request, panic_text(&*panic), send, "shell").await;
+                After::Continue
+            }
+        };
+        self.status(&request, ExecutionState::Idle);
+        after
+    }
+
+    async fn handle_shell(&self, request: &JupyterMessage, send: &mut RouterSendConnection) -> After {
         let mut after = After::Continue;
         let answer = match &request.content {
-            JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(&request)),
+            JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(request)),
             JupyterMessageContent::ExecuteRequest(execute) => {
-                let (answer, failed) = self.execute(execute, &request).await;
+                let (answer, failed) = self.execute(execute, request).await;
                 if failed && execute.stop_on_error {
                     after = After::AbortQueued;
                 }
-                Some(answer.as_child_of(&request))
+                Some(answer.as_child_of(request))
             }
             JupyterMessageContent::CompleteRequest(complete) => {
-                Some(self.complete(&complete.code, complete.cursor_pos).await.as_child_of(&request))
+                Some(self.complete(&complete.code, complete.cursor_pos).await.as_child_of(request))
             }
             JupyterMessageContent::InspectRequest(inspect) => {
-                Some(self.inspect(&inspect.code, inspect.cursor_pos).await.as_child_of(&request))
+                Some(self.inspect(&inspect.code, inspect.cursor_pos).await.as_child_of(request))
             }
             JupyterMessageContent::IsCompleteRequest(check) => {
                 let verdict = is_complete::check(&check.code);
-                Some(IsCompleteReply { status: verdict.status, indent: verdict.indent }.as_child_of(&request))
+                Some(IsCompleteReply { status: verdict.status, indent: verdict.indent }.as_child_of(request))
             }
             JupyterMessageContent::HistoryRequest(history) => {
                 let entries = self.history.lock().unwrap_or_else(|e| e.into_inner()).answer(history);
-                Some(HistoryReply { history: entries, status: ReplyStatus::Ok, error: None }.as_child_of(&request))
+                Some(HistoryReply { history: entries, status: ReplyStatus::Ok, error: None }.as_child_of(request))
             }
-            JupyterMessageContent::CommInfoRequest(_) => Some(CommInfoReply::default().as_child_of(&request)),
+            JupyterMessageContent::CommInfoRequest(_) => Some(CommInfoReply::default().as_child_of(request)),
             JupyterMessageContent::CommOpen(_) | JupyterMessageContent::CommMsg(_) | JupyterMessageContent::CommClose(_) => {
                 log::info!("shell: this kernel has no comm targets; `{}` ignored", request.message_type());
                 None
             }
-            JupyterMessageContent::UnknownMessage(_) if malformed_reply(&request).is_some() => malformed_reply(&request),
             other => {
                 log::warn!("shell: unknown or unsupported message type `{}`; ignored", other.message_type());
                 None
@@ -302,8 +333,50 @@ impl Kernel {
         if let Some(answer) = answer {
             reply(send, "shell", answer).await;
         }
-        self.status(&request, ExecutionState::Idle);
         after
+    }
+
+    async fn handle_control(&self, request: &JupyterMessage, send: &mut RouterSendConnection) -> Control {
+        let answer = match &request.content {
+            JupyterMessageContent::KernelInfoRequest(_) => Some(kernel_info().as_child_of(request)),
+            JupyterMessageContent::InterruptRequest(_) => {
+                self.interrupt();
+                Some(InterruptReply { status: ReplyStatus::Ok, error: None }.as_child_of(request))
+            }
+            JupyterMessageContent::ShutdownRequest(shutdown) => {
+                self.interrupt();
+                let answer = ShutdownReply { restart: shutdown.restart, status: ReplyStatus::Ok, error: None };
+                reply(send, "control", answer.as_child_of(request)).await;
+                self.status(request, ExecutionState::Idle);
+                self.shutdown.notify_one();
+                return Control::Shutdown;
+            }
+            other => {
+                log::warn!("control: `{}` is not handled here; ignored", other.message_type());
+                None
+            }
+        };
+        if let Some(answer) = answer {
+            reply(send, "control", answer).await;
+        }
+        Control::Continue
+    }
+
+    /// An authentic request whose content does not fit its type.
+    async fn answer_malformed(&self, request: &JupyterMessage, problem: &str, send: &mut RouterSendConnection, channel: &str) {
+        log::warn!("{channel}: {}: content is not valid: {problem}", request.header.msg_type);
+        self.status(request, ExecutionState::Busy);
+        if let Some(answer) = error_reply(request, "MalformedMessage", problem) {
+            reply(send, channel, answer).await;
+        }
+        self.status(request, ExecutionState::Idle);
+    }
+
+    async fn answer_panic(&self, request: &JupyterMessage, text: String, send: &mut RouterSendConnection, channel: &str) {
+        log::error!("{channel}: internal error while handling {}: {text}", request.header.msg_type);
+        if let Some(answer) = error_reply(request, "InternalError", &format!("the kernel failed on this request ({text}); it goes on")) {
+            reply(send, channel, answer).await;
+        }
     }
 
     /// After a failed cell with stop_on_error: execute requests that were sent
@@ -311,17 +384,18 @@ impl Kernel {
     /// request sent after it ends the aborting.
     async fn abort_queued(&self, recv: &mut RouterRecvConnection, send: &mut RouterSendConnection) {
         let mut failed_at = chrono::Utc::now();
-        while let Ok(Some(queued)) = tokio::time::timeout(Duration::from_millis(1), read(recv, "shell")).await {
-            let sent_before = queued.header.date < failed_at;
-            if sent_before && matches!(queued.content, JupyterMessageContent::ExecuteRequest(_)) {
-                self.status(&queued, ExecutionState::Busy);
+        while let Ok(queued) = tokio::time::timeout(Duration::from_millis(1), read(recv, "shell", &self.verifier)).await {
+            let (Incoming::Request(request) | Incoming::Malformed { request, .. }) = &queued;
+            let sent_before = request.header.date < failed_at;
+            if sent_before && matches!(request.content, JupyterMessageContent::ExecuteRequest(_)) {
+                self.status(request, ExecutionState::Busy);
                 let count = ExecutionCount::new(*self.execution_count.lock().unwrap_or_else(|e| e.into_inner()));
                 let aborted = ExecuteReply { status: ReplyStatus::Aborted, execution_count: count, ..Default::default() };
-                reply(send, "shell", aborted.as_child_of(&queued)).await;
-                self.status(&queued, ExecutionState::Idle);
+                reply(send, "shell", aborted.as_child_of(request)).await;
+                self.status(request, ExecutionState::Idle);
                 continue;
             }
-            if self.handle_shell(queued, send).await == After::AbortQueued {
+            if self.serve_shell(queued, send).await == After::AbortQueued {
                 failed_at = chrono::Utc::now();
             } else if !sent_before {
                 return;
@@ -496,6 +570,14 @@ fn stopped_reply() -> ReplyError {
         evalue: "the Rust engine thread has stopped; restart the kernel".into(),
         traceback: vec![],
     }
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Jupyter counts cursor positions in Unicode code points; Rust in bytes.

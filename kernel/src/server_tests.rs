@@ -17,11 +17,13 @@ use vramlab::render::Bundle;
 use crate::engine::{CellError, Completion, Engine, ExecuteJob, Outcome};
 
 /// Runs each line: `print:TEXT` streams, `fail:MESSAGE` fails after 300 ms, and
-/// any other line is the cell's result.
+/// any other line is the cell's result. The cell `panic` panics in the
+/// server's own task, as a bug in the kernel would.
 struct Scripted;
 
 impl Engine for Scripted {
     fn execute(&self, job: ExecuteJob) -> oneshot::Receiver<Outcome> {
+        assert_ne!(job.code, "panic", "the scripted engine was told to panic");
         let (tx, rx) = oneshot::channel();
         std::thread::spawn(move || {
             let mut outcome = Ok(None);
@@ -73,7 +75,7 @@ async fn start() -> (ConnectionInfo, tokio::task::JoinHandle<anyhow::Result<()>>
         signature_scheme: "hmac-sha256".into(),
         kernel_name: None,
     };
-    let server = tokio::spawn(crate::server::serve(info.clone(), Arc::new(Scripted)));
+    let server = tokio::spawn(crate::server::serve(info.clone(), Arc::new(Scripted), 1 << 20));
     (info, server)
 }
 
@@ -135,4 +137,106 @@ async fn busy_idle_counts_abort_and_shutdown() {
     let JupyterMessageContent::ShutdownReply(shutdown) = control.read().await.unwrap().content else { panic!() };
     assert!(shutdown.restart);
     tokio::time::timeout(Duration::from_secs(5), server).await.unwrap().unwrap().unwrap();
+}
+
+const KEY: &str = "secret";
+
+fn sign(parts: &[&[u8]]) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, KEY.as_bytes());
+    let mut ctx = ring::hmac::Context::with_key(&key);
+    parts.iter().for_each(|p| ctx.update(p));
+    ctx.sign().as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A signed message of `msg_type` with `content` as it is, ready to send from a DEALER.
+fn signed(msg_type: &str, content: &str) -> (String, zeromq::ZmqMessage) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let header = format!(
+        r#"{{"msg_id":"{id}","username":"u","session":"s","date":"2026-01-01T00:00:00Z","msg_type":"{msg_type}","version":"5.3"}}"#
+    );
+    let parts: [&[u8]; 4] = [header.as_bytes(), b"{}", b"{}", content.as_bytes()];
+    let mut frames = vec![bytes::Bytes::from_static(b"<IDS|MSG>"), sign(&parts).into_bytes().into()];
+    frames.extend(parts.iter().map(|p| bytes::Bytes::copy_from_slice(p)));
+    (id, zeromq::ZmqMessage::try_from(frames).unwrap())
+}
+
+async fn dealer(url: &str) -> zeromq::DealerSocket {
+    use zeromq::Socket;
+    let mut socket = zeromq::DealerSocket::new();
+    socket.connect(url).await.unwrap();
+    socket
+}
+
+/// The reply's header type and content, or None when nothing came within a second.
+async fn answer(socket: &mut zeromq::DealerSocket) -> Option<(String, serde_json::Value)> {
+    use zeromq::SocketRecv;
+    let frames = tokio::time::timeout(Duration::from_secs(1), socket.recv()).await.ok()?.unwrap();
+    let parts: Vec<&[u8]> = frames.iter().map(|p| p.as_ref()).collect();
+    let at = parts.iter().position(|p| *p == b"<IDS|MSG>").unwrap();
+    let header: serde_json::Value = serde_json::from_slice(parts[at + 2]).unwrap();
+    Some((header["msg_type"].as_str().unwrap().to_owned(), serde_json::from_slice(parts[at + 5]).unwrap()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn content_of_any_wrong_type_gets_an_error_reply_and_the_loops_go_on() {
+    use zeromq::SocketSend;
+    let (info, _server) = start().await;
+    let mut shell = dealer(&info.shell_url()).await;
+    let mut control = dealer(&info.control_url()).await;
+    let wrong = ["[]", "7", "\"text\"", "null", "true", r#"{"code": ["not", "a", "string"], "cursor_pos": -1, "hist_access_type": 5}"#];
+    let shell_requests = ["execute_request", "complete_request", "inspect_request", "is_complete_request", "history_request", "comm_info_request", "kernel_info_request"];
+    let control_requests = ["kernel_info_request", "interrupt_request", "shutdown_request"];
+    for content in wrong {
+        let requests = shell_requests.iter().map(|t| (false, *t)).chain(control_requests.iter().map(|t| (true, *t)));
+        for (on_control, msg_type) in requests {
+            let socket = if on_control { &mut control } else { &mut shell };
+            socket.send(signed(msg_type, content).1).await.unwrap();
+            let (reply_type, reply) = answer(socket).await.unwrap_or_else(|| panic!("no reply to {msg_type} with content {content}"));
+            assert_eq!(reply_type, msg_type.replace("_request", "_reply"), "{content}");
+            // Requests with no fields (kernel_info, comm_info, interrupt) read anything as empty;
+            // shutdown_request needs `restart`.
+            if reply["status"] == "error" {
+                assert_eq!(reply["ename"], "MalformedMessage", "{msg_type} {content}: {reply}");
+            } else {
+                assert!(matches!(msg_type, "kernel_info_request" | "comm_info_request" | "interrupt_request"), "{msg_type} {content}: {reply}");
+            }
+        }
+        // Messages that are not requests are dropped and logged, without a reply.
+        for msg_type in ["comm_open", "comm_msg", "comm_close", "input_reply", "execute_reply"] {
+            shell.send(signed(msg_type, content).1).await.unwrap();
+        }
+        assert!(answer(&mut shell).await.is_none(), "{content}: only requests are answered");
+    }
+    shell.send(signed("execute_request", r#"{"code": "still here", "silent": false, "store_history": true}"#).1).await.unwrap();
+    let (_, reply) = answer(&mut shell).await.expect("the shell loop goes on");
+    assert_eq!(reply["status"], "ok");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replayed_request_runs_once() {
+    use zeromq::SocketSend;
+    let (info, _server) = start().await;
+    let mut shell = dealer(&info.shell_url()).await;
+    let (_, request) = signed("execute_request", r#"{"code": "value", "silent": false, "store_history": true}"#);
+    for _ in 0..3 {
+        shell.send(request.clone()).await.unwrap();
+    }
+    let (_, reply) = answer(&mut shell).await.unwrap();
+    assert_eq!((reply["status"].as_str(), reply["execution_count"].as_u64()), (Some("ok"), Some(1)));
+    assert!(answer(&mut shell).await.is_none(), "the replays were dropped");
+    shell.send(signed("execute_request", r#"{"code": "value", "silent": false, "store_history": true}"#).1).await.unwrap();
+    assert_eq!(answer(&mut shell).await.unwrap().1["execution_count"], 2, "a fresh request still runs");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panic_while_handling_a_request_is_an_error_reply() {
+    use zeromq::SocketSend;
+    let (info, _server) = start().await;
+    let mut shell = dealer(&info.shell_url()).await;
+    shell.send(signed("execute_request", r#"{"code": "panic", "silent": false, "store_history": true}"#).1).await.unwrap();
+    let (reply_type, reply) = answer(&mut shell).await.expect("an answer to the request that panicked");
+    assert_eq!((reply_type.as_str(), reply["ename"].as_str()), ("execute_reply", Some("InternalError")));
+    assert!(reply["evalue"].as_str().unwrap().contains("told to panic"), "{reply}");
+    shell.send(signed("execute_request", r#"{"code": "after", "silent": false, "store_history": true}"#).1).await.unwrap();
+    assert_eq!(answer(&mut shell).await.unwrap().1["status"], "ok");
 }

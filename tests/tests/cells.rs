@@ -264,3 +264,33 @@ async fn a_restarted_kernel_does_not_recompile_its_dependencies() {
     let elapsed = started.elapsed();
     assert_eq!(compiled_artifacts("evcxr_input"), before, "nothing recompiled after the restart ({elapsed:?})");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_question_mark_error_or_a_cell_that_is_not_rust_fails_the_cell() {
+    let mut kernel = Kernel::start().await;
+    kernel.execute("let kept = 5;").await;
+
+    let returned = kernel.execute("let lost = 1;\nlet text = std::fs::read_to_string(\"/nonexistent/file\")?;").await;
+    assert_eq!(returned.reply.status, ReplyStatus::Error, "a `?` error is a failed cell");
+    let error = returned.error().expect("an error output");
+    assert_eq!(error.ename, "std::io::error::Error");
+    assert!(error.evalue.contains("No such file or directory"), "{}", error.evalue);
+    assert!(error.traceback.iter().any(|l| l.contains("`?`")), "{:?}", error.traceback);
+    assert_eq!(returned.reply.error.as_ref().map(|e| e.ename.as_str()), Some("std::io::error::Error"));
+
+    for code in ["}}}", "let = ;"] {
+        let invalid = kernel.execute(code).await;
+        assert_eq!(invalid.reply.status, ReplyStatus::Error, "{code}");
+        let error = invalid.error().unwrap_or_else(|| panic!("{code}: no error output"));
+        assert_eq!(error.ename, "SyntaxError", "{code}");
+        assert!(error.traceback.iter().any(|l| l.starts_with("  --> cell:1:")), "{code}: {:?}", error.traceback);
+    }
+
+    // A multi-line message survives the trip, and the cell's new variables are dropped, not earlier ones.
+    let custom = kernel.execute("let n: i32 = \"x\".parse().map_err(|e| format!(\"line one\\nline two: {e}\"))?;").await;
+    let error = custom.error().unwrap();
+    assert_eq!((error.ename.as_str(), error.evalue.as_str()), ("alloc::string::String", "line one\nline two: invalid digit found in string"));
+    assert_eq!(kernel.execute("kept").await.result_text().as_deref(), Some("5"));
+    let vars = kernel.execute(":vars").await.result_text().unwrap();
+    assert!(vars.contains("kept") && !vars.contains("lost"), "{vars}");
+}

@@ -121,6 +121,11 @@ impl Kernel {
     }
 
     pub async fn start_with_key(key: &str) -> Kernel {
+        Self::start_with(key, &[], &[]).await
+    }
+
+    /// A kernel started with `args` after its connection file and `envs` set.
+    pub async fn start_with(key: &str, args: &[&str], envs: &[(&str, &str)]) -> Kernel {
         let dir = tempfile::tempdir().unwrap();
         let info = free_connection_info(key).await;
         let file = dir.path().join("kernel.json");
@@ -128,6 +133,8 @@ impl Kernel {
         let child = Command::new(kernel_binary())
             .arg("--connection-file")
             .arg(&file)
+            .args(args)
+            .envs(envs.iter().copied())
             .env("VRAMLAB_CACHE_DIR", cache_dir())
             .stdin(Stdio::null())
             .spawn()
