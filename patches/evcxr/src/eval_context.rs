@@ -1226,6 +1226,26 @@ impl EvalOutputs {
     }
 }
 
+/// The identifiers that occur anywhere in some code, string literals included
+/// (`format!("{x}")` names `x`): a superset of the variables it can use.
+struct UsedNames(HashSet<String>);
+
+impl UsedNames {
+    fn of(code: &str) -> UsedNames {
+        UsedNames(
+            code.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .filter(|word| !word.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        )
+    }
+
+    fn contains(&self, variable: &str) -> bool {
+        self.0
+            .contains(variable.strip_prefix("r#").unwrap_or(variable))
+    }
+}
+
 #[derive(Clone, Debug)]
 struct VariableState {
     type_name: String,
@@ -1691,6 +1711,9 @@ impl ContextState {
             || !self.stored_variable_states.is_empty()
             || self.async_mode
             || self.allow_question_mark;
+        // Only the variables the code names are checked, loaded and stored back: the rest stay
+        // in the store untouched, so a cell's code does not grow with every variable defined.
+        let used = UsedNames::of(&user_code.code_string());
         let mut code = CodeBlock::new();
         if self.allow_question_mark {
             code = code.add_all(self.error_trait_code(false));
@@ -1715,9 +1738,10 @@ impl ContextState {
                 )
                 .generated("}")
                 .generated("let evcxr_variable_store = unsafe {&mut *evcxr_variable_store};")
-                .add_all(self.check_variable_statements())
-                .add_all(self.load_variable_statements());
-            user_code = user_code.add_all(self.store_variable_statements(VariableMoveState::New));
+                .add_all(self.check_variable_statements(&used))
+                .add_all(self.load_variable_statements(&used));
+            user_code =
+                user_code.add_all(self.store_variable_statements(VariableMoveState::New, &used));
         } else {
             code = code.generated("evcxr_variable_store: *mut u8) -> *mut u8 {");
         }
@@ -1772,16 +1796,21 @@ impl ContextState {
             code = code.add_all(user_code);
         }
         if needs_variable_store {
-            code = code.add_all(self.store_variable_statements(VariableMoveState::Available));
+            code = code
+                .add_all(self.store_variable_statements(VariableMoveState::Available, &used));
         }
         code = code.generated("evcxr_variable_store");
         code.generated("}")
     }
 
-    fn store_variable_statements(&self, move_state: VariableMoveState) -> CodeBlock {
+    fn store_variable_statements(
+        &self,
+        move_state: VariableMoveState,
+        used: &UsedNames,
+    ) -> CodeBlock {
         let mut statements = CodeBlock::new();
         for (var_name, var_state) in &self.variable_states {
-            if var_state.move_state == move_state {
+            if var_state.move_state == move_state && used.contains(var_name) {
                 statements.pack_variable(
                     var_name.clone(),
                     format!(
@@ -1796,9 +1825,9 @@ impl ContextState {
         statements
     }
 
-    fn check_variable_statements(&self) -> CodeBlock {
+    fn check_variable_statements(&self, used: &UsedNames) -> CodeBlock {
         let mut statements = CodeBlock::new().generated("{let mut vars_ok = true;");
-        for (var_name, var_state) in &self.stored_variable_states {
+        for (var_name, var_state) in self.stored_variables_used(used) {
             statements = statements.generated(format!(
                 "vars_ok &= evcxr_variable_store.check_variable::<{}>(stringify!({var_name}));",
                 var_state.type_name
@@ -1808,9 +1837,9 @@ impl ContextState {
     }
 
     // Returns code to load values from the variable store back into their variables.
-    fn load_variable_statements(&self) -> CodeBlock {
+    fn load_variable_statements(&self, used: &UsedNames) -> CodeBlock {
         let mut statements = CodeBlock::new();
-        for (var_name, var_state) in &self.stored_variable_states {
+        for (var_name, var_state) in self.stored_variables_used(used) {
             let mutability = if var_state.is_mut { "mut " } else { "" };
             statements.load_variable(format!(
                 "let {}{} = evcxr_variable_store.take_variable::<{}>(stringify!({}));",
@@ -1818,6 +1847,15 @@ impl ContextState {
             ));
         }
         statements
+    }
+
+    fn stored_variables_used<'a>(
+        &'a self,
+        used: &'a UsedNames,
+    ) -> impl Iterator<Item = (&'a String, &'a VariableState)> {
+        self.stored_variable_states
+            .iter()
+            .filter(|(name, _)| used.contains(name))
     }
 
     fn current_user_fn_name(&self) -> String {
