@@ -63,6 +63,15 @@ impl CellError {
     }
 }
 
+/// The message of a caught panic.
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 /// The result of one piece of Rust code: its final value, if it has one.
 pub type Outcome = Result<Option<Bundle>, CellError>;
 

@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use vramlab::memory::CellProbe;
 use vramlab::render::{Bundle, DisplayFrame};
 
-use crate::engine::{CellError, Completion, Engine, ExecuteJob, Outcome, Output};
+use crate::engine::{panic_text, CellError, Completion, Engine, ExecuteJob, Outcome, Output};
 use crate::final_value::FinalValue;
 use crate::install::LIB_ENV;
 use crate::slot::BuildSlot;
@@ -369,14 +369,6 @@ fn identifier_end(code: &str, cursor: usize) -> usize {
         .char_indices()
         .find(|(_, c)| !(c.is_alphanumeric() || *c == '_'))
         .map_or(code.len(), |(i, _)| cursor + i)
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 fn list(names: &BTreeSet<String>) -> String {

@@ -22,7 +22,7 @@ use zeromq::{RepSocket, RouterSocket, Socket, SocketOptions, SocketRecv, SocketS
 
 use crate::cell::{self, Segment};
 use crate::display;
-use crate::engine::{CellError, Engine, ExecuteJob, InputFn, Output};
+use crate::engine::{panic_text, CellError, Engine, ExecuteJob, InputFn, Output};
 use crate::history::History;
 use crate::iopub::Iopub;
 use crate::is_complete;
@@ -570,14 +570,6 @@ fn stopped_reply() -> ReplyError {
         evalue: "the Rust engine thread has stopped; restart the kernel".into(),
         traceback: vec![],
     }
-}
-
-fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Jupyter counts cursor positions in Unicode code points; Rust in bytes.

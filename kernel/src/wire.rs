@@ -86,20 +86,22 @@ impl Verifier {
     }
 }
 
-/// The signatures of the last [`DIGEST_HISTORY`] authentic messages.
+/// The signatures of the last [`DIGEST_HISTORY`] authentic messages: about
+/// 10 MB when full. Each is a copy: a received frame's bytes share the buffer
+/// they were read into, which a kept slice would keep alive.
 #[derive(Default)]
 struct DigestHistory {
-    set: HashSet<bytes::Bytes>,
-    order: VecDeque<bytes::Bytes>,
+    set: HashSet<Box<[u8]>>,
+    order: VecDeque<Box<[u8]>>,
 }
 
 impl DigestHistory {
     /// False when `signature` was already there.
-    fn insert(&mut self, signature: &bytes::Bytes) -> bool {
-        if !self.set.insert(signature.clone()) {
+    fn insert(&mut self, signature: &[u8]) -> bool {
+        if !self.set.insert(signature.into()) {
             return false;
         }
-        self.order.push_back(signature.clone());
+        self.order.push_back(signature.into());
         if self.order.len() > DIGEST_HISTORY {
             if let Some(oldest) = self.order.pop_front() {
                 self.set.remove(&oldest);
@@ -184,10 +186,10 @@ mod tests {
     fn the_history_forgets_the_oldest_beyond_its_size() {
         let mut history = DigestHistory::default();
         for i in 0..=DIGEST_HISTORY {
-            assert!(history.insert(&bytes::Bytes::from(i.to_string())));
+            assert!(history.insert(i.to_string().as_bytes()));
         }
         assert_eq!(history.order.len(), DIGEST_HISTORY);
-        assert!(history.insert(&bytes::Bytes::from("0")), "the oldest was forgotten");
-        assert!(!history.insert(&bytes::Bytes::from(DIGEST_HISTORY.to_string())));
+        assert!(history.insert(b"0"), "the oldest was forgotten");
+        assert!(!history.insert(DIGEST_HISTORY.to_string().as_bytes()));
     }
 }
