@@ -495,7 +495,7 @@ impl EvalContext {
         state.config.display_final_expression = false;
         state.config.expand_use_statements = false;
         let user_code = state.apply(user_code, &code_info.nodes)?;
-        let code = state.analysis_code(user_code.clone());
+        let code = state.execution_analysis_code(user_code.clone());
         let errors = self.module.check(&code, &state.config)?;
         Ok(state.apply_custom_errors(errors, &user_code, code_info))
     }
@@ -706,7 +706,7 @@ impl EvalContext {
         callbacks: &mut EvalCallbacks,
     ) -> Result<EvalOutputs, Error> {
         self.write_cargo_toml(state)?;
-        let analysis_code = state.analysis_code(user_code.clone());
+        let analysis_code = state.execution_analysis_code(user_code.clone());
         if let Err(errors) = self.fix_variable_types(state, analysis_code) {
             let mut check_res = self.check(user_code.clone(), state.clone(), code_info)?;
             if !check_res.is_empty() {
@@ -1601,6 +1601,18 @@ impl ContextState {
 
     /// Returns code suitable for analysis purposes. Doesn't attempt to preserve runtime behaviour.
     fn analysis_code(&self, user_code: CodeBlock) -> CodeBlock {
+        self.analysis_code_naming(user_code, None)
+    }
+
+    /// Analysis code for running `user_code`: only the variables it names are declared, as in
+    /// the code that runs it, so the analysis does not grow with every variable defined.
+    fn execution_analysis_code(&self, user_code: CodeBlock) -> CodeBlock {
+        let used = UsedNames::of(&user_code.code_string());
+        self.analysis_code_naming(user_code, Some(&used))
+    }
+
+    fn analysis_code_naming(&self, user_code: CodeBlock, used: Option<&UsedNames>) -> CodeBlock {
+        let named = |name: &str| used.is_none_or(|used| used.contains(name));
         let mut code = CodeBlock::new()
             .generated("#![allow(unused_imports, unused_mut, dead_code)]")
             .add_all(self.attributes_code())
@@ -1609,7 +1621,11 @@ impl ContextState {
             .generated("fn evcxr_variable_store<T: 'static>(_: T) {}")
             .generated("#[allow(unused_variables)]")
             .generated("async fn evcxr_analysis_wrapper(");
-        for (var_name, state) in &self.stored_variable_states {
+        for (var_name, state) in self
+            .stored_variable_states
+            .iter()
+            .filter(|(name, _)| named(name))
+        {
             code = code.generated(format!(
                 "{}{}: {},",
                 if state.is_mut { "mut " } else { "" },
@@ -1624,7 +1640,7 @@ impl ContextState {
         // Pack variable statements in analysis mode are a lot simpler than in compiled mode. We
         // just call a function that enforces that the variable doesn't contain any non-static
         // lifetimes.
-        for var_name in self.variable_states.keys() {
+        for var_name in self.variable_states.keys().filter(|name| named(name)) {
             code.pack_variable(
                 var_name.clone(),
                 format!("evcxr_variable_store({var_name});"),
