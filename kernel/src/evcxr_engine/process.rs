@@ -1,0 +1,26 @@
+//! The command that starts the cell process.
+
+use std::path::PathBuf;
+
+/// The cell process: this binary again, able to load the standard library
+/// that cells link to. Cargo writes each cell library's RUNPATH relative to
+/// the `deps` directory, but evcxr loads it from the directory above, so
+/// when the build directory and the toolchain share a parent (as
+/// `~/.cache` and `~/.rustup` do) that RUNPATH misses by one level.
+pub(super) fn cell_process_command() -> Result<std::process::Command, evcxr::Error> {
+    let mut command = std::process::Command::new(std::env::current_exe()?);
+    let sysroot = std::process::Command::new("rustc").args(["--print", "sysroot"]).output()?;
+    if !sysroot.status.success() {
+        return Err(evcxr::Error::Message("`rustc --print sysroot` failed: is a Rust toolchain installed?".into()));
+    }
+    let std_dir = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim())
+        .join("lib/rustlib")
+        .join(env!("VRAMLAB_TARGET"))
+        .join("lib");
+    let mut paths = vec![std_dir];
+    paths.extend(std::env::var_os("LD_LIBRARY_PATH").iter().flat_map(std::env::split_paths));
+    if let Ok(joined) = std::env::join_paths(paths) {
+        command.env("LD_LIBRARY_PATH", joined);
+    }
+    Ok(command)
+}

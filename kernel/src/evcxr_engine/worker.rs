@@ -1,0 +1,259 @@
+//! The engine thread: evcxr's context, the jobs it runs, and what a cell's
+//! run becomes.
+
+use std::collections::BTreeSet;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use evcxr::{CommandContext, EvalCallbacks, EvalContext};
+use jupyter_protocol::Stdio;
+use vramlab::memory::CellProbe;
+use vramlab::render::Bundle;
+
+use super::library::Library;
+use super::process::cell_process_command;
+use super::pump::Pump;
+use super::traceback::{compilation_error, interrupted_error, process_died, returned_error};
+use super::{Job, Running};
+use crate::engine::{panic_text, CellError, Completion, ExecuteJob, Outcome, Output};
+use crate::final_value::FinalValue;
+use crate::slot::BuildSlot;
+
+const PANIC_HOOK_CELL: &str = include_str!("../../assets/panic_hook.rs");
+
+pub(super) struct Worker {
+    ctx: CommandContext,
+    pump: Pump,
+    slot: BuildSlot,
+    library: Library,
+    running: Arc<Running>,
+    memory: Option<Arc<CellProbe>>,
+    final_value: FinalValue,
+}
+
+impl Worker {
+    pub(super) fn run(slot: BuildSlot, library: Library, jobs: Receiver<Job>, running: Arc<Running>, memory: Option<Arc<CellProbe>>) {
+        let command = cell_process_command().map(|mut command| {
+            if let Some(probe) = &memory {
+                probe.share_with(&mut command);
+            }
+            command
+        });
+        let (ctx, outputs) = match command.and_then(EvalContext::with_subprocess_command) {
+            Ok((eval, outputs)) => (CommandContext::with_eval_context(eval), outputs),
+            Err(err) => return Self::refuse_all(jobs, format!("the Rust engine (evcxr) failed to start: {err}")),
+        };
+        let final_value = FinalValue::default();
+        let mut worker = Worker { ctx, pump: Pump::start(outputs), slot, library, running, memory, final_value };
+        // One compile for both: the start of the first cell waits for it.
+        let prepare = format!("{}\n{PANIC_HOOK_CELL}", worker.final_value.definition());
+        if let Err(err) = worker.ctx.execute(&prepare) {
+            log::error!("could not prepare the cell process (panic hook, final values): {err}");
+        }
+        for job in jobs {
+            worker.handle(job);
+        }
+    }
+
+    fn refuse_all(jobs: Receiver<Job>, why: String) {
+        log::error!("{why}");
+        for job in jobs {
+            match job {
+                Job::Execute(_, tx) => drop(tx.send(Err(CellError::new("EngineUnavailable", why.clone(), vec![why.clone()])))),
+                Job::Complete(_, _, tx) => drop(tx.send(Err(why.clone()))),
+                Job::Inspect(_, _, tx) => drop(tx.send(Err(why.clone()))),
+            }
+        }
+    }
+
+    fn handle(&mut self, job: Job) {
+        // evcxr's own invariants may panic; one bad request must not end the engine.
+        let guarded = |f: &mut dyn FnMut() -> ()| {
+            if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
+                log::error!("internal error in the Rust engine: {}", panic_text(&*panic));
+            }
+        };
+        match job {
+            Job::Execute(job, tx) => {
+                let mut outcome = None;
+                guarded(&mut || outcome = Some(self.execute(&job)));
+                let outcome = outcome.unwrap_or_else(|| {
+                    Err(CellError::new("InternalError", "the Rust engine failed on this cell; the kernel goes on", vec![]))
+                });
+                let _ = tx.send(outcome);
+            }
+            Job::Complete(code, cursor, tx) => {
+                let mut result = Err("completion failed".to_owned());
+                guarded(&mut || {
+                    result = self.ctx.completions(&code, cursor).map_err(|e| e.to_string()).map(|c| Completion {
+                        kinds: c.completions.iter().map(|c| c.kind.to_owned()).collect(),
+                        matches: c.completions.into_iter().map(|c| c.code).collect(),
+                        start: c.start_offset,
+                        end: c.end_offset,
+                    })
+                });
+                let _ = tx.send(result);
+            }
+            Job::Inspect(code, cursor, tx) => {
+                let mut result = Err("inspection failed".to_owned());
+                guarded(&mut || result = self.inspect(&code, cursor));
+                let _ = tx.send(result);
+            }
+        }
+    }
+
+    fn inspect(&mut self, code: &str, cursor: usize) -> Result<Option<Bundle>, String> {
+        let end = identifier_end(code, cursor);
+        let (plain, html) = self.ctx.hover_at(code, end).map_err(|e| e.to_string())?;
+        if plain.trim().is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Bundle::plain(plain).with("text/html", html)))
+    }
+
+    fn execute(&mut self, job: &ExecuteJob) -> Outcome {
+        if job.code.lines().any(|l| l.trim() == ":quit") {
+            return Err(CellError::new(
+                "UsageError",
+                ":quit would end the kernel without telling Jupyter; use the front end's Shut Down or Restart",
+                vec![],
+            ));
+        }
+        crate::syntax::check(&job.code)?;
+        if !self.library.loaded && job.code.contains("vramlab") {
+            self.load_library(&job.output)?;
+        }
+        let after = self.final_value.after(&job.code);
+        if after.settings != self.final_value {
+            self.final_value = after.settings;
+            self.define_final_value();
+        }
+        let variables_before: BTreeSet<String> = self.ctx.variables_and_types().map(|(name, _)| name.to_owned()).collect();
+        self.pump.attach(job.output.clone());
+        *self.running.process.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.ctx.process_handle());
+        self.running.interrupted.store(false, Ordering::SeqCst);
+        let input = job.input.clone();
+        let mut callbacks = EvalCallbacks {
+            input_reader: &move |request| match &input {
+                Some(ask) => ask(&request.prompt, request.is_password).unwrap_or_default(),
+                None => String::new(),
+            },
+        };
+        let ctx = &mut self.ctx;
+        let mut run = || ctx.execute_with_callbacks(&job.code, &mut callbacks);
+        let result = match &self.memory {
+            Some(probe) => probe.measure(run),
+            None => run(),
+        };
+        *self.running.process.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        let report = self.pump.detach();
+        if after.cleared {
+            self.define_final_value();
+        }
+        let interrupted = self.running.interrupted.swap(false, Ordering::SeqCst);
+        match result {
+            Ok(_) if interrupted => Err(interrupted_error(&variables_before)),
+            Ok(outputs) => match (report.panic, outputs.user_error.clone()) {
+                (Some(panic), _) => Err(panic.into_error()),
+                (None, Some(error)) => Err(returned_error(error)),
+                (None, None) => {
+                    if outputs.timing.is_some() {
+                        job.output.stream(Stdio::Stdout, timing_line(&outputs));
+                    }
+                    Ok((!outputs.content_by_mime_type.is_empty()).then(|| bundle_of(outputs.content_by_mime_type)))
+                }
+            },
+            Err(evcxr::Error::SubprocessTerminated(_)) if interrupted => Err(interrupted_error(&variables_before)),
+            Err(evcxr::Error::SubprocessTerminated(detail)) => Err(process_died(&variables_before, &detail)),
+            Err(evcxr::Error::CompilationErrors(errors)) => Err(compilation_error(&errors, &job.code)),
+            Err(other) => Err(CellError::new("Error", other.to_string(), vec![other.to_string()])),
+        }
+    }
+
+    fn define_final_value(&mut self) {
+        if let Err(err) = self.ctx.execute(&self.final_value.definition()) {
+            log::error!("could not define how final values are shown: {err}");
+        }
+    }
+
+    /// Adds the `vramlab` crate to the cells' dependencies, telling the user
+    /// when that means a long first build.
+    fn load_library(&mut self, output: &Output) -> Result<(), CellError> {
+        let Some(command) = self.library.dep_command() else { return Ok(()) };
+        let note = if self.slot.has_compiled("vramlab") {
+            "Loading vramlab (compiled by an earlier kernel; a few seconds)...\n".to_owned()
+        } else {
+            "Building vramlab and candle for this kernel's cells. The first build takes a few minutes; \
+             restarts and later kernels reuse it.\n"
+                .to_owned()
+        };
+        output.stream(Stdio::Stderr, note);
+        if let Some(workspace_lock) = self.library.dir.as_ref().and_then(|d| d.parent()).map(|w| w.join("Cargo.lock")) {
+            if workspace_lock.exists() {
+                self.slot.pin_dependencies(&workspace_lock);
+            }
+        }
+        let started = Instant::now();
+        self.ctx.execute(&command).map_err(|err| {
+            let text = match &err {
+                evcxr::Error::CompilationErrors(errors) => errors.iter().map(|e| e.rendered()).collect::<Vec<_>>().join("\n"),
+                other => other.to_string(),
+            };
+            CellError::new("LibraryUnavailable", format!("the vramlab library could not be built: {err}"), vec![text])
+        })?;
+        self.library.loaded = true;
+        output.stream(Stdio::Stderr, format!("vramlab ready ({:.1} s).\n", started.elapsed().as_secs_f64()));
+        Ok(())
+    }
+}
+
+fn bundle_of(content: std::collections::HashMap<String, String>) -> Bundle {
+    content.into_iter().fold(Bundle::default(), |bundle, (mime, text)| {
+        let is_json = mime == "application/json" || mime.ends_with("+json");
+        match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(value) if is_json => bundle.with(&mime, value),
+            _ => bundle.with(&mime, text),
+        }
+    })
+}
+
+/// What `:timing` shows: the whole evaluation, then evcxr's phases (a
+/// `Fallback` phase is a compile that failed and was redone).
+fn timing_line(outputs: &evcxr::EvalOutputs) -> String {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let phases: Vec<String> = outputs.phases.iter().map(|p| format!("{} {:.0} ms", p.name, ms(p.duration))).collect();
+    format!("Took {:.0} ms: {}\n", outputs.timing.map_or(0.0, ms), phases.join(", "))
+}
+
+fn identifier_end(code: &str, cursor: usize) -> usize {
+    let cursor = cursor.min(code.len());
+    code[cursor..]
+        .char_indices()
+        .find(|(_, c)| !(c.is_alphanumeric() || *c == '_'))
+        .map_or(code.len(), |(i, _)| cursor + i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspection_extends_to_the_end_of_the_word() {
+        assert_eq!(identifier_end("Vec::new()", 2), 3);
+        assert_eq!(identifier_end("Vec::new()", 5), 8);
+        assert_eq!(identifier_end("abc", 3), 3);
+    }
+
+    #[test]
+    fn json_bundles_are_values_and_text_stays_text() {
+        let mut content = std::collections::HashMap::new();
+        content.insert("text/plain".to_owned(), "{\"a\":1}".to_owned());
+        content.insert("application/json".to_owned(), "{\"a\":1}".to_owned());
+        let bundle = bundle_of(content);
+        assert_eq!(bundle.text(), "{\"a\":1}");
+        assert_eq!(bundle.get("application/json").unwrap()["a"], 1);
+    }
+}
