@@ -78,6 +78,45 @@ impl BuildSlot {
             log::warn!("could not pin the library's dependencies with {}: {err}", workspace_lock.display());
         }
     }
+
+    /// Gives the cells the workspace's patched dependencies (`patches/`),
+    /// their paths made absolute. Without it, cells would build the published
+    /// crates, and tensor ids made in two cells could collide. Cargo merges
+    /// the `.cargo/config.toml` of every directory above the build; evcxr
+    /// rewrites the slot's own at each build, so the patches go one level up,
+    /// shared by the slots of this cache.
+    pub fn patch_dependencies(&self, workspace: &Path) {
+        let patches = match patch_table(workspace) {
+            Ok(patches) => patches,
+            Err(err) => return log::warn!("cells get no patched dependencies: {err}"),
+        };
+        let config = self.dir.parent().unwrap_or(&self.dir).join(".cargo");
+        let mut crates_io = toml::Table::new();
+        crates_io.insert("crates-io".into(), toml::Value::Table(patches));
+        let mut root = toml::Table::new();
+        root.insert("patch".into(), toml::Value::Table(crates_io));
+        let written = std::fs::create_dir_all(&config).and_then(|()| std::fs::write(config.join("config.toml"), root.to_string()));
+        if let Err(err) = written {
+            log::warn!("cells get no patched dependencies: {}: {err}", config.display());
+        }
+    }
+}
+
+/// `[patch.crates-io]` of the workspace manifest, each path absolute.
+fn patch_table(workspace: &Path) -> Result<toml::Table, String> {
+    let manifest = workspace.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let doc: toml::Table = text.parse().map_err(|e| format!("{}: {e}", manifest.display()))?;
+    let patches = doc.get("patch").and_then(|p| p.get("crates-io")).and_then(toml::Value::as_table).cloned().unwrap_or_default();
+    Ok(patches
+        .into_iter()
+        .filter_map(|(name, spec)| {
+            let path = workspace.join(spec.get("path")?.as_str()?);
+            let mut absolute = toml::Table::new();
+            absolute.insert("path".into(), toml::Value::String(path.to_str()?.to_owned()));
+            path.join("Cargo.toml").exists().then_some((name, toml::Value::Table(absolute)))
+        })
+        .collect())
 }
 
 fn walk_has_prefix(dir: &Path, prefix: &str, depth: usize) -> bool {
@@ -95,6 +134,23 @@ fn walk_has_prefix(dir: &Path, prefix: &str, depth: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cells_get_the_workspace_patches_with_absolute_paths() {
+        let workspace = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(workspace.path().join("patches/candle-core")).unwrap();
+        std::fs::write(workspace.path().join("patches/candle-core/Cargo.toml"), "[package]\nname = \"candle-core\"\n").unwrap();
+        std::fs::write(
+            workspace.path().join("Cargo.toml"),
+            "[workspace]\n[patch.crates-io]\ncandle-core = { path = \"patches/candle-core\" }\ngone = { path = \"patches/gone\" }\n",
+        )
+        .unwrap();
+        let patches = patch_table(workspace.path()).unwrap();
+        let expected = workspace.path().join("patches/candle-core");
+        assert_eq!(patches.len(), 1, "a patch whose copy is missing is left out: {patches:?}");
+        assert_eq!(patches["candle-core"]["path"].as_str(), expected.to_str());
+        assert!(patch_table(&workspace.path().join("missing")).unwrap_err().contains("Cargo.toml"));
+    }
 
     #[test]
     fn two_kernels_get_different_slots_and_a_freed_slot_is_reused() {

@@ -294,3 +294,23 @@ async fn a_question_mark_error_or_a_cell_that_is_not_rust_fails_the_cell() {
     let vars = kernel.execute(":vars").await.result_text().unwrap();
     assert!(vars.contains("kept") && !vars.contains("lost"), "{vars}");
 }
+
+/// Every cell library links its own copy of candle; tensors made in two
+/// cells must still have different ids, or backprop adds one tensor's
+/// gradient to another's (patches/candle-core).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trainer_built_in_one_cell_trains_in_the_next() {
+    let mut kernel = Kernel::start().await;
+    let first = kernel.execute("use vramlab::candle::{DType, Device, Tensor};\nlet a = Tensor::zeros(1, DType::F32, &Device::Cpu)?;").await;
+    assert_eq!(first.reply.status, ReplyStatus::Ok, "{:?}", first.error());
+    let ids = kernel.execute("let b = Tensor::zeros(1, DType::F32, &Device::Cpu)?; a.id() != b.id()").await;
+    assert_eq!(ids.result_text().as_deref(), Some("true"), "{:?}", ids.error());
+    let build = "use vramlab::{models::*, train::*};\n\
+                 let net = Network::new(&ModelName::SmallCnn.spec(4), Shape::map(3, 16, 16), &Device::Cpu, 0)?;\n\
+                 let mut trainer = Trainer::new(net, TrainConfig::default())?;\n\
+                 let batch = Stripes::new(4, 16).generate(8, 0, &Device::Cpu)?;";
+    let built = kernel.execute(build).await;
+    assert_eq!(built.reply.status, ReplyStatus::Ok, "{:?}", built.error());
+    let stepped = kernel.execute("trainer.step(&[batch.clone()], 0)?.loss.is_finite()").await;
+    assert_eq!(stepped.result_text().as_deref(), Some("true"), "{:?}", stepped.error().map(|e| &e.evalue));
+}

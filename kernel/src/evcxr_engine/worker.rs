@@ -191,10 +191,12 @@ impl Worker {
                 .to_owned()
         };
         output.stream(Stdio::Stderr, note);
-        if let Some(workspace_lock) = self.library.dir.as_ref().and_then(|d| d.parent()).map(|w| w.join("Cargo.lock")) {
+        if let Some(workspace) = self.library.dir.as_ref().and_then(|d| d.parent()) {
+            let workspace_lock = workspace.join("Cargo.lock");
             if workspace_lock.exists() {
                 self.slot.pin_dependencies(&workspace_lock);
             }
+            self.slot.patch_dependencies(workspace);
         }
         let started = Instant::now();
         self.ctx.execute(&command).map_err(|err| {

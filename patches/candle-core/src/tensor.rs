@@ -16,10 +16,49 @@ pub struct TensorId(usize);
 impl TensorId {
     fn new() -> Self {
         // https://users.rust-lang.org/t/idiomatic-rust-way-to-generate-unique-id/33805
-        use std::sync::atomic;
-        static COUNTER: atomic::AtomicUsize = atomic::AtomicUsize::new(1);
-        Self(COUNTER.fetch_add(1, atomic::Ordering::Relaxed))
+        Self(process_counter().fetch_add(1, std::sync::atomic::Ordering::Relaxed))
     }
+}
+
+static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+/// The counter of this copy of the crate: an executable that exports this
+/// symbol (`-Wl,--export-dynamic-symbol=candle_tensor_id_counter`) gives
+/// every copy loaded into its process the same counter.
+#[no_mangle]
+pub extern "C" fn candle_tensor_id_counter() -> *const std::sync::atomic::AtomicUsize {
+    &COUNTER
+}
+
+/// One counter per process, even when several copies of this crate are
+/// linked into it (a REPL that links each cell's library statically): ids
+/// from two copies would otherwise collide, and backprop, which keys
+/// gradients by id, would add a gradient of one tensor to another's.
+fn process_counter() -> &'static std::sync::atomic::AtomicUsize {
+    static SHARED: std::sync::OnceLock<&'static std::sync::atomic::AtomicUsize> = std::sync::OnceLock::new();
+    SHARED.get_or_init(|| exported_counter().unwrap_or(&COUNTER))
+}
+
+#[cfg(unix)]
+fn exported_counter() -> Option<&'static std::sync::atomic::AtomicUsize> {
+    extern "C" {
+        fn dlsym(handle: *mut std::ffi::c_void, symbol: *const std::ffi::c_char) -> *mut std::ffi::c_void;
+    }
+    // RTLD_DEFAULT: the global scope, the executable first.
+    // SAFETY: dlsym with a NUL-terminated name; the symbol, when present, is
+    // `candle_tensor_id_counter` of a copy of this crate, of this signature.
+    let symbol = unsafe { dlsym(std::ptr::null_mut(), c"candle_tensor_id_counter".as_ptr()) };
+    if symbol.is_null() {
+        return None;
+    }
+    let counter: extern "C" fn() -> *const std::sync::atomic::AtomicUsize = unsafe { std::mem::transmute(symbol) };
+    // SAFETY: the exported function returns a static of the executable.
+    Some(unsafe { &*counter() })
+}
+
+#[cfg(not(unix))]
+fn exported_counter() -> Option<&'static std::sync::atomic::AtomicUsize> {
+    None
 }
 
 pub struct Tensor_ {
