@@ -12,7 +12,7 @@ use jupyter_protocol::{
     CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ExecuteInput, ExecuteReply, ExecuteRequest,
     ExecutionCount, ExecutionState, HelpLink, HistoryReply, InputRequest, InspectReply, InterruptReply,
     IsCompleteReply, JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, Payload, ReplyError,
-    ReplyStatus, ShutdownReply, Status, UnknownMessage,
+    ReplyStatus, ShutdownReply, Status, Stdio, UnknownMessage,
 };
 use futures::FutureExt;
 use jupyter_zmq_client::{Connection, KernelHeartbeatConnection, RouterRecvConnection, RouterSendConnection};
@@ -444,9 +444,25 @@ impl Kernel {
             Err(error) => {
                 if !execute.silent {
                     self.iopub.send(display::error(&error, request));
+                    if vramlab::train::is_out_of_memory(&error.evalue) {
+                        self.investigate(&error, &output).await;
+                    }
                 }
                 (reply(ReplyStatus::Error, Some(&error)), true)
             }
+        }
+    }
+
+    /// Under a cell that ran out of memory, the lesson's investigation, run
+    /// in the cell process where the failed trainer's record is.
+    async fn investigate(&self, error: &CellError, output: &Output) {
+        let code = format!("vramlab::diagnose::diagnose({:?}, &vramlab::diagnose::Limits::default())", error.evalue);
+        let job = ExecuteJob { code, output: output.clone(), input: None };
+        match self.engine.execute(job).await {
+            Ok(Ok(Some(report))) => output.display(&report),
+            Ok(Ok(None)) => log::warn!("the out-of-memory investigation showed nothing"),
+            Ok(Err(failed)) => output.stream(Stdio::Stderr, format!("the out-of-memory investigation failed: {}\n", failed.evalue)),
+            Err(_) => {}
         }
     }
 

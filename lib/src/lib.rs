@@ -9,6 +9,7 @@ pub use candle_nn;
 pub mod render;
 pub mod cli;
 pub mod data;
+pub mod diagnose;
 pub mod gpus;
 pub mod ledger;
 pub mod memory;

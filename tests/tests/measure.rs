@@ -85,26 +85,72 @@ fn predicted_memory_matches_measured_training_steps() {
     assert!(misses.is_empty(), "outside tolerance:\n{}", misses.join("\n"));
 }
 
-/// On a simulated 256 MiB card, the batch the ledger says fits trains and
-/// the one it says does not fails with CUDA's out-of-memory error.
+/// `%oomcheck --gpu CARD` and `measure --budget CARD` agree on what a card
+/// holds (its CUDA context included): the batch the ledger says fits trains
+/// under the budget, and the one it says does not fails with CUDA's
+/// out-of-memory error.
 #[test]
-fn the_simulated_budget_fails_where_the_ledger_says_it_will() {
-    const BUDGET: f64 = 256.0 * MIB;
+fn the_simulated_budget_fails_where_oomcheck_says_it_will() {
+    const CARD: &str = "556MiB";
     let binary = common::kernel_binary().with_file_name("vramlab");
-    for batch in [24u32, 32] {
-        let predicted = measure("resnet18", batch, 64, &[])["predicted_peak"].as_u64().unwrap() as f64;
-        let fits = predicted < BUDGET;
-        assert!((predicted - BUDGET).abs() > 0.05 * BUDGET, "batch {batch} is too close to the budget to judge");
+    for batch in [12u32, 32] {
+        let batch = batch.to_string();
+        let check = Command::new(&binary)
+            .args(["oomcheck", "resnet18", "--batch", &batch, "--res", "64", "--opt", "sgd-momentum", "--classes", "10", "--gpu", CARD, "--json"])
+            .output()
+            .unwrap();
+        let report: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
+        let report = &report["report"];
+        let (peak, usable) = (report["ledger"]["peak"]["bytes"].as_f64().unwrap(), report["ledger"]["device"]["usable_bytes"].as_f64().unwrap());
+        assert!((peak - usable).abs() > 0.05 * usable, "batch {batch} is too close to the card to judge");
+        let fits = report["verdict"] != "does_not_fit";
         let output = Command::new(&binary)
-            .args(["measure", "--model", "resnet18", "--batch", &batch.to_string(), "--res", "64", "--budget", "256MiB"])
-            .env_remove("RUST_BACKTRACE")
+            .args(["measure", "--model", "resnet18", "--batch", &batch, "--res", "64", "--budget", CARD])
+            .env("VRAMLAB_DIAGNOSIS_SECONDS", "0")
+            .env("RUST_BACKTRACE", "1")
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.success(), fits, "batch {batch}, predicted {:.0} MiB: {err}", predicted / MIB);
+        assert_eq!(output.status.success(), fits, "batch {batch}, predicted {:.0} MiB of {:.0}: {err}", peak / MIB, usable / MIB);
         if !fits {
+            assert_eq!(output.status.code(), Some(1), "an out-of-memory step is not a usage error");
             assert!(err.contains("out of memory (simulated device budget, CPU): tried to allocate"), "{err}");
-            assert!(err.contains("budget 256 MiB"), "{err}");
+            assert!(err.contains("budget 556 MiB, of which 300 MiB CUDA context"), "{err}");
+            assert!(!err.contains("stack backtrace") && !err.contains("candle_core::error"), "no Rust backtrace for an expected condition: {err}");
+        }
+    }
+}
+
+/// Three configurations that fail on their card: the investigation's JSON
+/// names the failed allocation and its phase, and every fix it marks
+/// verified trains under the same budget in a process of its own.
+#[test]
+fn every_fix_the_investigation_verifies_runs_under_the_budget() {
+    let binary = common::kernel_binary().with_file_name("vramlab");
+    let failing: [(&str, &[&str], &str); 3] = [
+        ("resnet18", &["--batch", "32", "--res", "64"], "556MiB"),
+        ("small-cnn", &["--batch", "64", "--res", "64", "--opt", "adam"], "480MiB"),
+        ("resnet18", &["--batch", "16", "--res", "96", "--opt", "adam"], "640MiB"),
+    ];
+    for (model, flags, budget) in failing {
+        let output = Command::new(&binary).args(["measure", "--model", model]).args(flags).args(["--budget", budget, "--json"]).output().unwrap();
+        assert_eq!(output.status.code(), Some(1), "{model} {flags:?} should run out of memory on {budget}: {}", String::from_utf8_lossy(&output.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+        let oom = &report["oom"];
+        assert!(oom["requested_bytes"].as_u64().unwrap() > 0, "{oom}");
+        assert!(oom["phase"].as_str().is_some_and(|p| p.starts_with("forward") || p.starts_with("backward") || p.ends_with(" step")), "{oom}");
+        assert_eq!(oom["steps"].as_array().unwrap().len(), 7, "{oom}");
+        assert!(oom["steps"].as_array().unwrap().iter().all(|s| s["name"].is_string() && s["finding"].is_string()));
+        let verified: Vec<&str> = oom["fixes"].as_array().unwrap().iter().filter(|f| f["verified"] == true).filter_map(|f| f["flags"].as_str()).collect();
+        assert!(!verified.is_empty(), "{model} {flags:?}: no fix verified: {}", oom["fixes"]);
+        for fix in verified {
+            let rerun = Command::new(&binary)
+                .args(["measure", "--model", model])
+                .args(fix.split_whitespace())
+                .args(["--budget", budget])
+                .output()
+                .unwrap();
+            assert!(rerun.status.success(), "{model} {fix} --budget {budget} was marked verified but fails: {}", String::from_utf8_lossy(&rerun.stderr));
         }
     }
 }

@@ -1,8 +1,8 @@
 use std::sync::{Arc, OnceLock};
 
-use vramlab::cli::{parse, Composer, MemArgs, UsageError};
+use vramlab::cli::{parse, MemArgs, UsageError};
 use vramlab::memory::{plot, CellProbe};
-use vramlab::render::{Bundle, Render};
+use vramlab::render::{Bundle, Composer, Render};
 
 use super::{Invocation, Kind, Magic};
 
@@ -10,7 +10,7 @@ pub const MAGIC: Magic = Magic {
     name: "mem",
     kind: Kind::Line,
     summary: "the cell process's memory: in use, held, peak, RSS, free/total, bills predicted vs measured; %%mem measures a cell",
-    usage: "%mem [--reset-peak] [--empty-cache] [--plot]  |  %mem --last-cell\n\
+    usage: "%mem [--reset-peak] [--empty-cache] [--plot]  |  %mem --last-cell  |  %mem --processes\n\
             %%mem   (first line of a cell: run the cell, then show its peak and net change)",
     run: |args| run(PROBE.get().map(Arc::as_ref), args),
 };
@@ -33,6 +33,9 @@ fn run(probe: Option<&CellProbe>, argv: &[String]) -> Result<Invocation, String>
         Ok(args) => args,
         Err(help) => return Ok(Invocation::Show(Bundle::plain(help))),
     };
+    if args.processes {
+        return Ok(Invocation::Show(vramlab::memory::processes().bundle()));
+    }
     let probe = probe.ok_or("this kernel could not set up its memory counters (see its log)")?;
     if args.last_cell {
         let usage = probe.last_cell().ok_or("no cell measured yet (or the cell process restarted during it)")?;

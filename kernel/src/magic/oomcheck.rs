@@ -6,9 +6,22 @@ pub const MAGIC: Magic = Magic {
     summary: "will this training step fit on this GPU? the five bills, the peak, and ranked fixes",
     usage: "%oomcheck MODEL --batch B --res R [--channels C] [--amp f16|bf16] [--opt adam|adamw|sgd|sgd-momentum|adam8bit]\n\
             \x20         [--accum N] [--ckpt none|stages|layer3,layer4] [--gpu NAME|8GiB|cpu] [--sweep batch=8..64|res=128..512]\n\
-            \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB]]",
-    run: |args| vramlab::cli::oomcheck(args).map(Invocation::Show).map_err(|e| e.0),
+            \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB]]\n\
+            %oomcheck --last-error   (the investigation of the cell process's last out-of-memory error, again)",
+    run,
 };
+
+/// `--last-error` asks the cell process, where the failed step's record is;
+/// everything else is a configuration, judged here.
+fn run(args: &[String]) -> Result<Invocation, String> {
+    match args {
+        [only] if only == LAST_ERROR => Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".to_owned())),
+        _ if args.iter().any(|a| a == LAST_ERROR) => Err(format!("{LAST_ERROR} takes no other argument")),
+        _ => vramlab::cli::oomcheck(args).map(Invocation::Show).map_err(|e| e.0),
+    }
+}
+
+const LAST_ERROR: &str = "--last-error";
 
 #[cfg(test)]
 mod tests {
@@ -30,7 +43,7 @@ mod tests {
             .usage
             .split_whitespace()
             .map(|word| word.trim_start_matches('[').trim_end_matches(']'))
-            .filter(|word| word.starts_with("--"))
+            .filter(|word| word.starts_with("--") && *word != LAST_ERROR)
             .map(String::from)
             .collect();
         accepted.sort();
@@ -40,6 +53,13 @@ mod tests {
         for positional in command.get_positionals() {
             assert!(MAGIC.usage.contains(&positional.get_id().as_str().to_uppercase()), "{}", positional.get_id());
         }
+    }
+
+    #[test]
+    fn the_last_error_is_asked_of_the_cell_process_and_takes_nothing_else() {
+        assert_eq!((MAGIC.run)(&[LAST_ERROR.into()]), Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".into())));
+        let err = (MAGIC.run)(&["resnet18".into(), LAST_ERROR.into()]).unwrap_err();
+        assert!(err.contains("takes no other argument"), "{err}");
     }
 
     #[test]

@@ -84,9 +84,11 @@ fn main() -> ExitCode {
         }),
         Command::Oomcheck(cmd) => run_oomcheck(&cmd.args)
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
-        Command::Measure(cmd) => measure(&cmd.args).and_then(|comparison| {
-            emit(cmd.json, &comparison, || comparison.table().to_string())
-        }),
+        Command::Measure(cmd) => match measure(&cmd.args) {
+            Ok(comparison) => emit(cmd.json, &comparison, || comparison.table().to_string()),
+            Err(Measured::OutOfMemory(error)) => return out_of_memory(&error, cmd.json),
+            Err(Measured::Usage(error)) => Err(error),
+        },
         Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args)
             .and_then(|report| emit(cmd.json, &report, || report_text(&report))),
         Command::Synth(cmd) => data_error(cmd.args.generator().generate(&cmd.args.out)).and_then(|manifest| {
@@ -182,14 +184,36 @@ fn bench_train(args: &TrainRunArgs) -> Result<vramlab::train::BenchReport, Usage
         .map_err(|e| UsageError(e.to_string()))
 }
 
-fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, UsageError> {
+enum Measured {
+    Usage(UsageError),
+    OutOfMemory(String),
+}
+
+fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, Measured> {
+    let usage = |e: &dyn std::fmt::Display| Measured::Usage(UsageError(e.to_string()));
     if let Some(budget) = &args.budget {
-        let budget = vramlab::memory::Budget::parse(budget).map_err(|e| UsageError(e.to_string()))?;
-        vramlab::memory::set_budget(Some(budget)).map_err(|e| UsageError(e.to_string()))?;
+        let budget = vramlab::memory::Budget::parse(budget).map_err(|e| usage(&e))?;
+        vramlab::memory::set_budget(Some(budget)).map_err(|e| usage(&e))?;
     }
     vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &vramlab::candle::Device::Cpu)
         .map(|(_, comparison)| comparison)
-        .map_err(|e| UsageError(e.to_string()))
+        .map_err(|e| match e {
+            vramlab::train::TrainError::OutOfMemory(_) => Measured::OutOfMemory(e.to_string()),
+            e if vramlab::train::is_out_of_memory(&e.to_string()) => Measured::OutOfMemory(e.to_string()),
+            e => usage(&e),
+        })
+}
+
+/// The step ran out of memory: the error, then the investigation, as text
+/// or JSON; exit status 1 (2 is for usage errors).
+fn out_of_memory(error: &str, json: bool) -> ExitCode {
+    eprintln!("error: {error}");
+    let diagnosis = vramlab::diagnose::diagnose(error, &vramlab::diagnose::Limits::default());
+    let printed = emit(json, &serde_json::json!({ "error": error, "oom": diagnosis }), || diagnosis.to_string());
+    if let Err(err) = printed {
+        eprintln!("error: {err}");
+    }
+    ExitCode::from(1)
 }
 
 fn report_text(report: &vramlab::train::BenchReport) -> String {

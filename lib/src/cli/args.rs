@@ -135,7 +135,7 @@ impl OomcheckArgs {
     }
 }
 
-/// `mem [--reset-peak] [--empty-cache] [--plot] | --last-cell`
+/// `mem [--reset-peak] [--empty-cache] [--plot] | --last-cell | --processes`
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Parser)]
 #[command(name = "mem", color = ColorChoice::Never, about = "The cell process's heap: in use, held, peak, RSS, free/total; the registered bills predicted vs measured")]
 pub struct MemArgs {
@@ -149,8 +149,11 @@ pub struct MemArgs {
     #[arg(long)]
     pub plot: bool,
     /// Only the peak and net change of the last Rust cell (what `%%mem` shows)
-    #[arg(long, conflicts_with_all = ["reset_peak", "empty_cache", "plot"])]
+    #[arg(long, conflicts_with_all = ["reset_peak", "empty_cache", "plot", "processes"])]
     pub last_cell: bool,
+    /// Only the vramlab processes on this machine and what each holds (nvidia-smi for a simulated card)
+    #[arg(long, conflicts_with_all = ["reset_peak", "empty_cache", "plot"])]
+    pub processes: bool,
 }
 
 /// A batch and one sample's shape.

@@ -2,14 +2,12 @@
 //! `vramlab` binary and the kernel's `%summary` / `%oomcheck` magics.
 
 mod args;
-mod compose;
 mod data;
 mod fit;
 mod report;
 mod train;
 
 pub use args::{parse_bytes, Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs, SummaryOfArgs};
-pub use compose::Composer;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;

@@ -6,7 +6,7 @@ use crate::ledger::units::{human, percent};
 use crate::oom::{FitReport, HostReport, Sweep, Verdict};
 use crate::render::{Bundle, Render, Table};
 
-use super::compose::Composer;
+use crate::render::Composer;
 
 /// What `oomcheck` computes: the fit report and, when asked, a sweep.
 #[derive(Debug, Clone, PartialEq, Serialize)]

@@ -85,6 +85,7 @@ impl MemoryGauge {
     pub fn hold(&self, bytes: usize) -> GaugeLease {
         let now = self.current.fetch_add(bytes as i64, Ordering::SeqCst) + bytes as i64;
         self.peak.fetch_max(now, Ordering::SeqCst);
+        crate::memory::loader_held(bytes as i64);
         GaugeLease { gauge: self.clone(), bytes: bytes as i64 }
     }
 
@@ -112,6 +113,7 @@ pub struct GaugeLease {
 impl Drop for GaugeLease {
     fn drop(&mut self) {
         self.gauge.current.fetch_sub(self.bytes, Ordering::SeqCst);
+        crate::memory::loader_held(-self.bytes);
     }
 }
 
@@ -158,6 +160,11 @@ pub struct LoaderConfig {
     /// [`DataLoader::to_device`] sends images to a CUDA device through
     /// page-locked staging (feature `cuda`); a no-op on the CPU. See [`Pinning`](super::Pinning).
     pub pin_memory: bool,
+    /// Host RAM the loader may hold (queued batches and decode buffers):
+    /// past it, the worker that crossed it is killed and the epoch fails, as
+    /// the system's OOM killer ends a PyTorch worker ("DataLoader worker is
+    /// killed by signal"). `None`: no limit but the machine's.
+    pub host_budget: Option<u64>,
 }
 
 impl Default for LoaderConfig {
@@ -172,6 +179,7 @@ impl Default for LoaderConfig {
             sampler: Sampler::All,
             skip_errors: false,
             pin_memory: false,
+            host_budget: None,
         }
     }
 }
@@ -217,6 +225,29 @@ pub struct DataLoader<D: Dataset> {
     gauge: MemoryGauge,
 }
 
+/// The settings of the last loader made in this process and what all its
+/// loaders hold, for the OOM investigation's host step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LoaderUsage {
+    pub workers: usize,
+    pub prefetch: usize,
+    pub batch_size: usize,
+    pub host_budget: Option<u64>,
+    /// Bytes of batches and decode buffers the process's loaders hold now, and at most.
+    pub held: u64,
+    pub peak: u64,
+}
+
+const LAST_LOADER: &str = "last_loader";
+
+/// The last loader made in this process (in any cell), with what the
+/// loaders hold; `None` when none was made or the process does not count.
+pub fn loader_usage() -> Option<LoaderUsage> {
+    let (held, peak) = crate::memory::loader_bytes()?;
+    let last: LoaderUsage = crate::memory::shared::load(LAST_LOADER)?;
+    Some(LoaderUsage { held, peak, ..last })
+}
+
 impl<D: Dataset> DataLoader<D> {
     pub fn new(dataset: D, config: LoaderConfig) -> Result<Self, DataError> {
         if config.batch_size == 0 {
@@ -237,6 +268,18 @@ impl<D: Dataset> DataLoader<D> {
             }
             WeightedIndex::new(weights).map_err(|e| DataError::invalid("weighted sampler", e.to_string()))?;
         }
+        if config.host_budget == Some(0) {
+            return Err(DataError::invalid("DataLoader", "a host budget of 0 bytes holds no batch; give a size, or None for no limit"));
+        }
+        let settings = LoaderUsage {
+            workers: config.num_workers,
+            prefetch: config.prefetch,
+            batch_size: config.batch_size,
+            host_budget: config.host_budget,
+            held: 0,
+            peak: 0,
+        };
+        crate::memory::shared::store(LAST_LOADER, Some(&settings));
         Ok(DataLoader { dataset: Arc::new(dataset), config, gauge: MemoryGauge::new() })
     }
 
@@ -319,6 +362,9 @@ impl<D: Dataset> DataLoader<D> {
             epoch,
             skip_errors: self.config.skip_errors,
             gauge: self.gauge.clone(),
+            host_budget: self.config.host_budget,
+            workers: self.config.num_workers,
+            prefetch: self.config.prefetch,
         });
         let workers = self.config.num_workers;
         if workers == 0 {
@@ -351,9 +397,26 @@ struct EpochPlan {
     epoch: u64,
     skip_errors: bool,
     gauge: MemoryGauge,
+    host_budget: Option<u64>,
+    workers: usize,
+    prefetch: usize,
 }
 
 impl EpochPlan {
+    /// The host budget's kill: the worker building batch `position` took the loader past it.
+    fn within_host_budget(&self, position: usize) -> Result<(), DataError> {
+        match self.host_budget {
+            Some(budget) if self.gauge.current() > budget => Err(DataError::WorkerKilled {
+                worker: position % self.workers.max(1),
+                held: self.gauge.current(),
+                budget,
+                workers: self.workers,
+                prefetch: self.prefetch,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     fn build(&self, dataset: &dyn Dataset, position: usize) -> Result<Batch, DataError> {
         let indices = &self.batches[position];
         let mut timing = LoadTiming::default();
@@ -374,12 +437,14 @@ impl EpochPlan {
                 }
                 Err(err) => return Err(err),
             };
+            self.within_host_budget(position)?;
             match shape {
                 None => {
                     shape = Some(example.shape);
                     let values = indices.len() * example.shape.iter().product::<usize>();
                     pixels.reserve_exact(values);
                     lease = Some(self.gauge.hold(values * 4 + indices.len() * 4));
+                    self.within_host_budget(position)?;
                 }
                 Some(first) if first != example.shape => {
                     return Err(DataError::invalid(

@@ -22,7 +22,7 @@ pub use decode::{decode_bytes, decode_file, Decoded, DecodeOptions, Decoder, Rgb
 pub use folder::{ImageDataset, ImageFolder, ImageItem, OnError, IMAGE_EXTENSIONS};
 pub use footprint::{HostFootprint, LoaderShape};
 pub use learn::{fit_folder, ClassScore, FitConfig, FitEpoch, FitReport, OnDevice};
-pub use loader::{Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, MemoryGauge, Sampler};
+pub use loader::{loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 pub use mix::{cutmix, mixup, one_hot, Mixed};
 #[cfg(feature = "cuda")]
@@ -67,6 +67,14 @@ pub enum DataError {
     },
     #[error("loader worker {worker} stopped without finishing batch {batch}")]
     WorkerLost { worker: usize, batch: usize },
+    #[error(
+        "DataLoader worker {worker} was killed: the loader held {} of host RAM, past its host budget of {} \
+         ({workers} workers x prefetch {prefetch} batches queued, each with its decode buffers); \
+         this is host memory, not the GPU's: lower num_workers or prefetch, or use 0 workers to check the code first",
+        crate::ledger::units::human(*held),
+        crate::ledger::units::human(*budget)
+    )]
+    WorkerKilled { worker: usize, held: u64, budget: u64, workers: usize, prefetch: usize },
     #[error("building the model: {0}")]
     Model(Box<crate::models::ModelError>),
     #[error(transparent)]

@@ -7,8 +7,14 @@
 //! [`OutOfMemory`] error at the next checkpoint (after each layer's forward
 //! and backward, the optimizer step, tensor creation). The error names the
 //! allocation that would have failed on the card.
+//!
+//! A simulated card is the device `%oomcheck --gpu` judges: its usable
+//! memory, of which its CUDA context (the catalogue's figure, or
+//! [`GENERIC_CONTEXT_BYTES`](crate::gpus::GENERIC_CONTEXT_BYTES) for a bare
+//! size) is in use before any tensor. So a configuration `%oomcheck` says
+//! fits on a card fits under that card's budget, and the reverse.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::counters;
 use super::host::HostMemory;
@@ -17,50 +23,134 @@ use crate::gpus::{Device, DeviceKind};
 use crate::ledger::units::human;
 
 /// The out-of-memory error of a simulated budget, shaped like CUDA's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, thiserror::Error)]
-#[error(
-    "out of memory (simulated device budget, CPU): tried to allocate {}; {} in use; {} held; budget {}",
-    human(*.requested), human(*.in_use), human(*.held), human(*.budget)
-)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub struct OutOfMemory {
     /// The allocation that crossed the budget.
     pub requested: u64,
-    /// Bytes in use just before it.
+    /// Heap bytes in use just before it (the context not included).
     pub in_use: u64,
-    /// Bytes the allocator holds now.
+    /// Bytes the host allocator holds now.
     pub held: u64,
-    pub budget: u64,
+    pub budget: Budget,
+    /// The phase of a training step during which it happened, when a trainer knows it.
+    pub phase: Option<String>,
+}
+
+impl OutOfMemory {
+    /// What the card had left for the allocation that failed.
+    pub fn free(&self) -> u64 {
+        self.budget.room().saturating_sub(self.in_use)
+    }
+
+    /// The same error, placed in a phase of the step.
+    pub fn during(self, phase: impl Into<String>) -> OutOfMemory {
+        OutOfMemory { phase: Some(phase.into()), ..self }
+    }
+}
+
+impl std::fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "out of memory (simulated device budget, CPU): tried to allocate {}", human(self.requested))?;
+        if let Some(phase) = &self.phase {
+            write!(f, " during {phase}")?;
+        }
+        write!(
+            f,
+            "; budget {}, of which {} CUDA context and {} in use; {} held by the host allocator",
+            human(self.budget.usable),
+            human(self.budget.context),
+            human(self.in_use),
+            human(self.held)
+        )
+    }
 }
 
 impl From<OutOfMemory> for candle_core::Error {
+    /// Without a Rust backtrace, whatever `RUST_BACKTRACE` says: running out
+    /// of memory is an expected condition, not a bug.
     fn from(oom: OutOfMemory) -> candle_core::Error {
-        candle_core::Error::wrap(oom)
+        candle_core::Error::Wrapped(Box::new(oom))
     }
 }
 
-/// A memory budget in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Budget(pub u64);
+/// A simulated card: the bytes it gives this process and the share its
+/// CUDA context takes of them before any tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budget {
+    pub usable: u64,
+    pub context: u64,
+}
 
 impl Budget {
-    /// A size (`8GiB`, `12GB`, `7.5 GiB`) or a catalogue card (`rtx4060-laptop`,
-    /// whose usable memory becomes the budget).
+    /// A size (`8GiB`, `12GB`, `7.5 GiB`) or a catalogue card (`rtx4060-laptop`),
+    /// exactly as `%oomcheck --gpu` reads it.
     pub fn parse(text: &str) -> Result<Budget, MemoryError> {
-        let device = Device::parse(text).map_err(|e| MemoryError::BadBudget { text: text.to_owned(), reason: e.to_string() })?;
+        let bad = |reason: String| MemoryError::BadBudget { text: text.to_owned(), reason };
+        let device = Device::parse(text).map_err(|e| bad(e.to_string()))?;
         if device.kind == DeviceKind::Cpu {
-            return Err(MemoryError::BadBudget {
-                text: text.to_owned(),
-                reason: "the host has no budget to simulate; give a size such as 8GiB or a card".to_owned(),
-            });
+            return Err(bad("the host has no budget to simulate; give a size such as 8GiB or a card".to_owned()));
         }
-        Ok(Budget(device.usable_bytes))
+        let budget = Budget::of(&device).map_err(bad)?;
+        super::shared::store(NAMED, Some(&(budget, text.trim().to_owned())));
+        Ok(budget)
     }
+
+    /// How this budget was last written (`rtx4060-laptop`, `1GiB`), for a
+    /// command line that sets it again.
+    pub fn name(&self) -> String {
+        match super::shared::load::<(Budget, String)>(NAMED) {
+            Some((named, text)) if named == *self => text,
+            _ => format!("{}MiB", self.usable.div_ceil(1 << 20)),
+        }
+    }
+
+    /// The card `%oomcheck --gpu` would judge for this budget. On the CPU
+    /// without bf16: mixed precision there means f16.
+    pub fn device(&self) -> Device {
+        Device {
+            name: format!("simulated {}", self.name()),
+            kind: DeviceKind::Sized,
+            total_bytes: self.usable,
+            usable_bytes: self.usable,
+            context_bytes: self.context,
+            bf16: false,
+            tensor_cores: false,
+        }
+    }
+
+    /// The budget of a device of the catalogue or of a size.
+    pub fn of(device: &Device) -> Result<Budget, String> {
+        if device.context_bytes >= device.usable_bytes {
+            return Err(format!(
+                "a card of {} holds its {} CUDA context before any tensor and leaves nothing for training; give more than {}",
+                human(device.usable_bytes),
+                human(device.context_bytes),
+                human(device.context_bytes)
+            ));
+        }
+        Ok(Budget { usable: device.usable_bytes, context: device.context_bytes })
+    }
+
+    /// Bytes left for the heap once the context is in.
+    pub fn room(&self) -> u64 {
+        self.usable.saturating_sub(self.context)
+    }
+}
+
+/// Kept where every cell's copy of the crate sees them: how the budget was
+/// last written, and the last error it raised.
+const NAMED: &str = "budget_name";
+const LAST_RAISED: &str = "budget_out_of_memory";
+
+/// The last out-of-memory error the budget raised in this process.
+pub fn last_out_of_memory() -> Option<OutOfMemory> {
+    super::shared::load(LAST_RAISED)
 }
 
 /// Sets (or with `None` clears) this process's simulated device budget.
 pub fn set_budget(budget: Option<Budget>) -> Result<(), MemoryError> {
     let counters = counters::find().ok_or(MemoryError::NotCounting { what: "a simulated device budget" })?;
-    counters.set_budget(budget.map(|b| b.0));
+    counters.set_budget(budget);
     Ok(())
 }
 
@@ -74,7 +164,7 @@ pub fn cpu_with_budget(budget: &str) -> Result<candle_core::Device, MemoryError>
 
 /// The simulated budget now set, if any.
 pub fn budget() -> Option<Budget> {
-    counters::find().and_then(|c| c.budget()).map(Budget)
+    counters::find().and_then(|c| c.budget())
 }
 
 /// `Err` when an allocation since the last check took the process past its
@@ -84,6 +174,8 @@ pub fn budget() -> Option<Budget> {
 /// the error (before memory is freed) are not new overruns.
 pub fn check_budget() -> Result<(), OutOfMemory> {
     let Some(counters) = counters::find() else { return Ok(()) };
-    let (Some(budget), Some((requested, in_use))) = (counters.budget(), counters.take_overrun()) else { return Ok(()) };
-    Err(OutOfMemory { requested, in_use, held: HostMemory::sample().held, budget })
+    let (Some(budget), Some((requested, in_use))) = (budget(), counters.take_overrun()) else { return Ok(()) };
+    let oom = OutOfMemory { requested, in_use, held: HostMemory::sample().held, budget, phase: None };
+    super::shared::store(LAST_RAISED, Some(&oom));
+    Err(oom)
 }

@@ -7,12 +7,14 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
+use super::Budget;
+
 /// "vramlab" and a layout version: a block of another layout is not read.
 /// The `cuda` feature adds answer slots, so its layout has its own number.
 #[cfg(not(feature = "cuda"))]
-pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6203;
+pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6204;
 #[cfg(feature = "cuda")]
-pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6283;
+pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6284;
 /// The exported symbol through which code in shared libraries (notebook
 /// cells) finds the executable's counters.
 pub(crate) const SYMBOL: &std::ffi::CStr = c"vramlab_alloc_counters";
@@ -36,8 +38,11 @@ pub struct Counters {
     /// that measuring a cell leaves the user's peak alone.
     pub(crate) mark_peak: AtomicU64,
     pub(crate) allocations: AtomicU64,
-    /// The simulated device budget in bytes; 0 when none.
+    /// The simulated card's usable bytes; 0 when none.
     pub(crate) budget: AtomicU64,
+    /// The part of the budget its CUDA context holds before any tensor: in
+    /// use from the start, as on the card.
+    pub(crate) context: AtomicU64,
     /// The first allocation that took `in_use` past the budget (0: none
     /// since the last check) and what was in use before it.
     pub(crate) over_request: AtomicU64,
@@ -52,6 +57,10 @@ pub struct Counters {
     pub(crate) answer: [AtomicU64; ANSWER_FIELDS],
     pub(crate) snapshot_seq: AtomicU64,
     pub(crate) snapshot_len: AtomicU64,
+    /// Bytes the data loaders of the process hold (batches queued, decode
+    /// buffers), and the most they have held.
+    pub(crate) loader_held: AtomicU64,
+    pub(crate) loader_peak: AtomicU64,
 }
 
 /// Answer slots: the host's, then (feature `cuda`) the CUDA device's.
@@ -73,6 +82,7 @@ impl Counters {
             mark_peak: AtomicU64::new(0),
             allocations: AtomicU64::new(0),
             budget: AtomicU64::new(0),
+            context: AtomicU64::new(0),
             over_request: AtomicU64::new(0),
             over_in_use: AtomicU64::new(0),
             over_reported: AtomicU64::new(0),
@@ -82,6 +92,8 @@ impl Counters {
             answer: [const { AtomicU64::new(0) }; ANSWER_FIELDS],
             snapshot_seq: AtomicU64::new(0),
             snapshot_len: AtomicU64::new(0),
+            loader_held: AtomicU64::new(0),
+            loader_peak: AtomicU64::new(0),
         }
     }
 
@@ -97,7 +109,7 @@ impl Counters {
         }
         let budget = self.budget.load(Relaxed);
         if budget != 0
-            && now > budget
+            && now + self.context.load(Relaxed) > budget
             && self.over_reported.load(Relaxed) == 0
             && self.over_request.compare_exchange(0, bytes, Relaxed, Relaxed).is_ok()
         {
@@ -110,7 +122,7 @@ impl Counters {
         // Blocks allocated before the counters were attached are freed
         // through them too; never wrap below zero.
         let before = self.in_use.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(bytes))).unwrap_or(0);
-        if self.over_reported.load(Relaxed) != 0 && before.saturating_sub(bytes) <= self.budget.load(Relaxed) {
+        if self.over_reported.load(Relaxed) != 0 && before.saturating_sub(bytes) + self.context.load(Relaxed) <= self.budget.load(Relaxed) {
             self.over_reported.store(0, Relaxed);
         }
     }
@@ -142,14 +154,18 @@ impl Counters {
         self.mark_peak.load(Relaxed)
     }
 
-    pub(crate) fn budget(&self) -> Option<u64> {
-        Some(self.budget.load(Relaxed)).filter(|&b| b != 0)
+    /// The simulated card's usable bytes and its context's share of them.
+    pub(crate) fn budget(&self) -> Option<Budget> {
+        let usable = self.budget.load(Relaxed);
+        (usable != 0).then(|| Budget { usable, context: self.context.load(Relaxed) })
     }
 
-    pub(crate) fn set_budget(&self, budget: Option<u64>) {
+    pub(crate) fn set_budget(&self, budget: Option<Budget>) {
         self.over_request.store(0, Relaxed);
         self.over_reported.store(0, Relaxed);
-        self.budget.store(budget.unwrap_or(0), Relaxed);
+        let Budget { usable, context } = budget.unwrap_or(Budget { usable: 0, context: 0 });
+        self.context.store(context, Relaxed);
+        self.budget.store(usable, Relaxed);
     }
 
     /// The allocation that took the process past its budget and the bytes
@@ -165,7 +181,7 @@ impl Counters {
         if reported == 0 {
             return None;
         }
-        if self.in_use() > self.budget.load(Relaxed) {
+        if self.in_use() + self.context.load(Relaxed) > self.budget.load(Relaxed) {
             return Some((reported, self.over_in_use.load(Relaxed)));
         }
         self.over_reported.store(0, Relaxed);
@@ -184,6 +200,7 @@ impl Counters {
             (&self.mark_peak, &from.mark_peak),
             (&self.allocations, &from.allocations),
             (&self.budget, &from.budget),
+            (&self.context, &from.context),
         ] {
             to.store(from.load(Relaxed), Relaxed);
         }

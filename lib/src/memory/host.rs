@@ -29,7 +29,7 @@ pub struct HostMemory {
     /// Heap allocations made so far; `None` when not exact.
     pub allocations: Option<u64>,
     /// The simulated device budget, when one is set.
-    pub budget: Option<u64>,
+    pub budget: Option<super::Budget>,
 }
 
 /// What giving held memory back did.
@@ -98,7 +98,7 @@ impl fmt::Display for HostMemory {
         }
         write!(f, " | RSS {} (high-water {})", human(self.rss), human(self.hwm))?;
         if let Some(budget) = self.budget {
-            write!(f, " | simulated budget {}", human(budget))?;
+            write!(f, " | simulated budget {} ({} of it CUDA context)", human(budget.usable), human(budget.context))?;
         }
         if !self.exact {
             f.write_str(" (sampled, not exact: this process does not count its allocations)")?;
@@ -134,6 +134,31 @@ fn trim() {
     unsafe {
         libc::malloc_trim(0);
     }
+}
+
+/// Counts `bytes` (negative: released) as held by a data loader of this
+/// process, whichever cell's copy of the crate made it.
+pub fn loader_held(bytes: i64) {
+    let Some(c) = counters::find() else { return };
+    let now = if bytes >= 0 {
+        c.loader_held.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed) + bytes as u64
+    } else {
+        let freed = bytes.unsigned_abs();
+        c.loader_held.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |v| Some(v.saturating_sub(freed))).unwrap_or(0).saturating_sub(freed)
+    };
+    c.loader_peak.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Bytes the process's data loaders hold now and at most; `None` without the counters.
+pub fn loader_bytes() -> Option<(u64, u64)> {
+    counters::find().map(|c| (c.loader_held.load(std::sync::atomic::Ordering::Relaxed), c.loader_peak.load(std::sync::atomic::Ordering::Relaxed)))
+}
+
+/// The host's RAM (`MemTotal` of `/proc/meminfo`), when readable.
+pub fn host_total() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:"))?.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// VmRSS and VmHWM of `/proc/<pid>/status`, in bytes (0 when unreadable).

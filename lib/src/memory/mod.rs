@@ -14,17 +14,22 @@ mod host;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[doc(hidden)]
 pub mod interpose;
+pub mod pool;
 mod probe;
+mod processes;
 mod region;
 mod report;
+pub(crate) mod shared;
 mod snapshot;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
-pub use budget::{budget, check_budget, cpu_with_budget, set_budget, Budget, OutOfMemory};
-pub use host::{counters_address, install, EmptyCache, HostMemory};
+pub use budget::{budget, check_budget, cpu_with_budget, last_out_of_memory, set_budget, Budget, OutOfMemory};
+pub use host::{counters_address, host_total, install, loader_bytes, loader_held, EmptyCache, HostMemory};
+pub use pool::{PoolOom, PoolStats, SimulatedCard};
 pub use probe::{CellProbe, CellUsage, Mark};
+pub use processes::{processes, Processes, Role, VramlabProcess};
 pub use region::REGION_FD_ENV;
 pub use report::{plot, timeline_chart, timeline_table, MemReport};
 pub use snapshot::{publish, published, BillBytes, MeasuredPhase, Measurement, PredictedPhase, Prediction, Snapshot};

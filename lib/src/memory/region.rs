@@ -1,10 +1,12 @@
 //! The shared region: the counters in its first page, then the latest
-//! published snapshot. The kernel creates it as a memfd that the cell
-//! process inherits and maps; both then read and write the same bytes.
+//! published snapshot, then the values every copy of the crate in the
+//! process shares ([`shared`](super::shared)). The kernel creates it as a
+//! memfd that the cell process inherits and maps; both then read and write
+//! the same bytes.
 
 use std::ffi::c_void;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::counters::{Counters, HEADER_BYTES, MAGIC};
@@ -16,7 +18,11 @@ pub const REGION_FD_ENV: &str = "VRAMLAB_MEM_FD";
 /// Region size. Pages are touched only as written: the snapshot area costs
 /// memory only for the bytes of the snapshot.
 pub(crate) const REGION_BYTES: usize = 4 << 20;
-pub(crate) const SNAPSHOT_CAPACITY: usize = REGION_BYTES - HEADER_BYTES;
+/// The shared values' area, at the end of the region: its sequence and
+/// length words, then the bytes.
+const SHARED_BYTES: usize = 1 << 20;
+pub(crate) const SHARED_CAPACITY: usize = SHARED_BYTES - 16;
+pub(crate) const SNAPSHOT_CAPACITY: usize = REGION_BYTES - HEADER_BYTES - SHARED_BYTES;
 
 /// A mapping of the region.
 pub struct Region {
@@ -105,52 +111,88 @@ impl Drop for Region {
     }
 }
 
-fn snapshot_area(counters: &Counters) -> Option<*mut u8> {
-    (counters.region_bytes.load(Ordering::Relaxed) as usize == REGION_BYTES)
-        .then(|| (counters as *const Counters as *mut u8).wrapping_add(HEADER_BYTES))
+fn region_base(counters: &Counters) -> Option<*mut u8> {
+    (counters.region_bytes.load(Ordering::Relaxed) as usize == REGION_BYTES).then(|| counters as *const Counters as *mut u8)
 }
 
-/// Writes `bytes` as the region's snapshot (a seqlock: odd while writing).
-pub(crate) fn write_snapshot(counters: &Counters, bytes: &[u8]) -> Result<(), MemoryError> {
-    let area = snapshot_area(counters).ok_or(MemoryError::NoRegion)?;
-    if bytes.len() > SNAPSHOT_CAPACITY {
-        return Err(MemoryError::SnapshotTooLarge { bytes: bytes.len(), capacity: SNAPSHOT_CAPACITY });
+/// An area written whole and read whole under a seqlock (odd while writing).
+struct Area<'a> {
+    seq: &'a AtomicU64,
+    len: &'a AtomicU64,
+    bytes: *mut u8,
+    capacity: usize,
+}
+
+impl Area<'_> {
+    fn snapshot(counters: &Counters) -> Option<Area<'_>> {
+        let base = region_base(counters)?;
+        Some(Area { seq: &counters.snapshot_seq, len: &counters.snapshot_len, bytes: base.wrapping_add(HEADER_BYTES), capacity: SNAPSHOT_CAPACITY })
     }
-    let seq = &counters.snapshot_seq;
-    let start = loop {
-        let now = seq.load(Ordering::Relaxed);
-        if now.is_multiple_of(2) && seq.compare_exchange(now, now + 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
-            break now;
+
+    fn shared(counters: &Counters) -> Option<Area<'_>> {
+        let start = region_base(counters)?.wrapping_add(REGION_BYTES - SHARED_BYTES);
+        // SAFETY: two aligned words inside the mapping, which lives as long as the counters.
+        let (seq, len) = unsafe { (&*(start as *const AtomicU64), &*(start.wrapping_add(8) as *const AtomicU64)) };
+        Some(Area { seq, len, bytes: start.wrapping_add(16), capacity: SHARED_CAPACITY })
+    }
+
+    fn write(&self, bytes: &[u8]) -> Result<(), MemoryError> {
+        if bytes.len() > self.capacity {
+            return Err(MemoryError::SnapshotTooLarge { bytes: bytes.len(), capacity: self.capacity });
         }
-        std::hint::spin_loop();
-    };
-    fence(Ordering::Release);
-    // SAFETY: the area holds SNAPSHOT_CAPACITY bytes; readers retry if they race us.
-    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), area, bytes.len()) };
-    counters.snapshot_len.store(bytes.len() as u64, Ordering::Relaxed);
-    seq.store(start + 2, Ordering::Release);
-    Ok(())
+        let start = loop {
+            let now = self.seq.load(Ordering::Relaxed);
+            if now.is_multiple_of(2) && self.seq.compare_exchange(now, now + 1, Ordering::Acquire, Ordering::Relaxed).is_ok() {
+                break now;
+            }
+            std::hint::spin_loop();
+        };
+        fence(Ordering::Release);
+        // SAFETY: the area holds `capacity` bytes; readers retry if they race us.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.bytes, bytes.len()) };
+        self.len.store(bytes.len() as u64, Ordering::Relaxed);
+        self.seq.store(start + 2, Ordering::Release);
+        Ok(())
+    }
+
+    fn read(&self) -> Option<Vec<u8>> {
+        for _ in 0..1000 {
+            let before = self.seq.load(Ordering::Acquire);
+            if !before.is_multiple_of(2) {
+                std::hint::spin_loop();
+                continue;
+            }
+            let len = (self.len.load(Ordering::Relaxed) as usize).min(self.capacity);
+            let mut out = vec![0u8; len];
+            // SAFETY: within the area; a torn copy is detected by the sequence below.
+            unsafe { std::ptr::copy_nonoverlapping(self.bytes, out.as_mut_ptr(), len) };
+            fence(Ordering::Acquire);
+            if self.seq.load(Ordering::Relaxed) == before {
+                return (len > 0).then_some(out);
+            }
+        }
+        None
+    }
+}
+
+/// Writes `bytes` as the region's snapshot.
+pub(crate) fn write_snapshot(counters: &Counters, bytes: &[u8]) -> Result<(), MemoryError> {
+    Area::snapshot(counters).ok_or(MemoryError::NoRegion)?.write(bytes)
 }
 
 /// The region's snapshot bytes, or `None` when nothing was published.
 pub(crate) fn read_snapshot(counters: &Counters) -> Option<Vec<u8>> {
-    let area = snapshot_area(counters)?;
-    for _ in 0..1000 {
-        let before = counters.snapshot_seq.load(Ordering::Acquire);
-        if !before.is_multiple_of(2) {
-            std::hint::spin_loop();
-            continue;
-        }
-        let len = (counters.snapshot_len.load(Ordering::Relaxed) as usize).min(SNAPSHOT_CAPACITY);
-        let mut out = vec![0u8; len];
-        // SAFETY: within the area; a torn copy is detected by the sequence below.
-        unsafe { std::ptr::copy_nonoverlapping(area, out.as_mut_ptr(), len) };
-        fence(Ordering::Acquire);
-        if counters.snapshot_seq.load(Ordering::Relaxed) == before {
-            return (len > 0).then_some(out);
-        }
-    }
-    None
+    Area::snapshot(counters)?.read()
+}
+
+/// Writes the shared values' bytes.
+pub(crate) fn write_shared(counters: &Counters, bytes: &[u8]) -> Result<(), MemoryError> {
+    Area::shared(counters).ok_or(MemoryError::NoRegion)?.write(bytes)
+}
+
+/// The shared values' bytes, or `None` when none was written.
+pub(crate) fn read_shared(counters: &Counters) -> Option<Vec<u8>> {
+    Area::shared(counters)?.read()
 }
 
 /// What one process asks of the process that owns the counters.

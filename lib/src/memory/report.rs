@@ -5,7 +5,7 @@ use serde::Serialize;
 use super::host::{EmptyCache, HostMemory};
 use super::probe::CellUsage;
 use super::snapshot::Snapshot;
-use crate::cli::Composer;
+use crate::render::Composer;
 use crate::ledger::units::{grouped, human};
 use crate::ledger::BillKind;
 use crate::render::{Bundle, Chart, Render, Series, Table};
@@ -34,7 +34,7 @@ impl MemReport {
     /// one is set, otherwise the host.
     pub fn free_total(&self) -> Option<(u64, u64, &'static str)> {
         match (self.memory.budget, self.host) {
-            (Some(budget), _) => Some((budget.saturating_sub(self.memory.in_use), budget, "simulated device budget")),
+            (Some(budget), _) => Some((budget.room().saturating_sub(self.memory.in_use), budget.usable, "simulated device budget, its CUDA context in use")),
             (None, Some((available, total))) => Some((available, total, "host: MemAvailable / MemTotal")),
             (None, None) => None,
         }

@@ -1,13 +1,13 @@
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The arithmetic a training step runs in.
 ///
 /// With mixed precision the master weights, gradients and optimizer state stay
 /// in f32; convolutions and matmuls run on half-precision copies, and
 /// batch-norm runs in f32 (candle-nn's `forward_train` rejects half inputs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
     F32,

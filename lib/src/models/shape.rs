@@ -1,12 +1,12 @@
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The shape of one sample's activation: a feature map or a flat vector.
 ///
 /// Batch is kept out of the shape on purpose: every per-layer cost is
 /// computed per sample and multiplied by the batch only when a ledger asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Shape {
     Map { c: usize, h: usize, w: usize },

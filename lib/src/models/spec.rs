@@ -6,32 +6,32 @@
 //! walked twice: once here for costs, once by the trainer to build Candle
 //! modules with a `VarBuilder`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A whole network: stages in order (for ResNet `stem`, `layer1`..`layer4`, `head`).
 ///
 /// Stages are the unit of activation checkpointing.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelSpec {
     pub name: String,
     pub num_classes: usize,
     pub stages: Vec<Stage>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stage {
     pub name: String,
     pub layers: Vec<Layer>,
 }
 
 /// A named op; names follow torchvision where one exists (`layer1.0.conv1`).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Layer {
     pub name: String,
     pub op: Op,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Op {
     Conv2d(Conv2d),
@@ -63,7 +63,7 @@ pub enum Op {
     Block(Block),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Conv2d {
     pub out_channels: usize,
     pub kernel: usize,
@@ -99,7 +99,7 @@ impl Conv2d {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Grouping {
     Dense,
@@ -107,14 +107,14 @@ pub enum Grouping {
     Depthwise,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Block {
     pub body: Vec<Layer>,
     pub shortcut: Shortcut,
     pub post: Vec<Layer>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Shortcut {
     /// No residual connection.

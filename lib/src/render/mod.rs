@@ -8,11 +8,13 @@
 
 mod bundle;
 mod chart;
+mod compose;
 mod live;
 mod table;
 
 pub use bundle::{Bundle, Render};
 pub use chart::{Chart, ChartError, Series, SeriesKind};
+pub use compose::Composer;
 pub use live::{clear_output, display, DisplayFrame, DisplayHandle, FrameKind, Progress, FRAME_PREFIX};
 pub use table::{Align, Table};
 

@@ -3,13 +3,13 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::optim::{OptimError, Optimizer};
 use crate::models::Precision;
 
 /// The scaler's settings; the defaults are PyTorch's.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GradScalerConfig {
     /// The first loss scale. Default 65536 (2^16).
     pub init_scale: f64,

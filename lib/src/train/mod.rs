@@ -5,6 +5,7 @@ mod bench;
 pub mod clip;
 mod events;
 mod measure;
+mod oom;
 pub mod optim;
 pub mod schedule;
 mod step;
@@ -20,6 +21,8 @@ pub use optim::{
     Adam, Adam8bit, Adam8bitConfig, AdamConfig, AdamW, AdamWConfig, OptimError, Optimizer,
     OptimizerConfig, Sgd, SgdConfig,
 };
+pub(crate) use oom::remember as remember_step_oom;
+pub use oom::{clear_last_step_oom, growing_bill, growing_in_words, is_out_of_memory, last_step_oom, StepOom};
 pub use schedule::Schedule;
 pub use step::{
     accumulate, cross_entropy, forward_backward, forward_backward_watched, CheckpointPlan, Gradients,

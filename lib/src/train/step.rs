@@ -10,6 +10,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
 
+use super::oom::checkpoint;
 use crate::ledger::Checkpointing;
 use crate::models::{Network, Pass};
 
@@ -138,15 +139,18 @@ pub fn forward_backward_watched(
     let mut graphs: Vec<Option<Tensor>> = Vec::with_capacity(segments.len());
     let mut x = Input::Batch(net.enter(images, pass)?);
     let stage_names = net.stage_names();
-    let mut forward_phase = |stage: usize| {
+    let forward_name = |stage: usize| {
         let what = if stage + 1 == stage_names.len() { " and loss" } else { "" };
-        phase(&format!("forward {}{what}", stage_names[stage]), 0);
+        format!("forward {}{what}", stage_names[stage])
     };
     // A simulated device budget fails the step at the end of the phase that crossed it.
-    let check = || crate::memory::check_budget().map_err(candle_core::Error::from);
+    let mut forward_phase = |stage: usize| {
+        let name = forward_name(stage);
+        phase(&name, 0);
+        checkpoint(|| name)
+    };
     for (i, segment) in segments.iter().enumerate() {
         let out = run(net, segment, x.tensor(), pass, &mut forward_phase)?;
-        check()?;
         let last = i + 1 == segments.len();
         let next = if segment.checkpointed && !last {
             graphs.push(None);
@@ -178,7 +182,8 @@ pub fn forward_backward_watched(
                     Input::Boundary(v) => v.as_tensor().clone(),
                     Input::Attached(t) => Var::from_tensor(t)?.as_tensor().clone(),
                 };
-                let out = run(net, segment, &tracked, pass.recompute(), &mut |_| {})?;
+                let mut recomputed = |stage: usize| checkpoint(|| format!("backward {}, recomputing its forward", stage_names[stage]));
+                let out = run(net, segment, &tracked, pass.recompute(), &mut recomputed)?;
                 (tracked, out)
             }
         };
@@ -210,11 +215,9 @@ pub fn forward_backward_watched(
             })?);
         }
         drop(segment_grads);
-        phase(
-            &format!("backward {}", stage_names[segment.start..segment.end].join(", ")),
-            grad_bytes(&grads, net),
-        );
-        check()?;
+        let name = format!("backward {}", stage_names[segment.start..segment.end].join(", "));
+        phase(&name, grad_bytes(&grads, net));
+        checkpoint(|| name)?;
     }
     Ok(Gradients {
         loss,
@@ -229,12 +232,12 @@ fn run(
     segment: &Segment,
     x: &Tensor,
     pass: Pass,
-    stage_done: &mut dyn FnMut(usize),
+    stage_done: &mut dyn FnMut(usize) -> Result<()>,
 ) -> Result<Tensor> {
     let mut x = x.clone();
     for stage in segment.start..segment.end {
         x = net.forward_stage(stage, &x, pass)?;
-        stage_done(stage);
+        stage_done(stage)?;
     }
     Ok(x)
 }

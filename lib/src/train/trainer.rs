@@ -3,6 +3,7 @@
 //! clipping, a learning-rate schedule), epochs over any batch source, and
 //! events for whoever is watching.
 
+use std::cell::RefCell;
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
@@ -10,10 +11,11 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::amp::{GradScaler, GradScalerConfig};
 use super::clip::clip_grad_norm;
+use super::oom::{self, StepOom};
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
 use super::optim::{OptimError, Optimizer, OptimizerConfig};
 use super::schedule::Schedule;
@@ -24,7 +26,7 @@ use crate::models::{Network, Pass, Precision};
 
 /// How to train. Defaults: f32, no accumulation, no checkpointing, SGD with
 /// momentum 0.9 at 0.01, no clipping, a constant learning rate.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
     pub precision: Precision,
     /// Micro-batches per optimizer step; the loss of each is divided by this.
@@ -258,6 +260,62 @@ impl Trainer {
                 got: micro_batches.len(),
             });
         }
+        oom::clear_raised();
+        let state = self.net.param_bytes() + self.net.buffer_bytes() + self.optimizer.state_bytes() as u64;
+        let batches: u64 = micro_batches.iter().map(|(x, y)| tensor_bytes(x) + tensor_bytes(y)).sum();
+        let outside = HostMemory::sample().in_use.saturating_sub(state + batches);
+        let last_phase = RefCell::new(String::new());
+        let mut tracked = |name: &str, bytes: u64| {
+            name.clone_into(&mut last_phase.borrow_mut());
+            phase(name, bytes)
+        };
+        let result = self.run_step(micro_batches, epoch, &mut tracked, &last_phase);
+        result.map_err(|error| self.out_of_memory(error, &last_phase.borrow(), micro_batches, outside))
+    }
+
+    /// Keeps the step's record when `error` is an out-of-memory error, for
+    /// the diagnosis; the error itself is returned as it came, the budget's
+    /// with its phase.
+    fn out_of_memory(&self, error: TrainError, last_phase: &str, micro_batches: &[(Tensor, Tensor)], outside: u64) -> TrainError {
+        let simulated = oom::raised(&error);
+        let message = error.to_string();
+        if simulated.is_none() && !oom::is_out_of_memory(&message) {
+            return error;
+        }
+        let phase = match simulated.as_ref().and_then(|o| o.phase.clone()) {
+            Some(phase) => phase,
+            None if last_phase.is_empty() => "input batch copied to the device".to_owned(),
+            None => format!("the phase after {last_phase}"),
+        };
+        let cuda = match self.net.device().location() {
+            candle_core::DeviceLocation::Cuda { gpu_id } => Some(gpu_id),
+            _ => None,
+        };
+        oom::remember(&StepOom {
+            message,
+            simulated: simulated.clone(),
+            growing: oom::growing_bill(&phase),
+            phase,
+            spec: self.net.spec().clone(),
+            input: self.net.input(),
+            batch: micro_batches.first().map_or(0, |(x, _)| x.dim(0).unwrap_or(0)),
+            config: self.config.clone(),
+            cuda,
+            outside,
+        });
+        match simulated {
+            Some(oom) => TrainError::OutOfMemory(oom),
+            None => error,
+        }
+    }
+
+    fn run_step(
+        &mut self,
+        micro_batches: &[(Tensor, Tensor)],
+        epoch: usize,
+        phase: &mut dyn FnMut(&str, u64),
+        last_phase: &RefCell<String>,
+    ) -> Result<StepReport, TrainError> {
         let started = Instant::now();
         let before = HostMemory::sample();
         if before.exact {
@@ -273,6 +331,7 @@ impl Trainer {
         for (i, (images, labels)) in micro_batches.iter().enumerate() {
             let accumulated = grad_bytes(&grads, &self.net);
             let mut inner = |name: &str, collected: u64| {
+                name.clone_into(&mut last_phase.borrow_mut());
                 if i == last {
                     phase(name, accumulated + collected)
                 }
@@ -298,8 +357,9 @@ impl Trainer {
             None => None,
         };
         let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
-        crate::memory::check_budget()?;
-        phase(&format!("{} step", self.config.optimizer.kind()), grads_bytes);
+        let step_name = format!("{} step", self.config.optimizer.kind());
+        phase(&step_name, grads_bytes);
+        oom::checkpoint(|| step_name.clone())?;
         let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
         self.scaler.update()?;
         drop(grads);
@@ -406,6 +466,10 @@ impl Trainer {
         }
         Ok(&self.history)
     }
+}
+
+fn tensor_bytes(t: &Tensor) -> u64 {
+    (t.elem_count() * t.dtype().size_in_bytes()) as u64
 }
 
 /// Refuses a precision the device cannot run, before any step fails half-way:

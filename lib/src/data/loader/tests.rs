@@ -150,3 +150,25 @@ fn stopping_early_joins_the_workers() {
     assert!(DataLoader::new(Numbers::new(4), LoaderConfig { batch_size: 0, ..config(0) }).is_err());
     assert!(DataLoader::new(Numbers::new(0), config(0)).is_err());
 }
+
+#[test]
+fn a_host_budget_kills_the_worker_that_crosses_it_and_fewer_workers_fit() {
+    let budget = 2000;
+    let config = |workers| LoaderConfig { host_budget: Some(budget), num_workers: workers, prefetch: 4, ..config(workers) };
+    let mut inline = DataLoader::new(Numbers::new(200), config(0)).unwrap().epoch(0);
+    assert!(inline.all(|batch| batch.is_ok()), "one batch and one decode at a time fit in {budget} bytes");
+    let loader = DataLoader::new(Numbers::new(200), config(4)).unwrap();
+    let mut failure = None;
+    for batch in loader.epoch(0) {
+        // A slow training step: the workers fill their queues meanwhile.
+        std::thread::sleep(Duration::from_millis(20));
+        if let Err(err) = batch {
+            failure = Some(err);
+            break;
+        }
+    }
+    let err = failure.expect("4 workers x prefetch 4 queue more than the host budget").to_string();
+    assert!(err.starts_with("DataLoader worker ") && err.contains("was killed"), "{err}");
+    assert!(err.contains("4 workers x prefetch 4") && err.contains("not the GPU's"), "{err}");
+    assert!(DataLoader::new(Numbers::new(4), LoaderConfig { host_budget: Some(0), ..config(0) }).is_err());
+}

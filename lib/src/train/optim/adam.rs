@@ -1,12 +1,12 @@
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{fusable, fused, grad_of, require_beta, require_non_negative, tensor_bytes};
 use super::{OptimError, Optimizer};
 
 /// Adam's hyperparameters; the defaults are PyTorch's.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdamConfig {
     /// Learning rate. Default 1e-3.
     pub lr: f64,
@@ -36,7 +36,7 @@ impl Default for AdamConfig {
 }
 
 /// AdamW's hyperparameters; the defaults are PyTorch's.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AdamWConfig {
     /// Learning rate. Default 1e-3.
     pub lr: f64,

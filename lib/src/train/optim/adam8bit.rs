@@ -1,7 +1,7 @@
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Tensor, Var};
 use rayon::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::adam::AdamStep;
 use super::{grad_of, require_beta, require_non_negative, tensor_bytes, DynamicMap};
@@ -14,7 +14,7 @@ const NAME: &str = "8-bit Adam";
 pub const BLOCK_SIZE: usize = 2048;
 
 /// 8-bit Adam's hyperparameters; the defaults are bitsandbytes' `Adam8bit`'s.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Adam8bitConfig {
     /// Learning rate. Default 1e-3.
     pub lr: f64,

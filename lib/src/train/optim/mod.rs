@@ -25,7 +25,7 @@ pub use sgd::{Sgd, SgdConfig};
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Tensor, Var};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ledger;
 
@@ -101,7 +101,7 @@ pub enum OptimError {
 }
 
 /// An optimizer chosen at run time (`--opt`), with its hyperparameters.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum OptimizerConfig {
     Sgd(SgdConfig),

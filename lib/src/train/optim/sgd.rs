@@ -1,6 +1,6 @@
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::{fusable, fused, grad_of, require, require_non_negative, tensor_bytes};
 use super::{OptimError, Optimizer};
@@ -9,7 +9,7 @@ const NAME: &str = "SGD";
 
 /// SGD's hyperparameters; the defaults are PyTorch's (`lr` aside, which
 /// PyTorch requires and which is 0.01 here).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SgdConfig {
     /// Learning rate. Default 0.01.
     pub lr: f64,

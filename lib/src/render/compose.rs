@@ -1,7 +1,7 @@
 //! Several rendered pieces as one bundle: HTML pieces concatenated, text
 //! pieces separated by blank lines.
 
-use crate::render::{escape_html, Bundle};
+use super::{escape_html, Bundle};
 
 #[derive(Debug, Default)]
 pub struct Composer {

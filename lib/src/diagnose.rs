@@ -1,0 +1,673 @@
+//! When a step runs out of memory: the lesson's seven-step investigation
+//! (section 4.2), run on this process for the step that failed.
+//!
+//! Steps 4, 5 and 7 run real steps: a fresh trainer of the same model and
+//! levers, on synthetic batches of the same shape, given the room the failed
+//! step had (the card's budget less what the process held besides that
+//! trainer), so that a configuration that runs here also runs as
+//! `vramlab measure ... --budget` in a process of its own. Their time is
+//! bounded by [`Limits`]; what was skipped is said, with why.
+
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+use serde::Serialize;
+
+use crate::gpus::Device as Card;
+use crate::ledger::units::human;
+use crate::ledger::{estimate, BillKind, Checkpointing, Ledger, Mode, StepConfig};
+use crate::memory::{Budget, HostMemory, OutOfMemory, Processes};
+use crate::models::{Network, Precision, Shape};
+use crate::oom::{search, Fix, FixCost, FixKind};
+use crate::render::{Bundle, Composer, Render, Table};
+use crate::train::{growing_in_words, last_step_oom, OptimizerConfig, StepOom, TrainConfig, Trainer};
+
+/// How much the investigation may run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Seconds for all the real steps together; a trial that would start
+    /// after them is skipped. `VRAMLAB_DIAGNOSIS_SECONDS` overrides the default of 120.
+    pub seconds: f64,
+    /// Fixes verified with a real step, cheapest first.
+    pub fixes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        let seconds = std::env::var("VRAMLAB_DIAGNOSIS_SECONDS").ok().and_then(|s| s.parse().ok()).filter(|s: &f64| *s >= 0.0);
+        Limits { seconds: seconds.unwrap_or(120.0), fixes: 3 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// What the step found, without a verdict.
+    Found,
+    /// Ruled out.
+    Clear,
+    /// A cause, or part of one.
+    Problem,
+    /// Not run, and why is in the finding.
+    Skipped,
+}
+
+/// One step of the investigation and what it found on this process.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Finding {
+    pub name: String,
+    pub finding: String,
+    pub outcome: Outcome,
+}
+
+/// A real step run for the investigation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Trial {
+    pub config: StepConfig,
+    /// It ran without running out of memory.
+    pub ran: bool,
+    /// The most it held of the card at once: its trainer and batches (what
+    /// was in use before it left out) and, on a simulated card, the context.
+    pub peak_bytes: Option<u64>,
+    /// The card it was given: the failed step's room and the context.
+    pub card_bytes: Option<u64>,
+    pub loss: Option<f32>,
+    pub steps: usize,
+    pub seconds: f64,
+    pub error: Option<String>,
+}
+
+/// A fix from the ledger, and whether a real step confirmed it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckedFix {
+    pub kind: FixKind,
+    pub change: String,
+    /// The `vramlab measure` flags of the whole fixed configuration, all but
+    /// `--model` and `--budget`; `None` when measure cannot express its input.
+    pub flags: Option<String>,
+    pub predicted_peak_bytes: u64,
+    /// The measured peak when verified, the prediction otherwise.
+    pub peak_bytes: u64,
+    /// A real step of this configuration ran within the failed step's room.
+    pub verified: bool,
+    /// What happened when it was tried, or why it was not.
+    pub check: String,
+    pub cost: FixCost,
+}
+
+/// The investigation of one out-of-memory error.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Diagnosis {
+    pub message: String,
+    pub requested_bytes: Option<u64>,
+    /// The phase of the step in progress, when a trainer raised it.
+    pub phase: Option<String>,
+    pub growing: Option<BillKind>,
+    pub steps: Vec<Finding>,
+    pub fixes: Vec<CheckedFix>,
+    /// The command that reproduces the failed step in a process of its own.
+    pub reproduce: Option<String>,
+    pub processes: Processes,
+    pub seconds: f64,
+}
+
+/// The last report shown, kept where every cell's copy of the crate sees it.
+const SHOWN: &str = "last_diagnosis";
+
+#[derive(Serialize, serde::Deserialize)]
+struct Shown {
+    message: String,
+    report: Bundle,
+}
+
+/// The investigation for an error whose text is `message`: the trainer's
+/// step when it raised it, the budget's bare error otherwise. Kept, so that
+/// [`last_error`] shows it again without running the steps twice.
+pub fn diagnose(message: &str, limits: &Limits) -> Diagnosis {
+    let step = last_step_oom().filter(|s| message.contains(&s.message) || s.message.contains(message.trim()));
+    let diagnosis = match step {
+        Some(step) => Investigation::of_step(&step, limits).run(),
+        None => Investigation::of_error(message, crate::memory::last_out_of_memory().filter(|o| message.contains(&o.to_string()))).run(),
+    };
+    crate::memory::shared::store(SHOWN, Some(&Shown { message: diagnosis.message.clone(), report: diagnosis.bundle() }));
+    diagnosis
+}
+
+/// There is no out-of-memory error to investigate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no out-of-memory error in this process yet: the report appears under the cell that runs out of memory")]
+pub struct NoError;
+
+/// The investigation of this process's last out-of-memory error: the one
+/// already shown, or run now (an error raised outside a trainer included).
+pub fn last_error() -> Result<Bundle, NoError> {
+    let shown: Option<Shown> = crate::memory::shared::load(SHOWN);
+    let latest = last_step_oom()
+        .map(|s| s.message)
+        .or_else(|| crate::memory::last_out_of_memory().map(|o| o.to_string()));
+    match (shown, latest) {
+        (Some(shown), Some(latest)) if shown.message.contains(&latest) || latest.contains(&shown.message) => Ok(shown.report),
+        (_, Some(latest)) => Ok(diagnose(&latest, &Limits::default()).bundle()),
+        (Some(shown), None) => Ok(shown.report),
+        (None, None) => Err(NoError),
+    }
+}
+
+struct Investigation<'a> {
+    message: String,
+    simulated: Option<OutOfMemory>,
+    step: Option<&'a StepOom>,
+    limits: Limits,
+}
+
+impl<'a> Investigation<'a> {
+    fn of_step(step: &'a StepOom, limits: &Limits) -> Self {
+        Investigation { message: step.message.clone(), simulated: step.simulated.clone(), step: Some(step), limits: *limits }
+    }
+
+    fn of_error(message: &str, simulated: Option<OutOfMemory>) -> Investigation<'static> {
+        Investigation { message: message.trim().to_owned(), simulated, step: None, limits: Limits::default() }
+    }
+
+    fn run(self) -> Diagnosis {
+        let started = Instant::now();
+        let deadline = started + std::time::Duration::from_secs_f64(self.limits.seconds);
+        let processes = crate::memory::processes();
+        let memory = HostMemory::sample();
+        let budget = self.simulated.as_ref().map(|o| o.budget).or(memory.budget);
+        let mut steps = vec![self.failed_allocation(), Finding {
+            name: "2. who else holds the device".into(),
+            finding: processes.finding(),
+            outcome: if processes.others().any(|p| p.role != crate::memory::Role::Kernel) { Outcome::Problem } else { Outcome::Clear },
+        }];
+        let card = budget.map(|b| b.device());
+        let failed = self.step.map(step_config);
+        let ledger = match (self.step, &failed, &card) {
+            (Some(step), Some(config), Some(card)) => estimate(&step.spec, config, card).ok(),
+            _ => None,
+        };
+        steps.push(summary(&memory, budget, ledger.as_ref()));
+        let mut fixes = Vec::new();
+        match (self.step, failed) {
+            (Some(step), Some(failed)) => {
+                let room = budget.map(|b| b.room().saturating_sub(step.outside));
+                let mut trials = Trials { step, room, deadline };
+                let one = trials.run(&StepConfig { batch: 1, accumulation: 1, ..failed.clone() });
+                steps.push(batch_one(&one, &failed, ledger.as_ref()));
+                steps.push(precision_off(&mut trials, &failed, &one));
+                steps.push(host_side(&memory));
+                if let Some(card) = &card {
+                    fixes = verified_fixes(&mut trials, &step.spec, &failed, card, self.limits.fixes);
+                }
+                steps.push(fixes_finding(&fixes, card.is_some()));
+                crate::train::remember_step_oom(step);
+            }
+            _ => {
+                let why = "the error was raised outside a trainer's step, so there is no step to run again; \
+                           %oomcheck MODEL --batch B --res R --gpu CARD predicts the fixes of a configuration";
+                steps.push(skipped("4. batch 1", why));
+                steps.push(skipped("5. mixed precision off", why));
+                steps.push(host_side(&memory));
+                steps.push(skipped("7. ranked fixes, verified", why));
+            }
+        }
+        let reproduce = match (self.step, budget) {
+            (Some(step), Some(budget)) => measure_flags(step, &step_config(step)).map(|flags| {
+                format!("vramlab measure --model {} {flags} --budget {}", step.spec.name, budget.name())
+            }),
+            _ => None,
+        };
+        Diagnosis {
+            message: self.message.clone(),
+            requested_bytes: self.simulated.as_ref().map(|o| o.requested),
+            phase: self.step.map(|s| s.phase.clone()),
+            growing: self.step.map(|s| s.growing),
+            steps,
+            fixes,
+            reproduce,
+            processes,
+            seconds: started.elapsed().as_secs_f64(),
+        }
+    }
+
+    fn failed_allocation(&self) -> Finding {
+        let name = "1. the failed allocation".to_owned();
+        let finding = match (&self.simulated, self.step) {
+            (Some(oom), step) => {
+                let during = step.map_or(String::new(), |s| format!(" during {}, when {} grow", s.phase, growing_in_words(&s.phase)));
+                format!(
+                    "tried to allocate {}{during}; {} of the card's {} were taken ({} CUDA context, {} in use), leaving {}",
+                    human(oom.requested),
+                    human(oom.budget.context + oom.in_use),
+                    human(oom.budget.usable),
+                    human(oom.budget.context),
+                    human(oom.in_use),
+                    human(oom.free())
+                )
+            }
+            (None, Some(step)) => format!(
+                "the device's own error, which does not name its size: \"{}\", in {}, when {} grow",
+                first_line(&step.message),
+                step.phase,
+                growing_in_words(&step.phase)
+            ),
+            (None, None) => format!("\"{}\": the error does not say how much was asked for", first_line(&self.message)),
+        };
+        Finding { name, finding, outcome: Outcome::Found }
+    }
+}
+
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or(text)
+}
+
+fn skipped(name: &str, why: &str) -> Finding {
+    Finding { name: name.to_owned(), finding: format!("skipped: {why}"), outcome: Outcome::Skipped }
+}
+
+fn step_config(step: &StepOom) -> StepConfig {
+    StepConfig {
+        batch: step.batch,
+        input: step.input,
+        precision: step.config.precision,
+        optimizer: step.config.optimizer.kind(),
+        accumulation: step.config.accumulation,
+        checkpointing: step.config.checkpointing.clone(),
+        mode: Mode::Training,
+    }
+}
+
+/// Step 3: PyTorch's `memory_summary`, for this process.
+fn summary(memory: &HostMemory, budget: Option<Budget>, ledger: Option<&Ledger>) -> Finding {
+    let mut finding = format!("in use {}, held by the allocator {}", human(memory.in_use), human(memory.held));
+    if let Some(peak) = memory.peak {
+        finding.push_str(&format!(", peak {}", human(peak)));
+    }
+    if let Some(budget) = budget {
+        finding.push_str(&format!(
+            "; on the simulated {} card ({} context): largest free block {} (the budget counts bytes and does not fragment; memory::SimulatedCard models a caching allocator that does)",
+            human(budget.usable),
+            human(budget.context),
+            human(budget.room().saturating_sub(memory.in_use))
+        ));
+    }
+    if let Some(ledger) = ledger {
+        let at_peak = crate::memory::Prediction::from_ledger(ledger).bills;
+        let bill = |kind: BillKind| human(at_peak.get(kind));
+        finding.push_str(&format!(
+            "; the ledger for this step: parameters {}, optimizer state {}, activations {}, input {}, context and workspace {}: peak {} against {} usable",
+            bill(BillKind::Parameters),
+            bill(BillKind::OptimizerState),
+            bill(BillKind::Activations),
+            bill(BillKind::InputBatch),
+            bill(BillKind::ContextAndWorkspace),
+            human(ledger.peak.bytes),
+            human(ledger.device.usable_bytes)
+        ));
+    }
+    Finding { name: "3. memory summary".into(), finding, outcome: Outcome::Found }
+}
+
+fn batch_one(trial: &Trial, failed: &StepConfig, ledger: Option<&Ledger>) -> Finding {
+    let name = "4. batch 1".to_owned();
+    if let Some(why) = trial.skipped() {
+        return skipped(&name, why);
+    }
+    let state = ledger.map(|l| {
+        let at_peak = crate::memory::Prediction::from_ledger(l).bills;
+        at_peak.get(BillKind::Parameters) + at_peak.get(BillKind::OptimizerState)
+    });
+    if trial.ran {
+        Finding {
+            name,
+            finding: format!(
+                "batch 1 runs where the failed step ran ({}): the model, its gradients and optimizer state fit; \
+                 what does not is what grows with the batch of {}, its activations: the fixes below shrink them",
+                trial.describe_peak(),
+                failed.batch
+            ),
+            outcome: Outcome::Clear,
+        }
+    } else {
+        Finding {
+            name,
+            finding: format!(
+                "batch 1 fails too ({}): the problem is the parameters, their gradients and optimizer state{} or the context, not the data; \
+                 no batch size fixes it: SGD or 8-bit Adam, a smaller model, or a larger card",
+                trial.error.as_deref().map_or("out of memory", first_line),
+                state.map_or(String::new(), |s| format!(" (the ledger: {})", human(s)))
+            ),
+            outcome: Outcome::Problem,
+        }
+    }
+}
+
+fn precision_off(trials: &mut Trials<'_>, failed: &StepConfig, mixed_one: &Trial) -> Finding {
+    let name = "5. mixed precision off";
+    if !failed.precision.is_mixed() {
+        return skipped(name, "the step ran in f32: there is no mixed precision to turn off (step 7 tries turning it on)");
+    }
+    let f32_one = trials.run(&StepConfig { batch: 1, accumulation: 1, precision: Precision::F32, ..failed.clone() });
+    if let Some(why) = f32_one.skipped() {
+        return skipped(name, why);
+    }
+    let finite = |t: &Trial| t.loss.is_some_and(f32::is_finite);
+    let behaviour = match (finite(mixed_one), finite(&f32_one)) {
+        (true, true) => format!(
+            "both give a finite loss ({} with {}, {} in f32): mixed precision is not what breaks this step",
+            mixed_one.loss.map_or("-".into(), |l| format!("{l:.4}")),
+            failed.precision,
+            f32_one.loss.map_or("-".into(), |l| format!("{l:.4}"))
+        ),
+        (false, true) => format!("the loss is finite in f32 but not with {}: an op misbehaves in half precision; keep it in f32", failed.precision),
+        (_, false) => "the loss is not finite even in f32: the problem is not half precision".to_owned(),
+    };
+    Finding {
+        name: name.to_owned(),
+        finding: format!(
+            "batch 1 in f32 {}, with {} {}; {behaviour}",
+            if f32_one.ran { format!("runs ({})", f32_one.describe_peak()) } else { "fails".to_owned() },
+            failed.precision,
+            if mixed_one.ran { format!("runs ({})", mixed_one.describe_peak()) } else { "fails".to_owned() },
+        ),
+        outcome: if finite(&f32_one) && !finite(mixed_one) { Outcome::Problem } else { Outcome::Clear },
+    }
+}
+
+/// Step 6: the second kind of OOM, in host RAM.
+fn host_side(memory: &HostMemory) -> Finding {
+    let host = Card::host().ok();
+    let total = crate::memory::host_total();
+    let loader_text = match crate::data::loader_usage() {
+        None => "no data loader was made in this process".to_owned(),
+        Some(l) => format!(
+            "its data loaders hold {} now (at most {}); the last made has {} worker{} x prefetch {} of batch {}{}",
+            human(l.held),
+            human(l.peak),
+            l.workers,
+            if l.workers == 1 { "" } else { "s" },
+            l.prefetch,
+            l.batch_size,
+            l.host_budget.map_or(String::new(), |b| format!(", host budget {}", human(b)))
+        ),
+    };
+    let share = total.map(|t| memory.rss as f64 / t as f64);
+    let finding = format!(
+        "this process's RSS is {} (high-water {}){}{}; {loader_text}{}",
+        human(memory.rss),
+        human(memory.hwm),
+        total.map_or(String::new(), |t| format!(" of {} host RAM", human(t))),
+        host.map_or(String::new(), |h| format!(", {} available", human(h.usable_bytes))),
+        if share.is_some_and(|s| s > 0.5) {
+            ": the host, not the card, is what runs out; lower the loader's workers x prefetch, or use workers 0 to check the code first"
+        } else {
+            ": host RAM is not the problem"
+        }
+    );
+    Finding {
+        name: "6. host side".into(),
+        finding,
+        outcome: if share.is_some_and(|s| s > 0.5) { Outcome::Problem } else { Outcome::Clear },
+    }
+}
+
+fn verified_fixes(trials: &mut Trials<'_>, spec: &crate::models::ModelSpec, failed: &StepConfig, card: &Card, verify: usize) -> Vec<CheckedFix> {
+    search(spec, failed, card)
+        .into_iter()
+        .enumerate()
+        .map(|(rank, fix)| {
+            let flags = measure_flags(trials.step, &fix.config);
+            let (verified, peak_bytes, check) = if rank >= verify {
+                (false, fix.peak_bytes, format!("not run: only the {verify} cheapest are verified"))
+            } else {
+                let trial = trials.run(&fix.config);
+                match (trial.skipped(), trial.ran) {
+                    (Some(why), _) => (false, fix.peak_bytes, format!("not run: {why}")),
+                    (None, true) => (true, trial.peak_bytes.unwrap_or(fix.peak_bytes), format!("verified: {}", trial.describe_peak())),
+                    (None, false) => (false, fix.peak_bytes, format!("failed: {}", trial.error.as_deref().map_or("out of memory", first_line))),
+                }
+            };
+            let Fix { kind, change, peak_bytes: predicted_peak_bytes, cost, .. } = fix;
+            CheckedFix { kind, change, flags, predicted_peak_bytes, peak_bytes, verified, check, cost }
+        })
+        .collect()
+}
+
+fn fixes_finding(fixes: &[CheckedFix], simulated: bool) -> Finding {
+    let name = "7. ranked fixes, verified";
+    if !simulated {
+        return skipped(name, "the fixes are judged against a simulated card's budget; on CUDA, %oomcheck --gpu with this card ranks them");
+    }
+    let verified = fixes.iter().filter(|f| f.verified).count();
+    if fixes.is_empty() {
+        return Finding {
+            name: name.to_owned(),
+            finding: "the ledger finds no configuration of this model that fits this card: a smaller model or a larger card".into(),
+            outcome: Outcome::Problem,
+        };
+    }
+    Finding {
+        name: name.to_owned(),
+        finding: format!(
+            "the ledger finds {} fix{} that fit{} the card with 10% to spare, cheapest first (accuracy risk, then a changed effective batch, then time): {}; \
+             {verified} verified with real steps where the failed step ran. The lesson's order, AMP, then accumulation, then checkpointing, is in the ranking where each fits",
+            fixes.len(),
+            if fixes.len() == 1 { "" } else { "es" },
+            if fixes.len() == 1 { "s" } else { "" },
+            fixes.iter().map(|f| f.change.as_str()).collect::<Vec<_>>().join("; ")
+        ),
+        outcome: if verified > 0 { Outcome::Clear } else { Outcome::Problem },
+    }
+}
+
+/// The `vramlab measure` flags of `config` for the failed step's model
+/// (all but `--model` and `--budget`); measure takes square RGB inputs only.
+pub fn measure_flags(step: &StepOom, config: &StepConfig) -> Option<String> {
+    let Shape::Map { c: 3, h, w } = config.input else { return None };
+    if h != w {
+        return None;
+    }
+    let mut flags = format!("--batch {} --res {h} --classes {} --opt {}", config.batch, step.spec.num_classes, config.optimizer.flag());
+    if config.precision.is_mixed() {
+        flags.push_str(&format!(" --amp {}", config.precision.flag()));
+    }
+    if config.accumulation > 1 {
+        flags.push_str(&format!(" --accum {}", config.accumulation));
+    }
+    if config.checkpointing != Checkpointing::None {
+        flags.push_str(&format!(" --ckpt {}", config.checkpointing));
+    }
+    Some(flags)
+}
+
+/// Runs real steps for the investigation, each in the failed step's room.
+struct Trials<'a> {
+    step: &'a StepOom,
+    room: Option<u64>,
+    deadline: Instant,
+}
+
+/// At most this many steps a trial: the first creates the optimizer state,
+/// the second runs with it; f16's loss scaler may skip some first.
+const TRIAL_STEPS: usize = 4;
+
+impl Trials<'_> {
+    fn run(&mut self, config: &StepConfig) -> Trial {
+        let budget = crate::memory::budget();
+        let context = budget.map_or(0, |b| b.context);
+        let card_bytes = self.room.map(|room| room + context);
+        let mut trial = Trial { config: config.clone(), ran: false, peak_bytes: None, card_bytes, loss: None, steps: 0, seconds: 0.0, error: None };
+        if Instant::now() >= self.deadline {
+            trial.error = Some(SKIPPED_FOR_TIME.to_owned());
+            return trial;
+        }
+        let started = Instant::now();
+        let start = HostMemory::sample().in_use;
+        if let (Some(budget), Some(room)) = (budget, self.room) {
+            let _ = crate::memory::set_budget(Some(Budget { usable: start + room + budget.context, context: budget.context }));
+        }
+        let result = self.steps(config, start);
+        if budget.is_some() {
+            let _ = crate::memory::set_budget(budget);
+        }
+        match result {
+            Ok((steps, loss, peak)) => {
+                trial.ran = true;
+                trial.steps = steps;
+                trial.loss = Some(loss);
+                trial.peak_bytes = peak.map(|p| p + context);
+            }
+            Err(error) => trial.error = Some(error.to_string()),
+        }
+        trial.seconds = started.elapsed().as_secs_f64();
+        trial
+    }
+
+    fn steps(&self, config: &StepConfig, start: u64) -> Result<(usize, f32, Option<u64>), crate::train::TrainError> {
+        let step = self.step;
+        let device = step.device()?;
+        let net = Network::new(&step.spec, config.input, &device, 0)?;
+        let mut train = TrainConfig {
+            precision: config.precision,
+            accumulation: config.accumulation,
+            checkpointing: config.checkpointing.clone(),
+            ..step.config.clone()
+        };
+        if train.optimizer.kind() != config.optimizer {
+            train.optimizer = OptimizerConfig::for_kind(config.optimizer, step.config.optimizer.learning_rate());
+        }
+        // Memory does not depend on the loss scale; a small first scale spares the skipped steps.
+        train.scaler.init_scale = 1024.0;
+        train.schedule = None;
+        let mut trainer = Trainer::new(net, train)?;
+        let micro_batches = (0..config.accumulation)
+            .map(|i| synthetic_batch(config.batch, config.input, step.spec.num_classes, &device, i as u64))
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let (mut peak, mut loss, mut applied) = (None::<u64>, f32::NAN, false);
+        let mut steps = 0;
+        while steps < TRIAL_STEPS && !(applied && steps >= 2) {
+            let report = trainer.step(&micro_batches, 0)?;
+            steps += 1;
+            applied |= !report.skipped;
+            loss = report.loss;
+            if let Some(memory) = report.memory {
+                peak = Some(peak.unwrap_or(0).max(memory.peak.saturating_sub(start)));
+            }
+        }
+        Ok((steps, loss, peak))
+    }
+}
+
+const SKIPPED_FOR_TIME: &str = "the investigation's time for real steps was spent (VRAMLAB_DIAGNOSIS_SECONDS)";
+
+impl Trial {
+    fn skipped(&self) -> Option<&'static str> {
+        (self.error.as_deref() == Some(SKIPPED_FOR_TIME)).then_some(SKIPPED_FOR_TIME)
+    }
+
+    fn describe_peak(&self) -> String {
+        let peak = self.peak_bytes.map_or("peak not counted".to_owned(), |p| format!("peak {}", human(p)));
+        let steps = format!("{} step{}, {:.1} s", self.steps, if self.steps == 1 { "" } else { "s" }, self.seconds);
+        match self.card_bytes {
+            Some(card) => format!("{peak} of {}, context included; {steps}", human(card)),
+            None => format!("{peak}; {steps}"),
+        }
+    }
+}
+
+fn synthetic_batch(batch: usize, input: Shape, classes: usize, device: &candle_core::Device, seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
+    let Shape::Map { c, h, w } = input else {
+        return Err(candle_core::Error::Msg(format!("a step needs an image input, got {input}")));
+    };
+    let images = Tensor::randn(0f32, 1f32, (batch, c, h, w), device)?;
+    let labels: Vec<u32> = (0..batch as u64).map(|i| ((i + seed) % classes.max(1) as u64) as u32).collect();
+    let labels = Tensor::from_vec(labels, batch, device)?.to_dtype(DType::U32)?;
+    Ok((images, labels))
+}
+
+impl Diagnosis {
+    /// The seven steps as a table.
+    pub fn steps_table(&self) -> Table {
+        let mut table = Table::new(["step", "what it found on this process"]).title("The OOM investigation (lesson 4.2)");
+        for step in &self.steps {
+            table.push_row([format!("{}{}", step.name, step.outcome.mark()), step.finding.clone()]);
+        }
+        table.note(format!("{:.1} s, real steps included", self.seconds))
+    }
+
+    pub fn fixes_table(&self) -> Table {
+        let mut table = Table::new(["#", "fix", "measure flags", "predicted peak", "measured peak", "check"])
+            .title("Ranked fixes (cheapest first)")
+            .right_align(&[0, 3, 4]);
+        for (i, fix) in self.fixes.iter().enumerate() {
+            table.push_row([
+                (i + 1).to_string(),
+                fix.change.clone(),
+                fix.flags.clone().unwrap_or_else(|| "-".into()),
+                human(fix.predicted_peak_bytes),
+                if fix.verified { human(fix.peak_bytes) } else { "-".into() },
+                fix.check.clone(),
+            ]);
+        }
+        let verified = "Verified: real steps of that configuration ran on the card the failed step had (its budget less what the process held besides that trainer); \
+                        peaks include the card's CUDA context.";
+        table.note(match &self.reproduce {
+            Some(command) => format!("{verified} The failed step again, in a process of its own: {command}"),
+            None => verified.to_owned(),
+        })
+    }
+
+    /// One line: what failed, where.
+    pub fn headline(&self) -> String {
+        let what = self.requested_bytes.map_or("Out of memory".to_owned(), |r| format!("Out of memory: tried to allocate {}", human(r)));
+        match &self.phase {
+            Some(phase) => format!("{what} during {phase}. What the investigation found:"),
+            None => format!("{what}. What the investigation found:"),
+        }
+    }
+}
+
+impl Render for Diagnosis {
+    fn bundle(&self) -> Bundle {
+        let mut composer = Composer::new().headline(&self.headline(), "#b00020").html_only(&self.steps_table().bundle());
+        if !self.fixes.is_empty() {
+            composer = composer.html_only(&self.fixes_table().bundle());
+        }
+        let html = composer.finish();
+        Bundle::plain(self.to_string()).with("text/html", html.get("text/html").cloned().unwrap_or_default())
+    }
+}
+
+impl Diagnosis {
+    pub fn evcxr_display(&self) {
+        self.bundle().print_as_cell_result();
+    }
+}
+
+/// The report as text: the headline, each step wrapped under its name, the fixes' table.
+impl std::fmt::Display for Diagnosis {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{}\n", self.headline())?;
+        let wrap = textwrap::Options::new(100).initial_indent("   ").subsequent_indent("   ");
+        for step in &self.steps {
+            writeln!(f, "{}{}", step.name, step.outcome.mark())?;
+            writeln!(f, "{}", textwrap::fill(&step.finding, &wrap))?;
+        }
+        writeln!(f, "({:.1} s, real steps included)", self.seconds)?;
+        if !self.fixes.is_empty() {
+            write!(f, "\n{}", self.fixes_table())?;
+        }
+        Ok(())
+    }
+}
+
+impl Outcome {
+    fn mark(self) -> &'static str {
+        match self {
+            Outcome::Found => "",
+            Outcome::Clear => " (ruled out)",
+            Outcome::Problem => " (a cause)",
+            Outcome::Skipped => " (skipped)",
+        }
+    }
+}

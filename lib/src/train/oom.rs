@@ -1,0 +1,130 @@
+//! What a trainer knew when its step ran out of memory: the failed
+//! allocation, the phase, and enough of the trainer to run its step again,
+//! kept for the diagnosis (`vramlab::diagnose`) until the next one.
+
+use std::cell::RefCell;
+
+use candle_core::Device;
+use serde::{Deserialize, Serialize};
+
+use super::trainer::{TrainConfig, TrainError};
+use crate::ledger::BillKind;
+use crate::memory::OutOfMemory;
+use crate::models::{ModelSpec, Shape};
+
+/// A training step that ran out of memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepOom {
+    /// The error as it was raised.
+    pub message: String,
+    /// The simulated budget's error, which names the allocation; `None` for
+    /// the device's own (CUDA's driver error does not say its size).
+    pub simulated: Option<OutOfMemory>,
+    /// The phase in progress: where the simulated budget was crossed, or the
+    /// phase after the last one that completed.
+    pub phase: String,
+    /// The bill that grows during that phase.
+    pub growing: BillKind,
+    /// The model, its input and the micro-batch of the step.
+    pub spec: ModelSpec,
+    pub input: Shape,
+    pub batch: usize,
+    pub config: TrainConfig,
+    /// The CUDA device's ordinal; `None` for the CPU.
+    pub cuda: Option<usize>,
+    /// Bytes in use when the step began that were neither the trainer's
+    /// state nor its batch: what a new trainer in this process competes with.
+    pub outside: u64,
+}
+
+const LAST: &str = "last_step_oom";
+
+thread_local! {
+    /// The budget error a step's checkpoint raised, in full: candle's error
+    /// carries only its text.
+    static RAISED: RefCell<Option<OutOfMemory>> = const { RefCell::new(None) };
+}
+
+/// The last training step of this process that ran out of memory.
+/// Kept where every cell's copy of the crate sees it.
+pub fn last_step_oom() -> Option<StepOom> {
+    crate::memory::shared::load(LAST)
+}
+
+/// Forgets the last out-of-memory step (once it has been dealt with).
+pub fn clear_last_step_oom() {
+    crate::memory::shared::store::<StepOom>(LAST, None);
+}
+
+pub(crate) fn remember(oom: &StepOom) {
+    crate::memory::shared::store(LAST, Some(oom));
+}
+
+impl StepOom {
+    /// The device the step ran on.
+    pub fn device(&self) -> candle_core::Result<Device> {
+        match self.cuda {
+            Some(ordinal) => Device::new_cuda(ordinal),
+            None => Ok(Device::Cpu),
+        }
+    }
+}
+
+/// Checks the simulated budget at the end of `phase`: an overrun becomes
+/// candle's error, the full record kept for the trainer.
+pub(crate) fn checkpoint(phase: impl FnOnce() -> String) -> candle_core::Result<()> {
+    crate::memory::check_budget().map_err(|oom| {
+        let oom = oom.during(phase());
+        RAISED.with(|raised| *raised.borrow_mut() = Some(oom.clone()));
+        candle_core::Error::from(oom)
+    })
+}
+
+/// Forgets a budget error raised before this step (and handled by its caller).
+pub(crate) fn clear_raised() {
+    RAISED.with(|raised| raised.borrow_mut().take());
+}
+
+/// The budget error behind `error`, when the step's checkpoint raised it.
+pub(crate) fn raised(error: &TrainError) -> Option<OutOfMemory> {
+    let pending = RAISED.with(|raised| raised.borrow_mut().take());
+    match error {
+        TrainError::OutOfMemory(oom) => Some(oom.clone()),
+        TrainError::Candle(_) => pending,
+        _ => None,
+    }
+}
+
+/// True when `message` is an out-of-memory error of the device (CUDA's
+/// driver, cuBLAS, cuDNN) or of the simulated budget.
+pub fn is_out_of_memory(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("out of memory") || lower.contains("out_of_memory") || lower.contains("alloc_failed")
+}
+
+/// The bill that grows while `phase` runs.
+pub fn growing_bill(phase: &str) -> BillKind {
+    if phase.starts_with("input") {
+        BillKind::InputBatch
+    } else if phase.starts_with("forward") || phase.contains("recomputing") {
+        BillKind::Activations
+    } else if phase.starts_with("backward") || phase.starts_with("gradients") {
+        BillKind::Parameters
+    } else if phase.ends_with(" step") {
+        BillKind::OptimizerState
+    } else {
+        BillKind::ContextAndWorkspace
+    }
+}
+
+/// What the growing bill holds in that phase, in a learner's words.
+pub fn growing_in_words(phase: &str) -> &'static str {
+    match growing_bill(phase) {
+        BillKind::InputBatch => "the input batch",
+        BillKind::Activations if phase.contains("recomputing") => "the activations of a checkpointed stage, recomputed",
+        BillKind::Activations => "the activations forward keeps for backward",
+        BillKind::Parameters => "the gradients (parameters bill), with forward's activations not yet all freed",
+        BillKind::OptimizerState => "the optimizer state (made at the first step) and the update's temporaries",
+        BillKind::ContextAndWorkspace => "the workspace",
+    }
+}
