@@ -175,9 +175,17 @@ impl<'a> Investigation<'a> {
         let processes = crate::memory::processes();
         let memory = HostMemory::sample();
         let budget = self.simulated.as_ref().map(|o| o.budget).or(memory.budget);
+        let mut others = processes.finding();
+        if self.step.is_some_and(|s| s.cuda.is_some()) {
+            others.push_str(&match nvidia_smi() {
+                Some(apps) if apps.is_empty() => "; nvidia-smi lists no compute process on the GPU".to_owned(),
+                Some(apps) => format!("; nvidia-smi's compute processes (pid, name, memory): {}", apps.lines().collect::<Vec<_>>().join("; ")),
+                None => "; nvidia-smi did not run here, so the GPU's other processes are unknown".to_owned(),
+            });
+        }
         let mut steps = vec![self.failed_allocation(), Finding {
             name: "2. who else holds the device".into(),
-            finding: processes.finding(),
+            finding: others,
             outcome: if processes.others().any(|p| p.role != crate::memory::Role::Kernel) { Outcome::Problem } else { Outcome::Clear },
         }];
         let card = budget.map(|b| b.device());
@@ -257,6 +265,15 @@ impl<'a> Investigation<'a> {
     }
 }
 
+/// The GPU's compute processes as `nvidia-smi` lists them, when it runs.
+fn nvidia_smi() -> Option<String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader"])
+        .output()
+        .ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
 fn first_line(text: &str) -> &str {
     text.lines().next().unwrap_or(text)
 }
@@ -279,9 +296,9 @@ fn step_config(step: &StepOom) -> StepConfig {
 
 /// Step 3: PyTorch's `memory_summary`, for this process.
 fn summary(memory: &HostMemory, budget: Option<Budget>, ledger: Option<&Ledger>) -> Finding {
-    let mut finding = format!("in use {}, held by the allocator {}", human(memory.in_use), human(memory.held));
+    let mut finding = format!("now that the failed step has let go of its tensors: in use {}, held by the allocator {}", human(memory.in_use), human(memory.held));
     if let Some(peak) = memory.peak {
-        finding.push_str(&format!(", peak {}", human(peak)));
+        finding.push_str(&format!(", peak {} (during the failed step)", human(peak)));
     }
     if let Some(budget) = budget {
         finding.push_str(&format!(
@@ -290,6 +307,9 @@ fn summary(memory: &HostMemory, budget: Option<Budget>, ledger: Option<&Ledger>)
             human(budget.context),
             human(budget.room().saturating_sub(memory.in_use))
         ));
+    }
+    if let Some(card) = crate::memory::card_stats() {
+        finding.push_str(&format!("; the process's simulated card (caching allocator): {card}"));
     }
     if let Some(ledger) = ledger {
         let at_peak = crate::memory::Prediction::from_ledger(ledger).bills;

@@ -224,3 +224,14 @@ fn an_absurd_configuration_is_a_one_line_error() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("the host has") && stderr(&out).contains("available"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_bad_budget_is_a_one_line_error_naming_it() {
+    for (budget, says) in [("0", "give a unit"), ("-1GiB", "-1GiB"), ("nonsense", "nonsense"), ("rtx9999", "rtx9999"), ("200MiB", "leaves nothing for training")] {
+        let out = vramlab(&format!("measure --model small-cnn --batch 2 --res 32 --budget={budget}"));
+        assert_eq!(out.status.code(), Some(2), "{budget}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains(&format!("budget `{budget}`")) && err.contains(says), "{err}");
+    }
+}

@@ -35,8 +35,13 @@ def test_notebook_runs_without_error(notebook: pathlib.Path, tmp_path: pathlib.P
     )
     executed = nbformat.read(tmp_path / notebook.name, as_version=4)
     code = [c for c in executed.cells if c.cell_type == "code"]
-    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    expected = [c for c in code if "raises-exception" in c.metadata.get("tags", [])]
+    errors = [o for c in code if c not in expected for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
+    # A cell tagged raises-exception (nbclient's convention) shows a failure on
+    # purpose: it must really fail, or the prose around it is wrong.
+    for cell in expected:
+        assert any(o.output_type == "error" for o in cell.outputs), f"{notebook.name}: a raises-exception cell did not fail:\n{cell.source}"
 
 
 def test_committed_notebooks_keep_their_outputs() -> None:

@@ -57,5 +57,5 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
     assert_eq!(survived.result_text().as_deref(), Some("42"), "{:?}", survived.error());
     let processes = kernel.execute("%mem --processes").await;
     let table = processes.result_text().unwrap_or_else(|| panic!("{:?}", processes.error()));
-    assert!(table.contains("cell process") && table.contains("(this one)"), "{table}");
+    assert!(table.contains("cell process") && table.contains("(this notebook)"), "{table}");
 }

@@ -9,6 +9,7 @@
 //! sample glibc's statistics and say they are not exact.
 
 mod budget;
+mod card;
 mod counters;
 mod host;
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -25,9 +26,10 @@ mod snapshot;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+pub use card::{card, card_allocate, card_allocate_outside, card_empty_cache, card_free, card_stats, install_card, remove_card, CardError};
 pub use budget::{budget, check_budget, cpu_with_budget, last_out_of_memory, set_budget, Budget, OutOfMemory};
 pub use host::{counters_address, host_total, install, loader_bytes, loader_held, EmptyCache, HostMemory};
-pub use pool::{PoolOom, PoolStats, SimulatedCard};
+pub use pool::{empty_cache_demo, fragmentation_demo, EmptyCacheDemo, FragmentationDemo, PoolOom, PoolStats, SimulatedCard};
 pub use probe::{CellProbe, CellUsage, Mark};
 pub use processes::{processes, Processes, Role, VramlabProcess};
 pub use region::REGION_FD_ENV;

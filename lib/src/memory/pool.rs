@@ -66,7 +66,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ledger::units::human;
 
@@ -106,7 +106,7 @@ pub fn allocation_size(size: u64) -> u64 {
 }
 
 /// The two pools of cached blocks; a block never moves between them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PoolKind {
     /// Rounded requests of at most `kSmallSize`, in `kSmallBuffer` segments.
@@ -128,7 +128,7 @@ impl PoolKind {
 
 /// A live allocation on a simulated card, through the cache or outside it.
 /// Numbered per card, from 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct BlockId(u64);
 
 impl fmt::Display for BlockId {
@@ -138,13 +138,13 @@ impl fmt::Display for BlockId {
 }
 
 /// A free block of the cache is one with no tensor.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Block {
     size: u64,
     tensor: Option<Tensor>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 struct Tensor {
     id: BlockId,
     /// Bytes asked for, before rounding.
@@ -158,7 +158,7 @@ impl Block {
 }
 
 /// One `cudaMalloc` of the cache: its blocks tile it in address order.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Segment {
     address: u64,
     pool: PoolKind,
@@ -204,7 +204,7 @@ struct FreeBlock {
 }
 
 /// A card of `capacity` bytes with PyTorch's caching allocator in front of it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SimulatedCard {
     capacity: u64,
     max_split_size: u64,
@@ -537,7 +537,7 @@ impl SimulatedCard {
 }
 
 /// The state of a simulated card, in the terms of `torch.cuda.memory_stats`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolStats {
     pub capacity: u64,
     /// Bytes of live blocks through the cache, rounded sizes: `memory_allocated`.

@@ -198,6 +198,7 @@ impl CellProbe {
             snapshot: self.snapshot()?,
             emptied,
             peak_reset: reset_peak,
+            card: super::card::card_stats_in(self.region.counters()),
             #[cfg(feature = "cuda")]
             cuda: super::cuda::CellCuda::from_answer(request, &answer[super::counters::HOST_ANSWER_FIELDS..]),
         })

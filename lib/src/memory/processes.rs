@@ -70,8 +70,7 @@ pub fn processes() -> Processes {
         .filter_map(|pid| describe(pid, me))
         .collect();
     // A kernel's counters give its cell process's heap, exactly.
-    let kernels: Vec<(u32, Option<(u32, u64, Option<Budget>)>)> =
-        found.iter().filter(|p| p.role == Role::Kernel).map(|p| (p.pid, cell_counters(p.pid))).collect();
+    let kernels: Vec<(u32, Option<CellCounters>)> = found.iter().filter(|p| p.role == Role::Kernel).map(|p| (p.pid, cell_counters(p.pid))).collect();
     for (kernel, counters) in kernels {
         let Some((cell, in_use, budget)) = counters else { continue };
         if let Some(process) = found.iter_mut().find(|p| p.pid == cell) {
@@ -81,7 +80,8 @@ pub fn processes() -> Processes {
         }
     }
     let mut my_kernel = None;
-    if let Some(process) = found.iter_mut().find(|p| p.pid == me) {
+    // A kernel's own heap goes through mimalloc, past the counters: it has no tensors to count.
+    if let Some(process) = found.iter_mut().find(|p| p.pid == me && p.role != Role::Kernel) {
         let memory = super::HostMemory::sample();
         process.in_use = memory.exact.then_some(memory.in_use);
         process.budget = memory.budget;
@@ -90,7 +90,8 @@ pub fn processes() -> Processes {
     if let Some(kernel) = found.iter_mut().find(|p| Some(p.pid) == my_kernel) {
         kernel.is_self = true;
     }
-    found.sort_by_key(|p| (p.role == Role::CellProcess && p.parent != 0).then_some(p.parent).unwrap_or(p.pid));
+    // Each cell process right after its kernel.
+    found.sort_by_key(|p| if p.role == Role::CellProcess && p.parent != 0 { (p.parent, 1) } else { (p.pid, 0) });
     Processes { processes: found }
 }
 
@@ -123,8 +124,11 @@ fn is_cell_process(pid: u32) -> bool {
     fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| env.split(|&b| b == 0).any(|var| var == b"EVCXR_IS_RUNTIME=1"))
 }
 
+/// A cell process's pid, heap in use and budget.
+type CellCounters = (u32, u64, Option<Budget>);
+
 /// The cell process's pid, heap in use and budget, from the counters `kernel` shares with it.
-fn cell_counters(kernel: u32) -> Option<(u32, u64, Option<Budget>)> {
+fn cell_counters(kernel: u32) -> Option<CellCounters> {
     let fds = fs::read_dir(format!("/proc/{kernel}/fd")).ok()?;
     fds.filter_map(|fd| fd.ok()).find_map(|fd| {
         let target = fs::read_link(fd.path()).ok()?;
@@ -132,7 +136,7 @@ fn cell_counters(kernel: u32) -> Option<(u32, u64, Option<Budget>)> {
     })
 }
 
-fn read_counters(path: &Path) -> Option<(u32, u64, Option<Budget>)> {
+fn read_counters(path: &Path) -> Option<CellCounters> {
     use std::os::fd::AsRawFd;
     let file = fs::OpenOptions::new().read(true).write(true).open(path).ok()?;
     let region = Region::map(file.as_raw_fd()).ok()?;
@@ -178,7 +182,7 @@ impl Processes {
             .right_align(&[0, 3, 4]);
         for p in &self.processes {
             table.push_row([
-                format!("{}{}", p.pid, if p.is_self { " (this one)" } else { "" }),
+                format!("{}{}", p.pid, if p.is_self { " (this notebook)" } else { "" }),
                 p.role.to_string(),
                 if p.role == Role::CellProcess { format!("kernel {}", p.parent) } else { String::new() },
                 p.in_use.map_or("-".to_owned(), human),

@@ -24,6 +24,9 @@ pub struct MemReport {
     pub emptied: Option<EmptyCache>,
     /// Whether `--reset-peak` was asked.
     pub peak_reset: bool,
+    /// The process's simulated card's caching allocator, when it has one
+    /// (after `--empty-cache`, emptied).
+    pub card: Option<super::PoolStats>,
     /// The cell process's GPU: its memory pool and the driver's free/total.
     #[cfg(feature = "cuda")]
     pub cuda: super::cuda::CellCuda,
@@ -112,6 +115,9 @@ impl Render for MemReport {
             composer = composer.headline(&line, "#2a7d2a");
         }
         composer = composer.part(&self.table().bundle());
+        if let Some(card) = &self.card {
+            composer = composer.part(&card.table().bundle());
+        }
         #[cfg(feature = "cuda")]
         {
             if let Some(line) = self.cuda.headline() {

@@ -54,3 +54,9 @@ pub(crate) fn store<T: Serialize>(key: &str, value: Option<&T>) {
 pub(crate) fn load<T: DeserializeOwned>(key: &str) -> Option<T> {
     read_all().remove(key).and_then(|v| serde_json::from_value(v).ok())
 }
+
+/// The value under `key` in the region of `counters` (another process's, mapped here).
+pub(crate) fn load_in<T: DeserializeOwned>(counters: &counters::Counters, key: &str) -> Option<T> {
+    let values: BTreeMap<String, Value> = serde_json::from_slice(&region::read_shared(counters)?).ok()?;
+    values.get(key).cloned().and_then(|v| serde_json::from_value(v).ok())
+}

@@ -59,7 +59,7 @@ fn out_of_memory_reads_like_cuda_and_says_it_is_simulated() {
 #[test]
 fn the_report_puts_bills_side_by_side_with_their_difference() {
     let memory = HostMemory { exact: true, in_use: 64 << 20, held: 80 << 20, peak: Some(128 << 20), rss: 90 << 20, hwm: 140 << 20, allocations: Some(10), budget: Some(Budget { usable: (1 << 30) + (300 << 20), context: 300 << 20 }) };
-    let report = MemReport { pid: 42, memory, host: Some((1 << 30, 2 << 30)), snapshot: Some(snapshot()), emptied: None, peak_reset: false, #[cfg(feature = "cuda")] cuda: super::cuda::CellCuda::NotInUse };
+    let report = MemReport { pid: 42, memory, host: Some((1 << 30, 2 << 30)), snapshot: Some(snapshot()), emptied: None, peak_reset: false, card: None, #[cfg(feature = "cuda")] cuda: super::cuda::CellCuda::NotInUse };
     let text = report.bundle().text().to_owned();
     assert!(text.contains("cell process 42"), "{text}");
     assert!(text.contains("16.0 MiB"), "idle = held - in use: {text}");
@@ -156,4 +156,23 @@ fn without_counters_probes_sample_and_say_so() {
     assert_eq!(check_budget(), Ok(()));
     publish(&snapshot()).unwrap();
     assert_eq!(published(), Some(snapshot()));
+}
+
+#[test]
+fn the_process_card_keeps_its_blocks_between_calls_and_empties_its_cache() {
+    install_card(SimulatedCard::new(1 << 30));
+    let a = card_allocate(300 << 20).unwrap();
+    let b = card_allocate(300 << 20).unwrap();
+    card_free(a).unwrap();
+    let stats = card_stats().unwrap();
+    assert_eq!((stats.allocated, stats.reserved), (300 << 20, 600 << 20), "a freed block stays cached: {stats}");
+    let err = card_allocate_outside(600 << 20).unwrap_err();
+    assert!(matches!(&err, CardError::OutOfMemory(oom) if oom.fragmented()), "{err}");
+    assert_eq!(card_empty_cache(), 300 << 20);
+    assert!(card_allocate_outside(600 << 20).is_ok(), "the emptied cache gave its segment back to the device");
+    assert!(matches!(card_free(a), Err(CardError::Pool(_))), "freed twice");
+    card_free(b).unwrap();
+    remove_card();
+    assert!(matches!(card_allocate(1), Err(CardError::NoCard)));
+    assert_eq!(card_empty_cache(), 0);
 }
