@@ -51,7 +51,12 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
 
     let again = kernel.execute("%oomcheck --last-error").await;
     let again_text = again.result_text().unwrap_or_else(|| panic!("{:?}", again.error()));
-    assert!(again_text.contains("7. ranked fixes, verified"), "{again_text}");
+    assert!(again_text.starts_with("Out of memory: tried to allocate") && again_text.contains("\n7. ranked fixes, verified"), "{again_text}");
+    let html = again.outputs.iter().find_map(|m| match &m.content {
+        JupyterMessageContent::ExecuteResult(r) => serde_json::to_value(&r.data).ok().and_then(|v| v["text/html"].as_str().map(str::to_owned)),
+        _ => None,
+    });
+    assert!(html.is_some_and(|h| h.contains("<table")), "the report shows as tables");
 
     let survived = kernel.execute("kept + 1").await;
     assert_eq!(survived.result_text().as_deref(), Some("42"), "{:?}", survived.error());

@@ -33,6 +33,11 @@ impl Bundle {
         self.get("text/plain").and_then(Value::as_str).unwrap_or("")
     }
 
+    /// Shows the bundle as a notebook cell's result, every representation.
+    pub fn evcxr_display(&self) {
+        self.print_as_cell_result();
+    }
+
     /// Writes the bundle in evcxr's rich-output format on stdout: one
     /// `EVCXR_BEGIN_CONTENT` block per MIME type. evcxr collects these blocks
     /// from a cell's final value into the execution result.
