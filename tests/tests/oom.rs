@@ -63,4 +63,7 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
     let processes = kernel.execute("%mem --processes").await;
     let table = processes.result_text().unwrap_or_else(|| panic!("{:?}", processes.error()));
     assert!(table.contains("cell process") && table.contains("(this notebook)"), "{table}");
+    let value = kernel.execute("vramlab::memory::processes()").await;
+    let shown = value.result_text().unwrap_or_else(|| panic!("{:?}", value.error()));
+    assert!(shown.starts_with("vramlab processes on this machine"), "a report as a cell's value shows as itself, not its Debug: {shown}");
 }
