@@ -148,3 +148,28 @@ fn absurd_configurations_are_refused_at_once_in_one_line() {
     let bundle = oomcheck(&words("resnet50 --batch 65536 --res 16384 --workers 1024 --prefetch 1024 --source 65535x65535")).unwrap();
     assert!(bundle.text().contains("DOES NOT FIT"), "{}", bundle.text());
 }
+
+/// Every fix's flags, as `%oomcheck` prints them, parse back to the fix's own configuration.
+#[test]
+fn every_fix_flag_round_trips_through_the_parser() {
+    use clap::Parser;
+    let mut fixes = 0;
+    for line in [
+        "resnet50 --batch 64 --res 224",
+        "resnet18 --batch 128 --res 64 --opt adam --gpu 1GiB",
+        "efficientnet-b0 --batch 96 --res 224 --channels 1 --amp f16 --gpu 4GiB",
+        "resnet34 --batch 64 --res 320 --ckpt layer1,layer2 --accum 2 --opt sgd-momentum --gpu 6GiB",
+    ] {
+        let args = OomcheckArgs::try_parse_from(std::iter::once("oomcheck").chain(line.split_whitespace())).unwrap();
+        let report = crate::oom::check(&args.model.spec(args.classes), &args.step_config(), &args.gpu).unwrap();
+        assert!(!report.fixes.is_empty(), "{line}: no fixes to check");
+        for fix in &report.fixes {
+            let flags = fix.config.flags();
+            let again = format!("oomcheck {} {flags}", args.model.as_str());
+            let parsed = OomcheckArgs::try_parse_from(again.split_whitespace()).unwrap_or_else(|e| panic!("{again}: {e}"));
+            assert_eq!(parsed.step_config(), fix.config, "{line}: `{flags}` does not describe the fix {}", fix.change);
+            fixes += 1;
+        }
+    }
+    assert!(fixes >= 8, "{fixes}");
+}

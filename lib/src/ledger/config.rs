@@ -56,12 +56,18 @@ impl StepConfig {
         }
     }
 
-    /// The `oomcheck` flags that describe this configuration.
+    /// The `oomcheck` flags that describe this configuration (a square
+    /// input; another shape is written `--input`, which only `summary` reads).
     pub fn flags(&self) -> String {
         let mut flags = match self.input {
             Shape::Map { h, w, .. } if h == w => format!("--batch {} --res {h}", self.batch),
             input => format!("--batch {} --input {input}", self.batch),
         };
+        if let Shape::Map { c, .. } = self.input {
+            if c != 3 {
+                flags.push_str(&format!(" --channels {c}"));
+            }
+        }
         if self.precision.is_mixed() {
             flags.push_str(&format!(" --amp {}", self.precision.flag()));
         }
