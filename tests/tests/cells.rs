@@ -277,6 +277,7 @@ async fn a_question_mark_error_or_a_cell_that_is_not_rust_fails_the_cell() {
     assert!(error.evalue.contains("No such file or directory"), "{}", error.evalue);
     assert!(error.traceback.iter().any(|l| l.contains("`?`")), "{:?}", error.traceback);
     assert_eq!(returned.reply.error.as_ref().map(|e| e.ename.as_str()), Some("std::io::error::Error"));
+    assert!(!returned.stderr().contains("No such file or directory"), "the error is shown once, not also on stderr: {}", returned.stderr());
 
     for code in ["}}}", "let = ;"] {
         let invalid = kernel.execute(code).await;

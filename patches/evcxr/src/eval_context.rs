@@ -1698,16 +1698,16 @@ impl ContextState {
             struct EvcxrUserCodeError {{}}
             impl<T: {}> From<T> for EvcxrUserCodeError {{
                 fn from(error: T) -> Self {{
-                    eprintln!("{}", error);
                     {}
                     EvcxrUserCodeError {{}}
                 }}
             }}
         "#,
             self.config.error_fmt.format_trait,
-            self.config.error_fmt.format_str,
+            // The error reaches the caller as `EvalOutputs::user_error`; printing it
+            // on stderr too would show it twice.
             if for_analysis {
-                String::new()
+                format!("eprintln!(\"{}\", error);", self.config.error_fmt.format_str)
             } else {
                 format!(
                     "println!(\"{{}}{{}}\\t{{}}\", evcxr_internal_runtime::USER_ERROR_OCCURRED, \
