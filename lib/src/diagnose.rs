@@ -127,7 +127,7 @@ pub fn diagnose(message: &str, limits: &Limits) -> Diagnosis {
     let step = last_step_oom().filter(|s| message.contains(&s.message) || s.message.contains(message.trim()));
     let diagnosis = match step {
         Some(step) => Investigation::of_step(&step, limits).run(),
-        None => Investigation::of_error(message, crate::memory::last_out_of_memory().filter(|o| message.contains(&o.to_string()))).run(),
+        None => Investigation::of_error(message, crate::memory::last_out_of_memory().filter(|o| message.contains(&o.to_string())), limits).run(),
     };
     crate::memory::shared::store(SHOWN, Some(&Shown { message: diagnosis.message.clone(), report: diagnosis.bundle() }));
     diagnosis
@@ -165,8 +165,8 @@ impl<'a> Investigation<'a> {
         Investigation { message: step.message.clone(), simulated: step.simulated.clone(), step: Some(step), limits: *limits }
     }
 
-    fn of_error(message: &str, simulated: Option<OutOfMemory>) -> Investigation<'static> {
-        Investigation { message: message.trim().to_owned(), simulated, step: None, limits: Limits::default() }
+    fn of_error(message: &str, simulated: Option<OutOfMemory>, limits: &Limits) -> Investigation<'static> {
+        Investigation { message: message.trim().to_owned(), simulated, step: None, limits: *limits }
     }
 
     fn run(self) -> Diagnosis {
@@ -201,8 +201,8 @@ impl<'a> Investigation<'a> {
                 let room = budget.map(|b| b.room().saturating_sub(step.outside));
                 let mut trials = Trials { step, room, deadline };
                 let one = trials.run(&StepConfig { batch: 1, accumulation: 1, ..failed.clone() });
-                steps.push(batch_one(&one, &failed, ledger.as_ref()));
-                steps.push(precision_off(&mut trials, &failed, &one));
+                steps.push(batch_one(one.as_ref(), &failed, ledger.as_ref()));
+                steps.push(precision_off(&mut trials, &failed, one.as_ref()));
                 steps.push(host_side(&memory));
                 if let Some(card) = &card {
                     fixes = verified_fixes(&mut trials, &step.spec, &failed, card, self.limits.fixes);
@@ -328,11 +328,9 @@ fn summary(memory: &HostMemory, budget: Option<Budget>, ledger: Option<&Ledger>)
     Finding { name: "3. memory summary".into(), finding, outcome: Outcome::Found }
 }
 
-fn batch_one(trial: &Trial, failed: &StepConfig, ledger: Option<&Ledger>) -> Finding {
+fn batch_one(trial: Option<&Trial>, failed: &StepConfig, ledger: Option<&Ledger>) -> Finding {
     let name = "4. batch 1".to_owned();
-    if let Some(why) = trial.skipped() {
-        return skipped(&name, why);
-    }
+    let Some(trial) = trial else { return skipped(&name, SKIPPED_FOR_TIME) };
     let state = ledger.map(|l| {
         let at_peak = crate::memory::Prediction::from_ledger(l).bills;
         at_peak.get(BillKind::Parameters) + at_peak.get(BillKind::OptimizerState)
@@ -362,15 +360,13 @@ fn batch_one(trial: &Trial, failed: &StepConfig, ledger: Option<&Ledger>) -> Fin
     }
 }
 
-fn precision_off(trials: &mut Trials<'_>, failed: &StepConfig, mixed_one: &Trial) -> Finding {
+fn precision_off(trials: &mut Trials<'_>, failed: &StepConfig, mixed_one: Option<&Trial>) -> Finding {
     let name = "5. mixed precision off";
     if !failed.precision.is_mixed() {
         return skipped(name, "the step ran in f32: there is no mixed precision to turn off (step 7 tries turning it on)");
     }
     let f32_one = trials.run(&StepConfig { batch: 1, accumulation: 1, precision: Precision::F32, ..failed.clone() });
-    if let Some(why) = f32_one.skipped() {
-        return skipped(name, why);
-    }
+    let (Some(mixed_one), Some(f32_one)) = (mixed_one, f32_one) else { return skipped(name, SKIPPED_FOR_TIME) };
     let finite = |t: &Trial| t.loss.is_some_and(f32::is_finite);
     let behaviour = match (finite(mixed_one), finite(&f32_one)) {
         (true, true) => format!(
@@ -440,11 +436,10 @@ fn verified_fixes(trials: &mut Trials<'_>, spec: &crate::models::ModelSpec, fail
             let (verified, peak_bytes, check) = if rank >= verify {
                 (false, fix.peak_bytes, format!("not run: only the {verify} cheapest are verified"))
             } else {
-                let trial = trials.run(&fix.config);
-                match (trial.skipped(), trial.ran) {
-                    (Some(why), _) => (false, fix.peak_bytes, format!("not run: {why}")),
-                    (None, true) => (true, trial.peak_bytes.unwrap_or(fix.peak_bytes), format!("verified: {}", trial.describe_peak())),
-                    (None, false) => (false, fix.peak_bytes, format!("failed: {}", trial.error.as_deref().map_or("out of memory", first_line))),
+                match trials.run(&fix.config) {
+                    None => (false, fix.peak_bytes, format!("not run: {SKIPPED_FOR_TIME}")),
+                    Some(trial) if trial.ran => (true, trial.peak_bytes.unwrap_or(fix.peak_bytes), format!("verified: {}", trial.describe_peak())),
+                    Some(trial) => (false, fix.peak_bytes, format!("failed: {}", trial.error.as_deref().map_or("out of memory", first_line))),
                 }
             };
             let Fix { kind, change, peak_bytes: predicted_peak_bytes, cost, .. } = fix;
@@ -476,7 +471,11 @@ fn fixes_finding(fixes: &[CheckedFix], simulated: bool) -> Finding {
             if fixes.len() == 1 { "s" } else { "" },
             fixes.iter().map(|f| f.change.as_str()).collect::<Vec<_>>().join("; ")
         ),
-        outcome: if verified > 0 { Outcome::Clear } else { Outcome::Problem },
+        outcome: match verified {
+            0 if fixes.iter().all(|f| f.check.starts_with("not run")) => Outcome::Skipped,
+            0 => Outcome::Problem,
+            _ => Outcome::Clear,
+        },
     }
 }
 
@@ -512,15 +511,15 @@ struct Trials<'a> {
 const TRIAL_STEPS: usize = 4;
 
 impl Trials<'_> {
-    fn run(&mut self, config: &StepConfig) -> Trial {
+    /// The trial of `config`; `None` once the investigation's time is spent.
+    fn run(&mut self, config: &StepConfig) -> Option<Trial> {
+        if Instant::now() >= self.deadline {
+            return None;
+        }
         let budget = crate::memory::budget();
         let context = budget.map_or(0, |b| b.context);
         let card_bytes = self.room.map(|room| room + context);
         let mut trial = Trial { config: config.clone(), ran: false, peak_bytes: None, card_bytes, loss: None, steps: 0, seconds: 0.0, error: None };
-        if Instant::now() >= self.deadline {
-            trial.error = Some(SKIPPED_FOR_TIME.to_owned());
-            return trial;
-        }
         let started = Instant::now();
         let start = HostMemory::sample().in_use;
         if let (Some(budget), Some(room)) = (budget, self.room) {
@@ -540,7 +539,7 @@ impl Trials<'_> {
             Err(error) => trial.error = Some(error.to_string()),
         }
         trial.seconds = started.elapsed().as_secs_f64();
-        trial
+        Some(trial)
     }
 
     fn steps(&self, config: &StepConfig, start: u64) -> Result<(usize, f32, Option<u64>), crate::train::TrainError> {
@@ -581,10 +580,6 @@ impl Trials<'_> {
 const SKIPPED_FOR_TIME: &str = "the investigation's time for real steps was spent (VRAMLAB_DIAGNOSIS_SECONDS)";
 
 impl Trial {
-    fn skipped(&self) -> Option<&'static str> {
-        (self.error.as_deref() == Some(SKIPPED_FOR_TIME)).then_some(SKIPPED_FOR_TIME)
-    }
-
     fn describe_peak(&self) -> String {
         let peak = self.peak_bytes.map_or("peak not counted".to_owned(), |p| format!("peak {}", human(p)));
         let steps = format!("{} step{}, {:.1} s", self.steps, if self.steps == 1 { "" } else { "s" }, self.seconds);

@@ -117,6 +117,9 @@ fn the_simulated_budget_fails_where_oomcheck_says_it_will() {
             assert!(err.contains("out of memory (simulated device budget, CPU): tried to allocate"), "{err}");
             assert!(err.contains("budget 556 MiB, of which 300 MiB CUDA context"), "{err}");
             assert!(!err.contains("stack backtrace") && !err.contains("candle_core::error"), "no Rust backtrace for an expected condition: {err}");
+            let report = String::from_utf8_lossy(&output.stdout);
+            assert!(report.contains("4. batch 1 (skipped)\n   skipped: the investigation's time for real steps was spent"), "no time, no real steps: {report}");
+            assert!(report.contains("7. ranked fixes, verified (skipped)"), "{report}");
         }
     }
 }

@@ -12,7 +12,7 @@ use candle_core::Tensor;
 use serde::Serialize;
 
 use super::events::StepReport;
-use super::trainer::{TrainError, Trainer};
+use super::trainer::{tensor_bytes, TrainError, Trainer};
 use crate::ledger::{estimate, BillKind, Ledger, StepConfig};
 use crate::memory::{BillBytes, HostMemory, MeasuredPhase, Measurement, Prediction, Snapshot};
 
@@ -109,10 +109,6 @@ impl Comparison {
     }
 }
 
-fn tensor_bytes(t: &Tensor) -> u64 {
-    (t.elem_count() * t.dtype().size_in_bytes()) as u64
-}
-
 impl Trainer {
     /// The ledger's prediction for this trainer's step at `batch` samples per micro-batch.
     pub fn predict(&self, batch: usize) -> Result<Ledger, TrainError> {
@@ -136,11 +132,10 @@ impl Trainer {
         if !start.exact {
             return Err(TrainError::NotCounting);
         }
-        // Weights, buffers and optimizer state are the model's; everything else
-        // in use now (the notebook's data, the runtime) is not the step's.
-        let state = self.net().param_bytes() + self.net().buffer_bytes() + self.optimizer().state_bytes() as u64;
+        // Everything in use now besides the model and the batch (the notebook's
+        // data, the runtime) is not the step's.
         let input: u64 = micro_batches.iter().map(|(x, y)| tensor_bytes(x) + tensor_bytes(y)).sum();
-        let outside = start.in_use.saturating_sub(state + input);
+        let outside = self.outside(start.in_use, micro_batches);
         let mut phases: Vec<PhaseSample> = Vec::new();
         let report = self.step_watched(micro_batches, epoch, &mut |name, gradients| {
             let now = HostMemory::sample();

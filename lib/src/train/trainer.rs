@@ -261,9 +261,11 @@ impl Trainer {
             });
         }
         oom::clear_raised();
-        let state = self.net.param_bytes() + self.net.buffer_bytes() + self.optimizer.state_bytes() as u64;
-        let batches: u64 = micro_batches.iter().map(|(x, y)| tensor_bytes(x) + tensor_bytes(y)).sum();
-        let outside = HostMemory::sample().in_use.saturating_sub(state + batches);
+        let before = HostMemory::sample();
+        if before.exact {
+            HostMemory::reset_peak();
+        }
+        let outside = self.outside(before.in_use, micro_batches);
         let last_phase = RefCell::new(String::new());
         let mut tracked = |name: &str, bytes: u64| {
             name.clone_into(&mut last_phase.borrow_mut());
@@ -271,6 +273,15 @@ impl Trainer {
         };
         let result = self.run_step(micro_batches, epoch, &mut tracked, &last_phase);
         result.map_err(|error| self.out_of_memory(error, &last_phase.borrow(), micro_batches, outside))
+    }
+
+    /// Of `in_use` bytes, those that are neither this trainer's state
+    /// (weights, buffers, optimizer state) nor `micro_batches`: what the
+    /// process holds besides the step.
+    pub(crate) fn outside(&self, in_use: u64, micro_batches: &[(Tensor, Tensor)]) -> u64 {
+        let state = self.net.param_bytes() + self.net.buffer_bytes() + self.optimizer.state_bytes() as u64;
+        let batches: u64 = micro_batches.iter().map(|(x, y)| tensor_bytes(x) + tensor_bytes(y)).sum();
+        in_use.saturating_sub(state + batches)
     }
 
     /// Keeps the step's record when `error` is an out-of-memory error, for
@@ -317,10 +328,6 @@ impl Trainer {
         last_phase: &RefCell<String>,
     ) -> Result<StepReport, TrainError> {
         let started = Instant::now();
-        let before = HostMemory::sample();
-        if before.exact {
-            HostMemory::reset_peak();
-        }
         if let Some(schedule) = &self.config.schedule {
             schedule.apply(self.optimizer.as_mut(), self.steps);
         }
@@ -468,7 +475,7 @@ impl Trainer {
     }
 }
 
-fn tensor_bytes(t: &Tensor) -> u64 {
+pub(crate) fn tensor_bytes(t: &Tensor) -> u64 {
     (t.elem_count() * t.dtype().size_in_bytes()) as u64
 }
 
