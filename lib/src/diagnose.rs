@@ -20,7 +20,7 @@ use crate::memory::{Budget, HostMemory, OutOfMemory, Processes};
 use crate::models::{Network, Precision, Shape};
 use crate::oom::{search, Fix, FixCost, FixKind};
 use crate::render::{Bundle, Composer, Render, Table};
-use crate::train::{growing_in_words, last_step_oom, OptimizerConfig, StepOom, TrainConfig, Trainer};
+use crate::train::{last_step_oom, OptimizerConfig, StepOom, TrainConfig, Trainer};
 
 /// How much the investigation may run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -228,7 +228,7 @@ impl<'a> Investigation<'a> {
         Diagnosis {
             message: self.message.clone(),
             requested_bytes: self.simulated.as_ref().map(|o| o.requested),
-            phase: self.step.map(|s| s.phase.clone()),
+            phase: self.step.map(|s| s.phase_name.clone()),
             growing: self.step.map(|s| s.growing),
             steps,
             fixes,
@@ -242,7 +242,7 @@ impl<'a> Investigation<'a> {
         let name = "1. the failed allocation".to_owned();
         let finding = match (&self.simulated, self.step) {
             (Some(oom), step) => {
-                let during = step.map_or(String::new(), |s| format!(" during {}, when {} grow", s.phase, growing_in_words(&s.phase)));
+                let during = step.map_or(String::new(), |s| format!(" during {}, when {} grow", s.phase_name, s.phase.growing_in_words()));
                 format!(
                     "tried to allocate {}{during}; {} of the card's {} were taken ({} CUDA context, {} in use), leaving {}",
                     human(oom.requested),
@@ -256,8 +256,8 @@ impl<'a> Investigation<'a> {
             (None, Some(step)) => format!(
                 "the device's own error, which does not name its size: \"{}\", in {}, when {} grow",
                 first_line(&step.message),
-                step.phase,
-                growing_in_words(&step.phase)
+                step.phase_name,
+                step.phase.growing_in_words()
             ),
             (None, None) => format!("\"{}\": the error does not say how much was asked for", first_line(&self.message)),
         };

@@ -7,6 +7,7 @@ use crate::models::{analyze, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BAT
 
 use super::bill::{line, Bill, BillKind, Line};
 use super::config::{Mode, Optimizer, StepConfig};
+use super::plan::{StepPhase, StepPlan};
 use super::timeline::{Part, Parts, Peak, Phase, Recorder};
 use super::LedgerError;
 
@@ -37,34 +38,14 @@ impl Ledger {
     /// What forward adds and keeps until backward: resident after the last
     /// forward phase less resident once the batch is copied.
     pub fn kept_by_forward(&self) -> u64 {
-        let resident = |prefix: &str| {
-            self.timeline
-                .iter()
-                .filter(|p| p.name.starts_with(prefix))
-                .map(|p| p.resident_bytes)
-                .last()
-                .unwrap_or(0)
-        };
-        resident("forward ").saturating_sub(resident("input batch"))
+        let resident = |of: &dyn Fn(StepPhase) -> bool| self.timeline.iter().rfind(|p| of(p.phase)).map_or(0, |p| p.resident_bytes);
+        resident(&StepPhase::is_forward).saturating_sub(resident(&|p| p == StepPhase::InputCopied))
     }
 
     /// Every line of every bill, as if all were resident at once (they aren't).
     pub fn sum_of_bills(&self) -> u64 {
         self.bills.iter().map(|b| b.bytes).sum()
     }
-}
-
-/// Consecutive plain stages form one segment and each checkpointed stage is
-/// its own, as the trainer runs them: backward is one phase per segment.
-fn segments(ckpt: &[bool]) -> Vec<std::ops::Range<usize>> {
-    let mut segments: Vec<std::ops::Range<usize>> = Vec::new();
-    for (i, &checkpointed) in ckpt.iter().enumerate() {
-        match segments.last_mut() {
-            Some(last) if !checkpointed && !ckpt[last.start] => last.end = i + 1,
-            _ => segments.push(i..i + 1),
-        }
-    }
-    segments
 }
 
 /// Costs one step of `spec` with `config` on `device`.
@@ -85,12 +66,13 @@ pub fn estimate(
         }
     }
     let cost = analyze(spec, config.input, config.precision)?;
-    let ckpt = config.checkpointing.resolve(&cost.stages)?;
+    let stage_names: Vec<&str> = cost.stages.iter().map(|s| s.name.as_str()).collect();
+    let plan = StepPlan::of(&stage_names, config)?;
     let step = Step {
         cost: &cost,
         config,
         device,
-        ckpt: &ckpt,
+        plan: &plan,
         batch: config.batch as u64,
     };
     let (bills, recorder) = match config.mode {
@@ -113,7 +95,7 @@ struct Step<'a> {
     cost: &'a ModelCost,
     config: &'a StepConfig,
     device: &'a Device,
-    ckpt: &'a [bool],
+    plan: &'a StepPlan,
     batch: u64,
 }
 
@@ -183,7 +165,7 @@ impl Step<'_> {
     fn held(&self, i: usize) -> u64 {
         let stage = &self.cost.stages[i];
         self.batch
-            * if !self.ckpt[i] {
+            * if !self.plan.is_checkpointed(i) {
                 stage.cost.saved_bytes
             } else if self.keeps_half_images(i) {
                 stage.boundary_bytes + stage.input.elems() * self.config.precision.compute_bytes()
@@ -193,7 +175,7 @@ impl Step<'_> {
     }
 
     fn keeps_half_images(&self, i: usize) -> bool {
-        i == 0 && self.ckpt[i] && self.config.precision.is_mixed()
+        i == 0 && self.plan.is_checkpointed(i) && self.config.precision.is_mixed()
     }
 
     /// A stage's conv workspace. The host's convolutions cut the batch into
@@ -234,7 +216,7 @@ impl Step<'_> {
 
     fn largest_recompute(&self) -> u64 {
         (0..self.cost.stages.len())
-            .filter(|&i| self.ckpt[i])
+            .filter(|&i| self.plan.is_checkpointed(i))
             .map(|i| self.batch * self.cost.stages[i].cost.saved_bytes)
             .max()
             .unwrap_or(0)
@@ -274,7 +256,7 @@ impl Step<'_> {
             .map(|(i, s)| {
                 let what = if self.keeps_half_images(i) {
                     "checkpointed: keeps its output and the half images"
-                } else if self.ckpt[i] {
+                } else if self.plan.is_checkpointed(i) {
                     "checkpointed: keeps its output"
                 } else {
                     "saved for backward"
@@ -382,10 +364,10 @@ impl Step<'_> {
     /// segment's graph when its backward is done. The graph is dropped before
     /// the optimizer step. With accumulation the step shown is a later
     /// micro-batch, when the accumulated gradients already exist.
-    fn walk_training(&self) -> Recorder {
+    fn walk_training(&self) -> Recorder<'_> {
         let c = self.config;
         let stages = &self.cost.stages;
-        let mut rec = Recorder::default();
+        let mut rec = Recorder::new(self.plan);
         let mut live = Parts::default();
         let none = Parts::default();
         live.set(Part::Context, self.context_line().bytes);
@@ -398,11 +380,11 @@ impl Step<'_> {
         if c.accumulation > 1 {
             live.set(Part::AccumulatedGradients, self.weights());
         }
-        rec.phase("model and optimizer state loaded", &live, &none);
+        rec.phase(StepPhase::Loaded, &live, &none);
         let micro_batches = c.accumulation as u64;
         live.set(Part::Images, micro_batches * self.images());
         live.set(Part::Labels, micro_batches * self.batch * LABEL_BYTES);
-        rec.phase("input batch copied to the device", &live, &none);
+        rec.phase(StepPhase::InputCopied, &live, &none);
 
         for (i, stage) in stages.iter().enumerate() {
             let amp = self.amp_copies(stage.cost.amp_copy_params);
@@ -412,25 +394,21 @@ impl Step<'_> {
             live.add(Part::Activations, self.held(i));
             // A checkpointed stage's graph lives until its output is detached,
             // just after the phase ends.
-            let graph = if self.ckpt[i] {
+            let graph = if self.plan.is_checkpointed(i) {
                 self.batch * stage.cost.saved_bytes - self.held(i)
             } else {
                 0
             };
             live.add(Part::Recompute, graph);
-            let what = if i + 1 == stages.len() {
-                " and loss"
-            } else {
-                ""
-            };
-            rec.phase(format!("forward {}{what}", stage.name), &live, &transient);
+            rec.phase(StepPhase::Forward { stage: i }, &live, &transient);
             live.remove(Part::Recompute, graph);
-            if self.ckpt[i] {
+            if self.plan.is_checkpointed(i) {
                 live.remove(Part::AmpWeightCopies, amp);
             }
         }
 
-        for segment in segments(self.ckpt).iter().rev() {
+        for (index, segment) in self.plan.segments().iter().enumerate().rev() {
+            let phase = StepPhase::Backward { segment: index };
             // The phase's highest point: one of its stages' backward, with
             // that stage's transients on top of what is resident by then.
             let mut highest = live;
@@ -443,12 +421,12 @@ impl Step<'_> {
             } else {
                 4 * self.batch * stages[segment.end - 1].boundary_bytes
             };
-            for i in segment.clone().rev() {
+            for i in segment.stages().rev() {
                 let stage = &stages[i];
-                if self.ckpt[i] {
+                if self.plan.is_checkpointed(i) {
                     // Recomputed from the segment's input (a Var copy when the
                     // stage before kept a graph), alive while its backward runs.
-                    let input_copy = if i > 0 && !self.ckpt[i - 1] {
+                    let input_copy = if i > 0 && !self.plan.is_checkpointed(i - 1) {
                         self.batch * stages[i - 1].boundary_bytes
                     } else {
                         0
@@ -474,8 +452,6 @@ impl Step<'_> {
                     }
                 }
             }
-            let names: Vec<&str> = segment.clone().map(|i| stages[i].name.as_str()).collect();
-            let name = format!("backward {}", names.join(", "));
             // The trainer drops each segment's graph with its backward's root,
             // before the phase ends; the last segment's output (the logits)
             // is still borrowed by the loss then.
@@ -488,20 +464,20 @@ impl Step<'_> {
             };
             live.set(Part::PassedGradient, passed);
             if last {
-                rec.phase_during(name.clone(), &live, highest);
+                rec.phase_during(phase, &live, highest);
             }
-            for i in segment.clone() {
+            for i in segment.stages() {
                 live.remove(Part::Activations, self.held(i));
                 live.remove(Part::AmpWeightCopies, self.amp_copies(stages[i].cost.amp_copy_params));
             }
             live.set(Part::Recompute, 0);
             if !last {
-                rec.phase_during(name, &live, highest);
+                rec.phase_during(phase, &live, highest);
             }
         }
         live.set(Part::Activations, 0);
         live.set(Part::AmpWeightCopies, 0);
-        rec.phase("loss and graph dropped", &live, &none);
+        rec.phase(StepPhase::GraphDropped, &live, &none);
 
         if c.accumulation > 1 {
             let mut transient = Parts::default();
@@ -510,14 +486,14 @@ impl Step<'_> {
                 self.cost.total.largest_param_elems * F32_BYTES,
             );
             live.set(Part::Gradients, 0);
-            rec.phase("gradients added to the accumulator", &live, &transient);
+            rec.phase(StepPhase::Accumulated, &live, &transient);
         }
         let mut transient = Parts::default();
         transient.set(
             Part::OptimizerTemporaries,
             self.optimizer_temporaries().max(self.unscale_temporaries()),
         );
-        rec.phase(format!("{} step", c.optimizer), &live, &transient);
+        rec.phase(StepPhase::OptimizerStep, &live, &transient);
         for part in [
             Part::Gradients,
             Part::AccumulatedGradients,
@@ -526,23 +502,23 @@ impl Step<'_> {
         ] {
             live.set(part, 0);
         }
-        rec.phase("step done, batch and gradients freed", &live, &none);
+        rec.phase(StepPhase::StepDone, &live, &none);
         rec
     }
 
     /// Inference: no graph; each stage's tensors die as the next layer runs,
     /// so only one layer's live set (its input, output, temporaries) and the
     /// current stage boundary exist at a time.
-    fn walk_inference(&self) -> Recorder {
-        let mut rec = Recorder::default();
+    fn walk_inference(&self) -> Recorder<'_> {
+        let mut rec = Recorder::new(self.plan);
         let mut live = Parts::default();
         live.set(Part::Context, self.context_line().bytes);
         live.set(Part::Weights, self.weights());
         live.set(Part::Buffers, self.cost.total.buffers * F32_BYTES);
-        rec.phase("model loaded", &live, &Parts::default());
+        rec.phase(StepPhase::Loaded, &live, &Parts::default());
         live.set(Part::Images, self.images());
-        rec.phase("input batch copied to the device", &live, &Parts::default());
-        for stage in &self.cost.stages {
+        rec.phase(StepPhase::InputCopied, &live, &Parts::default());
+        for (index, stage) in self.cost.stages.iter().enumerate() {
             // The live set includes the stage's input, so the previous boundary is not added again.
             let mut during = live;
             during.set(Part::Activations, self.batch * stage.cost.eval_live_bytes);
@@ -551,7 +527,7 @@ impl Step<'_> {
                 self.amp_copies(stage.cost.largest_param_elems),
             );
             live.set(Part::Activations, self.batch * stage.boundary_bytes);
-            rec.phase_during(format!("forward {}", stage.name), &live, during);
+            rec.phase_during(StepPhase::Forward { stage: index }, &live, during);
         }
         rec
     }

@@ -4,6 +4,7 @@
 mod bill;
 mod config;
 mod estimate;
+mod plan;
 mod render;
 mod timeline;
 pub mod units;
@@ -11,6 +12,7 @@ pub mod units;
 pub use bill::{Bill, BillKind, Line};
 pub use config::{Checkpointing, Mode, Optimizer, StepConfig};
 pub use estimate::{estimate, Ledger};
+pub use plan::{Segment, StepPhase, StepPlan};
 pub use timeline::{Part, Peak, PeakLine, Phase};
 
 use crate::models::ModelError;

@@ -53,7 +53,7 @@ impl Ledger {
             .title("step timeline")
             .right_align(&[1, 2, 3]);
         for phase in &self.timeline {
-            let name = if phase.name == self.peak.phase {
+            let name = if phase.phase == self.peak.during {
                 format!("{} <- peak", phase.name)
             } else {
                 phase.name.clone()

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use super::bill::BillKind;
+use super::plan::{StepPhase, StepPlan};
 
 /// Everything that can be resident during a step, each in one bill.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -134,6 +135,7 @@ impl Parts {
 /// One phase of the step: what stays resident after it and the most held during it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Phase {
+    pub phase: StepPhase,
     pub name: String,
     pub resident_bytes: u64,
     pub peak_bytes: u64,
@@ -152,7 +154,9 @@ pub struct PeakLine {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Peak {
     pub bytes: u64,
+    /// The name of the phase during which it happens.
     pub phase: String,
+    pub during: StepPhase,
     pub breakdown: Vec<PeakLine>,
     /// What stays resident once the peak's phase ends; the rest of the peak
     /// was transient.
@@ -181,46 +185,42 @@ fn sum_of(lines: &[PeakLine], kind: BillKind) -> u64 {
     lines.iter().filter(|l| l.bill == kind).map(|l| l.bytes).sum()
 }
 
-/// Records phases and keeps the highest.
-#[derive(Debug, Default)]
-pub(crate) struct Recorder {
+/// Records the phases of a plan and keeps the highest.
+pub(crate) struct Recorder<'a> {
+    plan: &'a StepPlan,
     pub phases: Vec<Phase>,
-    peak: Option<(u64, String, Parts, Parts)>,
+    peak: Option<(u64, StepPhase, Parts, Parts)>,
 }
 
-impl Recorder {
+impl<'a> Recorder<'a> {
+    pub fn new(plan: &'a StepPlan) -> Self {
+        Recorder { plan, phases: Vec::new(), peak: None }
+    }
+
     /// Records a phase whose resident set after it is `resident` and which
     /// briefly also holds `transient`.
-    pub fn phase(&mut self, name: impl Into<String>, resident: &Parts, transient: &Parts) {
-        self.phase_during(name, resident, resident.plus(transient));
+    pub fn phase(&mut self, phase: StepPhase, resident: &Parts, transient: &Parts) {
+        self.phase_during(phase, resident, resident.plus(transient));
     }
 
     /// Records a phase that holds `during` at its highest and `resident` after it.
-    pub fn phase_during(&mut self, name: impl Into<String>, resident: &Parts, during: Parts) {
-        let name = name.into();
+    pub fn phase_during(&mut self, phase: StepPhase, resident: &Parts, during: Parts) {
         let peak_bytes = during.total();
-        if self
-            .peak
-            .as_ref()
-            .is_none_or(|(bytes, ..)| peak_bytes > *bytes)
-        {
-            self.peak = Some((peak_bytes, name.clone(), during, *resident));
+        if self.peak.as_ref().is_none_or(|(bytes, ..)| peak_bytes > *bytes) {
+            self.peak = Some((peak_bytes, phase, during, *resident));
         }
-        self.phases.push(Phase {
-            name,
-            resident_bytes: resident.total(),
-            peak_bytes,
-        });
+        self.phases.push(Phase { phase, name: self.plan.name(phase), resident_bytes: resident.total(), peak_bytes });
     }
 
     pub fn finish(self) -> (Vec<Phase>, Peak) {
-        let (bytes, phase, during, resident) = self.peak.unwrap_or_default();
+        let (bytes, during, at_peak, resident) = self.peak.unwrap_or((0, StepPhase::Loaded, Parts::default(), Parts::default()));
         (
             self.phases,
             Peak {
                 bytes,
-                phase,
-                breakdown: during.lines(),
+                phase: self.plan.name(during),
+                during,
+                breakdown: at_peak.lines(),
                 resident: resident.lines(),
             },
         )

@@ -13,13 +13,14 @@ use serde::Serialize;
 
 use super::events::StepReport;
 use super::trainer::{tensor_bytes, TrainError, Trainer};
-use crate::ledger::{estimate, BillKind, Ledger, StepConfig};
+use crate::ledger::{estimate, BillKind, Ledger, StepConfig, StepPhase};
 use crate::memory::{BillBytes, HostMemory, MeasuredPhase, Measurement, Prediction, Snapshot};
 
 /// One phase as measured: bytes in use after it (above what was there before
 /// the model), and the most in use during it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PhaseSample {
+    pub phase: StepPhase,
     pub name: String,
     pub in_use: u64,
     pub peak: u64,
@@ -36,7 +37,8 @@ pub struct MeasuredStep {
     /// Gradients held at the peak (they are part of the parameters bill).
     pub gradients: u64,
     pub peak: u64,
-    /// The phase during which the peak happened.
+    /// The phase during which the peak happened, and its name.
+    pub peak_during: StepPhase,
     pub peak_phase: String,
     /// What forward added and kept until backward (the lesson's activations
     /// bill, whenever the peak happens): in use after the last forward phase
@@ -137,18 +139,19 @@ impl Trainer {
         let input: u64 = micro_batches.iter().map(|(x, y)| tensor_bytes(x) + tensor_bytes(y)).sum();
         let outside = self.outside(start.in_use, micro_batches);
         let mut phases: Vec<PhaseSample> = Vec::new();
-        let report = self.step_watched(micro_batches, epoch, &mut |name, gradients| {
+        let plan = self.plan().clone();
+        let report = self.step_watched(micro_batches, epoch, &mut |phase, gradients| {
             let now = HostMemory::sample();
             phases.push(PhaseSample {
-                name: name.to_owned(),
+                phase,
+                name: plan.name(phase),
                 in_use: now.in_use.saturating_sub(outside),
                 peak: now.peak.unwrap_or(now.in_use).saturating_sub(outside),
                 gradients,
             });
             HostMemory::reset_peak();
         })?;
-        // Every step reports its phases, the input's and the optimizer's at least.
-        let highest = phases.iter().max_by_key(|p| p.peak.max(p.in_use)).cloned().unwrap_or_default();
+        let highest = phases.iter().max_by_key(|p| p.peak.max(p.in_use)).cloned().expect("every step reports its input phase");
         let peak = highest.peak.max(highest.in_use);
         let model = self.net().param_bytes() + self.net().buffer_bytes();
         let optimizer_state = self.optimizer().state_bytes() as u64;
@@ -162,12 +165,13 @@ impl Trainer {
             context_and_workspace: peak.saturating_sub(parameters + optimizer_state + input + activations),
         };
         let gradients = highest.gradients;
-        let after = |prefix: &str| phases.iter().filter(|p| p.name.starts_with(prefix)).map(|p| p.in_use).last();
-        let kept_by_forward = after("forward ").unwrap_or(0).saturating_sub(after("input batch").unwrap_or(0));
+        let after = |of: &dyn Fn(StepPhase) -> bool| phases.iter().rfind(|p| of(p.phase)).map_or(0, |p| p.in_use);
+        let kept_by_forward = after(&StepPhase::is_forward).saturating_sub(after(&|p| p == StepPhase::InputCopied));
         Ok(MeasuredStep {
             bills,
             gradients,
             peak,
+            peak_during: highest.phase,
             peak_phase: highest.name,
             kept_by_forward,
             phases,

@@ -22,10 +22,10 @@ pub use optim::{
     OptimizerConfig, Sgd, SgdConfig,
 };
 pub(crate) use oom::remember as remember_step_oom;
-pub use oom::{clear_last_step_oom, growing_bill, growing_in_words, is_out_of_memory, last_step_oom, StepOom};
+pub use oom::{clear_last_step_oom, is_out_of_memory, last_step_oom, StepOom};
 pub use schedule::Schedule;
 pub use step::{
-    accumulate, cross_entropy, forward_backward, forward_backward_watched, CheckpointPlan, Gradients,
+    accumulate, cross_entropy, forward_backward, forward_backward_watched, Gradients,
 };
 pub use task::Stripes;
 pub use trainer::{BatchSource, InMemory, TrainConfig, TrainError, Trainer};

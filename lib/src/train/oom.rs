@@ -8,7 +8,7 @@ use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
 use super::trainer::{TrainConfig, TrainError};
-use crate::ledger::BillKind;
+use crate::ledger::{BillKind, StepPhase, StepPlan};
 use crate::memory::OutOfMemory;
 use crate::models::{ModelSpec, Shape};
 
@@ -22,7 +22,8 @@ pub struct StepOom {
     pub simulated: Option<OutOfMemory>,
     /// The phase in progress: where the simulated budget was crossed, or the
     /// phase after the last one that completed.
-    pub phase: String,
+    pub phase: StepPhase,
+    pub phase_name: String,
     /// The bill that grows during that phase.
     pub growing: BillKind,
     /// The model, its input and the micro-batch of the step.
@@ -40,9 +41,9 @@ pub struct StepOom {
 const LAST: &str = "last_step_oom";
 
 thread_local! {
-    /// The budget error a step's checkpoint raised, in full: candle's error
-    /// carries only its text.
-    static RAISED: RefCell<Option<OutOfMemory>> = const { RefCell::new(None) };
+    /// The budget error a step's checkpoint raised, in full, with its phase:
+    /// candle's error carries only its text.
+    static RAISED: RefCell<Option<(OutOfMemory, StepPhase)>> = const { RefCell::new(None) };
 }
 
 /// The last training step of this process that ran out of memory.
@@ -72,10 +73,10 @@ impl StepOom {
 
 /// Checks the simulated budget at the end of `phase`: an overrun becomes
 /// candle's error, the full record kept for the trainer.
-pub(crate) fn checkpoint(phase: impl FnOnce() -> String) -> candle_core::Result<()> {
+pub(crate) fn checkpoint(plan: &StepPlan, phase: StepPhase) -> candle_core::Result<()> {
     crate::memory::check_budget().map_err(|oom| {
-        let oom = oom.during(phase());
-        RAISED.with(|raised| *raised.borrow_mut() = Some(oom.clone()));
+        let oom = oom.during(plan.name(phase));
+        RAISED.with(|raised| *raised.borrow_mut() = Some((oom.clone(), phase)));
         candle_core::Error::from(oom)
     })
 }
@@ -85,12 +86,12 @@ pub(crate) fn clear_raised() {
     RAISED.with(|raised| raised.borrow_mut().take());
 }
 
-/// The budget error behind `error`, when the step's checkpoint raised it.
-pub(crate) fn raised(error: &TrainError) -> Option<OutOfMemory> {
+/// The budget error behind `error`, with its phase, when the step's
+/// checkpoint raised it.
+pub(crate) fn raised(error: &TrainError) -> Option<(OutOfMemory, StepPhase)> {
     let pending = RAISED.with(|raised| raised.borrow_mut().take());
     match error {
-        TrainError::OutOfMemory(oom) => Some(oom.clone()),
-        TrainError::Candle(_) => pending,
+        TrainError::OutOfMemory(_) | TrainError::Candle(_) => pending,
         _ => None,
     }
 }
@@ -100,31 +101,4 @@ pub(crate) fn raised(error: &TrainError) -> Option<OutOfMemory> {
 pub fn is_out_of_memory(message: &str) -> bool {
     let lower = message.to_ascii_lowercase();
     lower.contains("out of memory") || lower.contains("out_of_memory") || lower.contains("alloc_failed")
-}
-
-/// The bill that grows while `phase` runs.
-pub fn growing_bill(phase: &str) -> BillKind {
-    if phase.starts_with("input") {
-        BillKind::InputBatch
-    } else if phase.starts_with("forward") || phase.contains("recomputing") {
-        BillKind::Activations
-    } else if phase.starts_with("backward") || phase.starts_with("gradients") {
-        BillKind::Parameters
-    } else if phase.ends_with(" step") {
-        BillKind::OptimizerState
-    } else {
-        BillKind::ContextAndWorkspace
-    }
-}
-
-/// What the growing bill holds in that phase, in a learner's words.
-pub fn growing_in_words(phase: &str) -> &'static str {
-    match growing_bill(phase) {
-        BillKind::InputBatch => "the input batch",
-        BillKind::Activations if phase.contains("recomputing") => "the activations of a checkpointed stage, recomputed",
-        BillKind::Activations => "the activations forward keeps for backward",
-        BillKind::Parameters => "the gradients (parameters bill), with forward's activations not yet all freed",
-        BillKind::OptimizerState => "the optimizer state (made at the first step) and the update's temporaries",
-        BillKind::ContextAndWorkspace => "the workspace",
-    }
 }

@@ -11,56 +11,8 @@ use candle_core::backprop::GradStore;
 use candle_core::{DType, Result, Tensor, Var};
 
 use super::oom::checkpoint;
-use crate::ledger::Checkpointing;
+use crate::ledger::{Segment, StepPhase, StepPlan};
 use crate::models::{Network, Pass};
-
-/// Which stages recompute their activations in backward, resolved for one network.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointPlan {
-    checkpointed: Vec<bool>,
-}
-
-impl CheckpointPlan {
-    /// Resolves a policy (none, every stage but the head, or named stages) against `net`.
-    pub fn new(net: &Network, policy: &Checkpointing) -> std::result::Result<Self, crate::ledger::LedgerError> {
-        Ok(CheckpointPlan {
-            checkpointed: policy.resolve_names(&net.stage_names())?,
-        })
-    }
-
-    pub fn none(net: &Network) -> Self {
-        CheckpointPlan {
-            checkpointed: vec![false; net.num_stages()],
-        }
-    }
-
-    pub fn is_checkpointed(&self, stage: usize) -> bool {
-        self.checkpointed.get(stage).copied().unwrap_or(false)
-    }
-
-    /// Consecutive plain stages form one segment; each checkpointed stage is its own.
-    fn segments(&self) -> Vec<Segment> {
-        let mut segments: Vec<Segment> = Vec::new();
-        for (stage, &checkpointed) in self.checkpointed.iter().enumerate() {
-            match segments.last_mut() {
-                Some(last) if !checkpointed && !last.checkpointed => last.end = stage + 1,
-                _ => segments.push(Segment {
-                    start: stage,
-                    end: stage + 1,
-                    checkpointed,
-                }),
-            }
-        }
-        segments
-    }
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Segment {
-    start: usize,
-    end: usize,
-    checkpointed: bool,
-}
 
 /// What one micro-batch produced.
 #[derive(Debug)]
@@ -115,39 +67,33 @@ pub fn forward_backward(
     images: &Tensor,
     labels: &Tensor,
     pass: Pass,
-    plan: &CheckpointPlan,
+    plan: &StepPlan,
     loss_scale: f64,
 ) -> Result<Gradients> {
     forward_backward_watched(net, images, labels, pass, plan, loss_scale, &mut |_, _| {})
 }
 
-/// [`forward_backward`], calling `phase` with the name of each phase as it
-/// ends (the ledger's names: `forward layer1`, `backward layer4`, ...) and the
-/// bytes of parameter gradients collected so far, so a probe can read memory
-/// between phases.
+/// [`forward_backward`], calling `phase` with each of the plan's phases as it
+/// ends and the bytes of parameter gradients collected so far, so a probe can
+/// read memory between phases.
 pub fn forward_backward_watched(
     net: &Network,
     images: &Tensor,
     labels: &Tensor,
     pass: Pass,
-    plan: &CheckpointPlan,
+    plan: &StepPlan,
     loss_scale: f64,
-    phase: &mut dyn FnMut(&str, u64),
+    phase: &mut dyn FnMut(StepPhase, u64),
 ) -> Result<Gradients> {
     let segments = plan.segments();
     let mut inputs: Vec<Input> = Vec::with_capacity(segments.len());
     let mut graphs: Vec<Option<Tensor>> = Vec::with_capacity(segments.len());
     let mut x = Input::Batch(net.enter(images, pass)?);
-    let stage_names = net.stage_names();
-    let forward_name = |stage: usize| {
-        let what = if stage + 1 == stage_names.len() { " and loss" } else { "" };
-        format!("forward {}{what}", stage_names[stage])
-    };
     // A simulated device budget fails the step at the end of the phase that crossed it.
     let mut forward_phase = |stage: usize| {
-        let name = forward_name(stage);
-        phase(&name, 0);
-        checkpoint(|| name)
+        let forward = StepPhase::Forward { stage };
+        phase(forward, 0);
+        checkpoint(plan, forward)
     };
     for (i, segment) in segments.iter().enumerate() {
         let out = run(net, segment, x.tensor(), pass, &mut forward_phase)?;
@@ -182,7 +128,7 @@ pub fn forward_backward_watched(
                     Input::Boundary(v) => v.as_tensor().clone(),
                     Input::Attached(t) => Var::from_tensor(t)?.as_tensor().clone(),
                 };
-                let mut recomputed = |stage: usize| checkpoint(|| format!("backward {}, recomputing its forward", stage_names[stage]));
+                let mut recomputed = |stage: usize| checkpoint(plan, StepPhase::Recompute { stage });
                 let out = run(net, segment, &tracked, pass.recompute(), &mut recomputed)?;
                 (tracked, out)
             }
@@ -215,9 +161,9 @@ pub fn forward_backward_watched(
             })?);
         }
         drop(segment_grads);
-        let name = format!("backward {}", stage_names[segment.start..segment.end].join(", "));
-        phase(&name, grad_bytes(&grads, net));
-        checkpoint(|| name)?;
+        let backward = StepPhase::Backward { segment: i };
+        phase(backward, grad_bytes(&grads, net));
+        checkpoint(plan, backward)?;
     }
     Ok(Gradients {
         loss,
@@ -235,7 +181,7 @@ fn run(
     stage_done: &mut dyn FnMut(usize) -> Result<()>,
 ) -> Result<Tensor> {
     let mut x = x.clone();
-    for stage in segment.start..segment.end {
+    for stage in segment.stages() {
         x = net.forward_stage(stage, &x, pass)?;
         stage_done(stage)?;
     }

@@ -1,7 +1,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::*;
-use crate::ledger::Checkpointing;
+use crate::ledger::{self, Checkpointing, StepPlan};
 use crate::models::{Conv2d, Layer, ModelName, ModelSpec, Network, Op, Pass, Shape, Stage};
 
 fn net(name: ModelName, classes: usize, res: usize) -> Network {
@@ -45,13 +45,17 @@ fn checkpointed_gradients_equal_plain_gradients() {
         let ckpt_net = net(name, 5, res);
         let (x, y) = Stripes::new(5, res).generate(4, 1, &Device::Cpu).unwrap();
         let pass = Pass::train(DType::F32);
-        let plain = forward_backward(&plain_net, &x, &y, pass, &CheckpointPlan::none(&plain_net), 1.0).unwrap();
-        let plan = CheckpointPlan::new(&ckpt_net, &policy).unwrap();
+        let plain = forward_backward(&plain_net, &x, &y, pass, &plan(&plain_net, &Checkpointing::None), 1.0).unwrap();
+        let plan = plan(&ckpt_net, &policy);
         let ckpt = forward_backward(&ckpt_net, &x, &y, pass, &plan, 1.0).unwrap();
         assert_eq!(plain.loss, ckpt.loss, "{}", name.as_str());
         assert_same_grads(&plain_net, &plain, &ckpt_with(&plain_net, &ckpt_net, &ckpt), 1e-5);
         assert_eq!(buffers(&plain_net), buffers(&ckpt_net), "{}: running statistics move once", name.as_str());
     }
+}
+
+fn plan(net: &Network, checkpointing: &Checkpointing) -> StepPlan {
+    StepPlan::training(&net.stage_names(), checkpointing, 1, ledger::Optimizer::Sgd).unwrap()
 }
 
 /// Re-keys `ckpt`'s gradients (of `from`'s parameters) to `to`'s parameters, by name.
@@ -74,7 +78,7 @@ fn ckpt_with(to: &Network, from: &Network, ckpt: &Gradients) -> Gradients {
 #[test]
 fn an_unknown_stage_is_named_with_the_valid_ones() {
     let net = net(ModelName::Resnet18, 5, 32);
-    let err = CheckpointPlan::new(&net, &Checkpointing::Segments(vec!["layer9".into()])).unwrap_err();
+    let err = StepPlan::training(&net.stage_names(), &Checkpointing::Segments(vec!["layer9".into()]), 1, ledger::Optimizer::Sgd).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("layer9") && text.contains("layer4"), "{text}");
 }
@@ -112,7 +116,7 @@ fn accumulated_micro_batches_equal_one_large_batch() {
     let net = Network::new(&batch_norm_free(), Shape::map(3, 12, 12), &Device::Cpu, 5).unwrap();
     let (x, y) = Stripes::new(3, 12).generate(12, 2, &Device::Cpu).unwrap();
     let pass = Pass::train(DType::F32);
-    let plan = CheckpointPlan::none(&net);
+    let plan = plan(&net, &Checkpointing::None);
     let whole = forward_backward(&net, &x, &y, pass, &plan, 1.0).unwrap();
     let n = 4;
     let mut acc = candle_core::backprop::GradStore::default();
@@ -130,7 +134,7 @@ fn accumulated_micro_batches_equal_one_large_batch() {
 fn mixed_precision_gradients_reach_the_f32_master_weights() {
     let net = net(ModelName::SmallCnn, 4, 16);
     let (x, y) = Stripes::new(4, 16).generate(4, 3, &Device::Cpu).unwrap();
-    let out = forward_backward(&net, &x, &y, Pass::train(DType::F16), &CheckpointPlan::none(&net), 1024.0).unwrap();
+    let out = forward_backward(&net, &x, &y, Pass::train(DType::F16), &plan(&net, &Checkpointing::None), 1024.0).unwrap();
     for named in net.params() {
         let g = out.grads.get(named.var.as_tensor()).unwrap();
         assert_eq!(g.dtype(), DType::F32, "{}", named.name);
@@ -222,4 +226,19 @@ fn fit_takes_batches_as_it_trains_not_a_whole_epoch_first() {
         .unwrap();
     // Each optimizer step has taken exactly its two micro-batches, no more.
     assert_eq!(seen, vec![(1, 2), (2, 4), (3, 6)]);
+}
+
+#[test]
+fn a_step_runs_every_phase_the_ledger_predicts_in_its_order() {
+    for (accumulation, checkpointing) in [(1, Checkpointing::None), (2, Checkpointing::Stages), (3, Checkpointing::Segments(vec!["layer2".into()]))] {
+        let net = net(ModelName::Resnet18, 4, 32);
+        let config = TrainConfig { accumulation, checkpointing: checkpointing.clone(), ..TrainConfig::default() };
+        let mut trainer = Trainer::new(net, config).unwrap();
+        let micro_batches: Vec<_> = (0..accumulation).map(|seed| Stripes::new(4, 32).generate(2, seed as u64, &Device::Cpu).unwrap()).collect();
+        let mut ran = Vec::new();
+        trainer.step_watched(&micro_batches, 0, &mut |phase, _| ran.push(phase)).unwrap();
+        let predicted: Vec<_> = trainer.predict(2).unwrap().timeline.iter().map(|p| p.phase).collect();
+        assert_eq!(predicted[0], ledger::StepPhase::Loaded);
+        assert_eq!(ran, predicted[1..], "accumulation {accumulation}, checkpointing {checkpointing}");
+    }
 }

@@ -19,8 +19,8 @@ use super::oom::{self, StepOom};
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
 use super::optim::{OptimError, Optimizer, OptimizerConfig};
 use super::schedule::Schedule;
-use super::step::{accumulate, cross_entropy, forward_backward_watched, grad_bytes, CheckpointPlan};
-use crate::ledger::{Checkpointing, LedgerError};
+use super::step::{accumulate, cross_entropy, forward_backward_watched, grad_bytes};
+use crate::ledger::{Checkpointing, LedgerError, StepPhase, StepPlan};
 use crate::memory::HostMemory;
 use crate::models::{Network, Pass, Precision};
 
@@ -172,7 +172,7 @@ pub struct Trainer {
     config: TrainConfig,
     optimizer: Box<dyn Optimizer>,
     scaler: GradScaler,
-    plan: CheckpointPlan,
+    plan: StepPlan,
     pass: Pass,
     steps: u64,
     history: History,
@@ -200,7 +200,7 @@ impl Trainer {
         } else {
             GradScaler::disabled()
         };
-        let plan = CheckpointPlan::new(&net, &config.checkpointing)?;
+        let plan = StepPlan::training(&net.stage_names(), &config.checkpointing, config.accumulation, config.optimizer.kind())?;
         let pass = Pass::train(Network::compute_dtype(config.precision));
         Ok(Trainer {
             net,
@@ -220,6 +220,11 @@ impl Trainer {
 
     pub fn config(&self) -> &TrainConfig {
         &self.config
+    }
+
+    /// The phases of this trainer's step, named as the ledger names them.
+    pub fn plan(&self) -> &StepPlan {
+        &self.plan
     }
 
     pub fn optimizer(&self) -> &dyn Optimizer {
@@ -244,15 +249,15 @@ impl Trainer {
         self.step_watched(micro_batches, epoch, &mut |_, _| {})
     }
 
-    /// [`Trainer::step`], calling `phase` as each phase of the step ends, with
-    /// the ledger's phase names and the bytes of parameter gradients the step
-    /// holds then (the accumulated ones included). Phases of the last
-    /// micro-batch only: the earlier ones repeat it.
+    /// [`Trainer::step`], calling `phase` as each phase of its [plan](Self::plan)
+    /// ends, with the bytes of parameter gradients the step holds then (the
+    /// accumulated ones included). Phases of the last micro-batch only: the
+    /// earlier ones repeat it.
     pub fn step_watched(
         &mut self,
         micro_batches: &[(Tensor, Tensor)],
         epoch: usize,
-        phase: &mut dyn FnMut(&str, u64),
+        phase: &mut dyn FnMut(StepPhase, u64),
     ) -> Result<StepReport, TrainError> {
         if micro_batches.len() != self.config.accumulation {
             return Err(TrainError::MicroBatches {
@@ -266,13 +271,13 @@ impl Trainer {
             HostMemory::reset_peak();
         }
         let outside = self.outside(before.in_use, micro_batches);
-        let last_phase = RefCell::new(String::new());
-        let mut tracked = |name: &str, bytes: u64| {
-            name.clone_into(&mut last_phase.borrow_mut());
-            phase(name, bytes)
+        let last_phase = RefCell::new(None);
+        let mut tracked = |done: StepPhase, bytes: u64| {
+            *last_phase.borrow_mut() = Some(done);
+            phase(done, bytes)
         };
         let result = self.run_step(micro_batches, epoch, &mut tracked, &last_phase);
-        result.map_err(|error| self.out_of_memory(error, &last_phase.borrow(), micro_batches, outside))
+        result.map_err(|error| self.out_of_memory(error, *last_phase.borrow(), micro_batches, outside))
     }
 
     /// Of `in_use` bytes, those that are neither this trainer's state
@@ -287,17 +292,18 @@ impl Trainer {
     /// Keeps the step's record when `error` is an out-of-memory error, for
     /// the diagnosis; the error itself is returned as it came, the budget's
     /// with its phase.
-    fn out_of_memory(&self, error: TrainError, last_phase: &str, micro_batches: &[(Tensor, Tensor)], outside: u64) -> TrainError {
-        let simulated = oom::raised(&error);
+    fn out_of_memory(&self, error: TrainError, last_phase: Option<StepPhase>, micro_batches: &[(Tensor, Tensor)], outside: u64) -> TrainError {
+        let raised = oom::raised(&error);
         let message = error.to_string();
-        if simulated.is_none() && !oom::is_out_of_memory(&message) {
+        if raised.is_none() && !oom::is_out_of_memory(&message) {
             return error;
         }
-        let phase = match simulated.as_ref().and_then(|o| o.phase.clone()) {
-            Some(phase) => phase,
-            None if last_phase.is_empty() => "input batch copied to the device".to_owned(),
-            None => format!("the phase after {last_phase}"),
+        let phase = match (&raised, last_phase) {
+            (Some((_, phase)), _) => *phase,
+            (None, None) => StepPhase::InputCopied,
+            (None, Some(done)) => self.plan.after(done).unwrap_or(done),
         };
+        let simulated = raised.map(|(oom, _)| oom);
         let cuda = match self.net.device().location() {
             candle_core::DeviceLocation::Cuda { gpu_id } => Some(gpu_id),
             _ => None,
@@ -305,7 +311,8 @@ impl Trainer {
         oom::remember(&StepOom {
             message,
             simulated: simulated.clone(),
-            growing: oom::growing_bill(&phase),
+            growing: phase.growing_bill(),
+            phase_name: self.plan.name(phase),
             phase,
             spec: self.net.spec().clone(),
             input: self.net.input(),
@@ -324,8 +331,8 @@ impl Trainer {
         &mut self,
         micro_batches: &[(Tensor, Tensor)],
         epoch: usize,
-        phase: &mut dyn FnMut(&str, u64),
-        last_phase: &RefCell<String>,
+        phase: &mut dyn FnMut(StepPhase, u64),
+        last_phase: &RefCell<Option<StepPhase>>,
     ) -> Result<StepReport, TrainError> {
         let started = Instant::now();
         if let Some(schedule) = &self.config.schedule {
@@ -337,25 +344,25 @@ impl Trainer {
         let last = micro_batches.len() - 1;
         for (i, (images, labels)) in micro_batches.iter().enumerate() {
             let accumulated = grad_bytes(&grads, &self.net);
-            let mut inner = |name: &str, collected: u64| {
-                name.clone_into(&mut last_phase.borrow_mut());
+            let mut inner = |done: StepPhase, collected: u64| {
+                *last_phase.borrow_mut() = Some(done);
                 if i == last {
-                    phase(name, accumulated + collected)
+                    phase(done, accumulated + collected)
                 }
             };
-            inner("input batch copied to the device", 0);
+            inner(StepPhase::InputCopied, 0);
             let part = forward_backward_watched(&self.net, images, labels, self.pass, &self.plan, loss_scale, &mut inner)?;
             loss += part.loss / self.config.accumulation as f32;
             correct += part.correct;
             samples += part.samples;
             if i == last {
-                phase("loss and graph dropped", accumulated + grad_bytes(&part.grads, &self.net));
+                phase(StepPhase::GraphDropped, accumulated + grad_bytes(&part.grads, &self.net));
             }
             accumulate(&mut grads, &self.net, part.grads)?;
         }
         let grads_bytes = grad_bytes(&grads, &self.net);
         if self.config.accumulation > 1 {
-            phase("gradients added to the accumulator", grads_bytes);
+            phase(StepPhase::Accumulated, grads_bytes);
         }
         let vars = self.net.vars();
         self.scaler.unscale(&mut grads, &vars)?;
@@ -364,13 +371,12 @@ impl Trainer {
             None => None,
         };
         let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
-        let step_name = format!("{} step", self.config.optimizer.kind());
-        phase(&step_name, grads_bytes);
-        oom::checkpoint(|| step_name.clone())?;
+        phase(StepPhase::OptimizerStep, grads_bytes);
+        oom::checkpoint(&self.plan, StepPhase::OptimizerStep)?;
         let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
         self.scaler.update()?;
         drop(grads);
-        phase("step done, batch and gradients freed", 0);
+        phase(StepPhase::StepDone, 0);
         self.steps += 1;
         let seconds = started.elapsed().as_secs_f64();
         let after = HostMemory::sample();
