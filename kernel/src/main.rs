@@ -43,7 +43,7 @@ struct Cli {
     connection_file: Option<PathBuf>,
     /// The largest message a client may send (all its frames and buffers
     /// together), such as 256MiB; a client that sends more is disconnected
-    #[arg(long, env = "VRAMLAB_MAX_MESSAGE_SIZE", value_name = "SIZE", default_value = "256MiB", value_parser = vramlab::cli::parse_bytes)]
+    #[arg(long, env = "VRAMLAB_MAX_MESSAGE_SIZE", value_name = "SIZE", default_value = "256MiB", value_parser = vramlab::units::parse_bytes)]
     max_message_size: u64,
     #[command(subcommand)]
     command: Option<Command>,

@@ -14,7 +14,7 @@ use candle_core::{DType, Tensor};
 use serde::Serialize;
 
 use crate::gpus::Device as Card;
-use crate::ledger::units::human;
+use crate::units::human;
 use crate::ledger::{estimate, BillKind, Checkpointing, Ledger, Mode, StepConfig};
 use crate::memory::{Budget, HostMemory, OutOfMemory, Processes};
 use crate::models::{Network, Precision, Shape};

@@ -363,8 +363,8 @@ pub enum GpuError {
     Unknown { name: String, closest: String },
     #[error("`{name}` comes in several sizes: {choices}")]
     Ambiguous { name: String, choices: String },
-    #[error("`{text}` is not a memory size: {reason}")]
-    BadSize { text: String, reason: String },
+    #[error(transparent)]
+    BadSize(#[from] crate::units::SizeError),
     #[error("cannot read the host's memory from /proc/meminfo: {reason}")]
     HostMemory { reason: String },
 }
@@ -475,7 +475,7 @@ impl Device {
     /// A generic CUDA card of `bytes`, with a typical context.
     pub fn sized(bytes: u64) -> Device {
         Device {
-            name: format!("{} card", crate::ledger::units::human(bytes)),
+            name: format!("{} card", crate::units::human(bytes)),
             kind: DeviceKind::Sized,
             total_bytes: bytes,
             usable_bytes: bytes,
@@ -543,40 +543,19 @@ impl fmt::Display for Device {
             f,
             "{} ({} usable)",
             self.name,
-            crate::ledger::units::human(self.usable_bytes)
+            crate::units::human(self.usable_bytes)
         )
     }
 }
 
-/// `Some(bytes)` for `<number><unit>`; units GiB/MiB/TiB are binary, GB/MB/TB decimal.
+/// `Some(bytes)` for a size, `None` for what should be a catalogue name
+/// (`4090` and `3060laptop` start with digits).
 fn parse_size(text: &str) -> Result<Option<u64>, GpuError> {
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let bad = |reason: &str| GpuError::BadSize {
-        text: text.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "gib" => GIB as f64,
-        "mib" => MIB as f64,
-        "tib" => (GIB << 10) as f64,
-        "gb" => 1e9,
-        "mb" => 1e6,
-        "tb" => 1e12,
-        // A catalogue name that starts with digits (`4090`, `3060laptop`).
-        _ if lookup(text).is_ok() => return Ok(None),
-        "" => return Err(bad("give a unit: GiB, GB, MiB or MB")),
-        _ => return Ok(None),
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| bad("the number does not parse"))?;
-    if value <= 0.0 || !value.is_finite() {
-        return Err(bad("the size must be positive"));
+    match crate::units::parse_bytes(text) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(_) if !crate::units::looks_like_size(text) || lookup(text).is_ok() => Ok(None),
+        Err(error) => Err(error.into()),
     }
-    Ok(Some((value * scale).round() as u64))
 }
 
 #[cfg(test)]

@@ -17,3 +17,4 @@ pub mod models;
 pub mod oom;
 pub mod ops;
 pub mod train;
+pub mod units;

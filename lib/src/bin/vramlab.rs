@@ -232,7 +232,7 @@ fn report_text(report: &vramlab::train::BenchReport) -> String {
         report.threads,
     );
     if let Some(peak) = report.peak_bytes {
-        text.push_str(&format!("peak in use during a step: {}\n", vramlab::ledger::units::human(peak)));
+        text.push_str(&format!("peak in use during a step: {}\n", vramlab::units::human(peak)));
     }
     text
 }

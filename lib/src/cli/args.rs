@@ -102,7 +102,7 @@ pub struct OomcheckArgs {
     #[arg(long, value_parser = parse_dims, default_value = "4000x3000")]
     pub source: (u32, u32),
     /// Host RAM to judge the loader against, such as 32GiB
-    #[arg(long, value_parser = parse_bytes)]
+    #[arg(long, value_parser = crate::units::parse_bytes)]
     pub host_ram: Option<u64>,
 }
 
@@ -290,28 +290,5 @@ pub(crate) fn parse_dims(text: &str) -> Result<(u32, u32), String> {
     match (w.trim().parse::<u32>(), h.trim().parse::<u32>()) {
         (Ok(w), Ok(h)) if w > 0 && h > 0 => Ok((w, h)),
         _ => Err(bad()),
-    }
-}
-
-/// `32GiB`, `16 GB`, `512MiB`: binary units GiB/MiB/TiB, decimal GB/MB/TB.
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number.parse().map_err(|_| format!("expected a size such as 32GiB, got `{text}`"))?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "tib" => (1u64 << 40) as f64,
-        "gib" => (1u64 << 30) as f64,
-        "mib" => (1u64 << 20) as f64,
-        "tb" => 1e12,
-        "gb" => 1e9,
-        "mb" => 1e6,
-        _ => return Err(format!("give a unit (GiB, GB, MiB, MB, TiB, TB) in `{text}`")),
-    };
-    let bytes = value * scale;
-    if bytes >= 1.0 {
-        Ok(bytes as u64)
-    } else {
-        Err(format!("`{text}` is not a positive size"))
     }
 }

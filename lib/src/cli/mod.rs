@@ -7,7 +7,7 @@ mod fit;
 mod report;
 mod train;
 
-pub use args::{parse_bytes, Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs, SummaryOfArgs};
+pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs, SummaryOfArgs};
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;

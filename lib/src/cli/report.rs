@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::ledger::units::{human, percent};
+use crate::units::{human, percent};
 use crate::oom::{FitReport, HostReport, Sweep, Verdict};
 use crate::render::{Bundle, Render, Table};
 

@@ -71,8 +71,8 @@ pub enum DataError {
         "DataLoader worker {worker} was killed: the loader held {} of host RAM, past its host budget of {} \
          ({workers} workers x prefetch {prefetch} batches queued, each with its decode buffers); \
          this is host memory, not the GPU's: lower num_workers or prefetch, or use 0 workers to check the code first",
-        crate::ledger::units::human(*held),
-        crate::ledger::units::human(*budget)
+        crate::units::human(*held),
+        crate::units::human(*budget)
     )]
     WorkerKilled { worker: usize, held: u64, budget: u64, workers: usize, prefetch: usize },
     #[error("building the model: {0}")]

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::ledger::units::human;
+use crate::units::human;
 use crate::render::{Bundle, Render, Table};
 
 use super::baseline::BaselineReport;

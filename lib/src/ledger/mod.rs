@@ -7,7 +7,6 @@ mod estimate;
 mod plan;
 mod render;
 mod timeline;
-pub mod units;
 
 pub use bill::{Bill, BillKind, Line};
 pub use config::{Checkpointing, Mode, Optimizer, StepConfig};

@@ -4,7 +4,7 @@ use crate::render::{Chart, Series, Table};
 
 use super::bill::BillKind;
 use super::estimate::Ledger;
-use super::units::{grouped, human, percent};
+use crate::units::{grouped, human, percent};
 
 const GIB: f64 = (1u64 << 30) as f64;
 

@@ -20,7 +20,7 @@ use super::counters;
 use super::host::HostMemory;
 use super::MemoryError;
 use crate::gpus::{Device, DeviceKind};
-use crate::ledger::units::human;
+use crate::units::human;
 
 /// The out-of-memory error of a simulated budget, shaped like CUDA's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -76,7 +76,7 @@ pub(crate) fn card_stats_in(counters: &super::counters::Counters) -> Option<Pool
 impl PoolStats {
     /// `torch.cuda.memory_summary()`'s first lines, for the simulated card.
     pub fn table(&self) -> crate::render::Table {
-        use crate::ledger::units::human;
+        use crate::units::human;
         crate::render::Table::new(["simulated card (caching allocator)", "bytes"])
             .right_align(&[1])
             .row(["allocated: live tensors (memory_allocated)".to_owned(), human(self.allocated)])
@@ -103,7 +103,7 @@ impl PoolStats {
 
 /// The card after each step of a story, one row per step.
 fn steps_table(title: String, steps: &[(String, PoolStats)]) -> crate::render::Table {
-    use crate::ledger::units::human;
+    use crate::units::human;
     let mut table = crate::render::Table::new(["step", "allocated", "reserved", "largest free block", "free on the device"])
         .title(title)
         .right_align(&[1, 2, 3, 4]);
@@ -115,7 +115,7 @@ fn steps_table(title: String, steps: &[(String, PoolStats)]) -> crate::render::T
 
 impl super::pool::FragmentationDemo {
     pub fn table(&self) -> crate::render::Table {
-        use crate::ledger::units::human;
+        use crate::units::human;
         let table = steps_table(format!("Fragmentation on a simulated {} card", human(self.capacity)), &self.steps);
         let failed = self.oom.as_ref().map_or("the large tensor fit".to_owned(), |oom| oom.to_string());
         table.note(format!(
@@ -133,7 +133,7 @@ impl super::pool::FragmentationDemo {
 
 impl super::pool::EmptyCacheDemo {
     pub fn table(&self) -> crate::render::Table {
-        use crate::ledger::units::human;
+        use crate::units::human;
         let table = steps_table(format!("empty_cache() on a simulated {} card", human(self.capacity)), &self.steps);
         let failed = self.oom.as_ref().map_or("the outside allocation fit".to_owned(), |oom| oom.to_string());
         table.note(format!(

@@ -16,7 +16,7 @@ use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, Driver
 use super::counters;
 use super::region::Request;
 use super::MemoryError;
-use crate::ledger::units::{grouped, human};
+use crate::units::{grouped, human};
 use crate::render::Table;
 
 /// One reading of the device.

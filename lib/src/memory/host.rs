@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::counters::{self, Counters, ANSWER_FIELDS, HOST_ANSWER_FIELDS};
 use super::region::{self, Region, Request, REGION_BYTES, REGION_FD_ENV};
-use crate::ledger::units::human;
+use crate::units::human;
 
 /// One reading of a process's heap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -68,7 +68,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::units::human;
+use crate::units::human;
 
 const MIB: u64 = 1024 * 1024;
 

@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::host::status_rss;
 use super::region::Region;
 use super::Budget;
-use crate::ledger::units::human;
+use crate::units::human;
 use crate::render::{Bundle, Render, Table};
 
 /// What a vramlab process is.

@@ -6,7 +6,7 @@ use super::host::{EmptyCache, HostMemory};
 use super::probe::CellUsage;
 use super::snapshot::Snapshot;
 use crate::render::Composer;
-use crate::ledger::units::{grouped, human};
+use crate::units::{grouped, human};
 use crate::ledger::BillKind;
 use crate::render::{Bundle, Chart, Render, Series, Table};
 

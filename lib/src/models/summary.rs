@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::ledger::units::{grouped, human, si};
+use crate::units::{grouped, human, si};
 use crate::render::{Bundle, Render, Table};
 
 use super::analysis::{analyze, ModelCost};

@@ -3,7 +3,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::gpus::Device;
-use crate::ledger::units::{human, percent};
+use crate::units::{human, percent};
 use crate::ledger::{estimate, Ledger, LedgerError, Mode, StepConfig};
 use crate::models::ModelSpec;
 

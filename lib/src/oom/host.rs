@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use crate::data::{HostFootprint, LoaderShape};
-use crate::ledger::units::{human, percent};
+use crate::units::{human, percent};
 use crate::render::{Bundle, Render, Table};
 
 /// Above this share of host RAM the loader leaves too little for the

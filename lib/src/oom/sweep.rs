@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use crate::gpus::Device;
-use crate::ledger::units::{grouped, human, percent};
+use crate::units::{grouped, human, percent};
 use crate::ledger::{estimate, LedgerError, StepConfig};
 use crate::models::ModelSpec;
 use crate::render::{Chart, Series, Table};

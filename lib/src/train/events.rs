@@ -131,8 +131,8 @@ impl ProgressView {
                 if let Some(memory) = s.memory {
                     message.push_str(&format!(
                         " mem {} peak {}",
-                        crate::ledger::units::human(memory.in_use),
-                        crate::ledger::units::human(memory.peak)
+                        crate::units::human(memory.in_use),
+                        crate::units::human(memory.peak)
                     ));
                 }
                 self.bar.set_message(message);

@@ -86,7 +86,7 @@ impl Comparison {
     }
 
     pub fn table(&self) -> crate::render::Table {
-        use crate::ledger::units::human;
+        use crate::units::human;
         let pct = |p: Option<f64>| p.map_or("-".to_owned(), |p| format!("{p:+.1}%"));
         let mut table = crate::render::Table::new(["bill, at the peak", "predicted", "measured", "difference"])
             .title(format!("Predicted vs measured: {}", self.label))

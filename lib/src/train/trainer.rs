@@ -88,8 +88,8 @@ pub enum TrainError {
     OutOfMemory(#[from] crate::memory::OutOfMemory),
     #[error(
         "this step is predicted to need {} and the host has {} available: lower the batch or the resolution",
-        crate::ledger::units::human(*predicted),
-        crate::ledger::units::human(*available)
+        crate::units::human(*predicted),
+        crate::units::human(*available)
     )]
     HostTooSmall { predicted: u64, available: u64 },
 }
