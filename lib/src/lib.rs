@@ -11,6 +11,7 @@ pub mod cli;
 pub mod data;
 pub mod diagnose;
 pub mod gpus;
+pub mod learn;
 pub mod ledger;
 pub mod memory;
 pub mod models;

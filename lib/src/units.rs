@@ -99,6 +99,11 @@ pub fn percent(part: u64, whole: u64) -> String {
     format!("{:.1}%", 100.0 * part as f64 / whole as f64)
 }
 
+/// `57%` of a fraction in 0..=1; `-` for none.
+pub fn percent_of_one(value: Option<f64>) -> String {
+    value.filter(|v| !v.is_nan()).map_or_else(|| "-".to_owned(), |v| format!("{:.0}%", 100.0 * v))
+}
+
 /// `3.2 G`, `812 M`: MAC counts.
 pub fn si(n: u64) -> String {
     let value = n as f64;

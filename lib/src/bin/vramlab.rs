@@ -9,7 +9,8 @@ use vramlab::cli::{
     run_oomcheck, run_summary, BenchLoaderArgs, FitArgs, MeasureArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs,
     TrainRunArgs, TrainSetup, UsageError,
 };
-use vramlab::data::{bench_loader, fit_folder, preprocess, DataError, FitReport};
+use vramlab::data::{bench_loader, preprocess};
+use vramlab::learn::{fit_folder, LearnError, LearnReport};
 use vramlab::render::Render;
 
 // Every heap allocation of this process is counted, so that measurements
@@ -101,7 +102,7 @@ fn main() -> ExitCode {
             data_error(preprocess(&a.src, &a.out, a.short_side, a.quality))
                 .and_then(|report| emit(cmd.json, &report, || report.bundle().text().to_owned()))
         }
-        Command::Train(cmd) => data_error(train(&cmd.args)).and_then(|report| {
+        Command::Train(cmd) => train(&cmd.args).map_err(|e| UsageError(e.to_string())).and_then(|report| {
             emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))
         }),
         Command::Bench(Bench::Loader(cmd)) => data_error(bench_loader(&cmd.args.root, &cmd.args.config()))
@@ -142,7 +143,7 @@ fn data_error<T>(result: Result<T, vramlab::data::DataError>) -> Result<T, Usage
 }
 
 /// Trains with a progress bar on stderr.
-fn train(args: &FitArgs) -> Result<FitReport, DataError> {
+fn train(args: &FitArgs) -> Result<LearnReport, LearnError> {
     let (folder, split) = args.open()?;
     let steps = args.epochs * (split.train.len() / args.batch);
     let mut progress = vramlab::train::ProgressView::new(format!("train {}", args.model.as_str()), steps as u64);

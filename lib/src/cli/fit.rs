@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use clap::{ColorChoice, Parser};
 
 use super::args::{parse_model, positive, Opt};
-use crate::data::{group_split, FitConfig, ImageFolder, OnError, Split};
+use crate::data::{group_split, ImageFolder, OnError, Split};
+use crate::learn::LearnConfig;
 use crate::models::ModelName;
 use crate::train::OptimizerConfig;
 
@@ -56,8 +57,8 @@ pub struct FitArgs {
 }
 
 impl FitArgs {
-    pub fn config(&self) -> FitConfig {
-        FitConfig {
+    pub fn config(&self) -> LearnConfig {
+        LearnConfig {
             model: self.model,
             res: self.res,
             epochs: self.epochs,

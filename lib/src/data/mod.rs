@@ -5,7 +5,6 @@ mod bench;
 mod decode;
 mod folder;
 mod footprint;
-mod learn;
 mod loader;
 mod manifest;
 mod mix;
@@ -21,7 +20,6 @@ pub use bench::{bench_decoders, bench_loader, DecoderBench, LoaderBench, LoaderB
 pub use decode::{decode_bytes, decode_file, Decoded, DecodeOptions, Decoder, RgbImage};
 pub use folder::{ImageDataset, ImageFolder, ImageItem, OnError, IMAGE_EXTENSIONS};
 pub use footprint::{HostFootprint, LoaderShape};
-pub use learn::{fit_folder, ClassScore, FitConfig, FitEpoch, FitReport, OnDevice};
 pub use loader::{loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 pub use mix::{cutmix, mixup, one_hot, Mixed};
@@ -75,23 +73,6 @@ pub enum DataError {
         crate::units::human(*budget)
     )]
     WorkerKilled { worker: usize, held: u64, budget: u64, workers: usize, prefetch: usize },
-    #[error("building the model: {0}")]
-    Model(Box<crate::models::ModelError>),
-    #[error(transparent)]
-    Train(Box<crate::train::TrainError>),
-}
-
-// Boxed: the model's and the trainer's errors would make every data result several times larger.
-impl From<crate::models::ModelError> for DataError {
-    fn from(err: crate::models::ModelError) -> Self {
-        DataError::Model(Box::new(err))
-    }
-}
-
-impl From<crate::train::TrainError> for DataError {
-    fn from(err: crate::train::TrainError) -> Self {
-        DataError::Train(Box::new(err))
-    }
 }
 
 impl DataError {

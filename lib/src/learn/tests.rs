@@ -23,14 +23,14 @@ fn the_trainer_learns_through_the_loader() {
     two_colours(dir.path(), 64);
     let folder = ImageFolder::open(dir.path(), OnError::Fail).unwrap();
     let split = group_split(&folder.labels(), &folder.groups(), 0.25, 0).unwrap();
-    let config = FitConfig {
+    let config = LearnConfig {
         res: 16,
         epochs: 2,
         batch_size: 4,
         optimizer: OptimizerConfig::for_kind(crate::ledger::Optimizer::Adam, 0.01),
         workers: 1,
         baseline: false,
-        ..FitConfig::default()
+        ..LearnConfig::default()
     };
     let mut steps = 0;
     let report = fit_folder(&folder, &split, &config, &Device::Cpu, &mut |e| steps += matches!(e, TrainEvent::Step(_)) as usize).unwrap();

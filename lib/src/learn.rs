@@ -1,5 +1,5 @@
-//! Training straight from an image folder: the loader as the Trainer's batch
-//! source, and the validation accuracy per class beside the majority-class
+//! Training straight from an image folder, above both the data pipeline and
+//! the trainer: the loader as the Trainer's batch source, and the validation accuracy per class beside the majority-class
 //! and colour-histogram baselines (is a dataset learnable, and how hard?).
 
 use std::time::Instant;
@@ -7,15 +7,22 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use super::baseline::{histogram_baseline, BaselineReport};
-use super::folder::ImageFolder;
-use super::loader::{DataLoader, Dataset, LoaderConfig};
-use super::split::Split;
-use super::synth::Symptom;
-use super::transform::{Transform, Transforms};
-use super::DataError;
-use crate::models::{ModelName, Network, Pass, Shape};
-use crate::train::{BatchSource, OptimizerConfig, TrainConfig, TrainEvent, Trainer};
+use crate::data::{histogram_baseline, BaselineReport, DataError, DataLoader, Dataset, ImageFolder, LoaderConfig, Split, Symptom, Transform, Transforms};
+use crate::models::{ModelError, ModelName, Network, Pass, Shape};
+use crate::train::{BatchSource, OptimizerConfig, TrainConfig, TrainError, TrainEvent, Trainer};
+
+mod report;
+
+/// Why training from a folder stopped: the data, the model or the training.
+#[derive(Debug, thiserror::Error)]
+pub enum LearnError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("building the model: {0}")]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+}
 
 /// Each epoch's batches as they come off the loader, on the host.
 impl<D: Dataset> BatchSource for DataLoader<D> {
@@ -55,7 +62,7 @@ impl<S: BatchSource> BatchSource for OnDevice<S> {
 /// How [`fit_folder`] trains. Defaults: small-cnn at 64x64, 12 epochs of
 /// batch 32, Adam at 0.002, two loader workers, resize and flip only.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FitConfig {
+pub struct LearnConfig {
     pub model: ModelName,
     /// Square input side in pixels.
     pub res: u32,
@@ -72,9 +79,9 @@ pub struct FitConfig {
     pub baseline: bool,
 }
 
-impl Default for FitConfig {
+impl Default for LearnConfig {
     fn default() -> Self {
-        FitConfig {
+        LearnConfig {
             model: ModelName::SmallCnn,
             res: 64,
             // 12 reach about 70% on the synthetic leaf set; 6 only tie the colour histogram.
@@ -91,7 +98,7 @@ impl Default for FitConfig {
 
 /// One epoch: the training side's running figures, then the validation pass.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FitEpoch {
+pub struct LearnEpoch {
     pub epoch: usize,
     pub train_loss: f32,
     pub train_accuracy: f64,
@@ -115,11 +122,11 @@ pub struct ClassScore {
 
 /// What training from the folder reached, and the floors to judge it by.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FitReport {
-    pub config: FitConfig,
+pub struct LearnReport {
+    pub config: LearnConfig,
     pub train_images: usize,
     pub val_images: usize,
-    pub epochs: Vec<FitEpoch>,
+    pub epochs: Vec<LearnEpoch>,
     /// After the last epoch.
     pub val_accuracy: f64,
     /// The mean of the per-class accuracies (classes with validation images).
@@ -131,7 +138,7 @@ pub struct FitReport {
     pub seconds: f64,
 }
 
-impl FitReport {
+impl LearnReport {
     /// Validation images and accuracy over the classes with `symptom`
     /// (`None`: no class has it or none of its images was validated).
     pub fn symptom_accuracy(&self, symptom: Symptom) -> Option<(usize, f64)> {
@@ -157,11 +164,11 @@ fn tensor_err(op: &'static str) -> impl Fn(candle_core::Error) -> DataError {
 pub fn fit_folder(
     folder: &ImageFolder,
     split: &Split,
-    config: &FitConfig,
+    config: &LearnConfig,
     device: &Device,
     watch: &mut dyn FnMut(&TrainEvent),
-) -> Result<FitReport, DataError> {
-    let invalid = |m: String| Err(DataError::invalid("fit_folder", m));
+) -> Result<LearnReport, LearnError> {
+    let invalid = |m: String| Err(DataError::invalid("fit_folder", m).into());
     if config.epochs == 0 || config.batch_size == 0 || config.res < 8 {
         return invalid(format!(
             "needs at least 1 epoch, a batch of at least 1 and a side of at least 8 pixels; got {} epochs, batch {}, {} pixels",
@@ -205,10 +212,10 @@ pub fn fit_folder(
     let mut trainer = Trainer::new(net, train_config)?;
     trainer.fit(&mut train, Some(&mut val), config.epochs, watch)?;
 
-    let mut epochs: Vec<FitEpoch> = Vec::with_capacity(config.epochs);
+    let mut epochs: Vec<LearnEpoch> = Vec::with_capacity(config.epochs);
     for event in &trainer.history().events {
         match event {
-            TrainEvent::Epoch(e) => epochs.push(FitEpoch {
+            TrainEvent::Epoch(e) => epochs.push(LearnEpoch {
                 epoch: e.epoch,
                 train_loss: e.loss,
                 train_accuracy: e.accuracy,
@@ -255,7 +262,7 @@ pub fn fit_folder(
     let majority = counts.iter().enumerate().max_by_key(|(_, &n)| n).map_or(0, |(c, _)| c) as u32;
     let majority_accuracy = truth.iter().filter(|&&t| t == majority).count() as f64 / truth.len().max(1) as f64;
 
-    Ok(FitReport {
+    Ok(LearnReport {
         config: config.clone(),
         train_images: split.train.len(),
         val_images: split.val.len(),
