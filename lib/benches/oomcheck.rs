@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use vramlab::gpus::Device;
+use vramlab::gpus::Card;
 use vramlab::ledger::{estimate, StepConfig};
 use vramlab::models::ModelName;
 use vramlab::oom::check;
@@ -34,7 +34,7 @@ fn main() {
     let spec = ModelName::Resnet50.spec(1000);
     let config = StepConfig::training(32, 224);
     let too_big = StepConfig::training(64, 224);
-    let device = Device::parse("rtx4060-laptop").expect("catalogue card");
+    let device = Card::parse("rtx4060-laptop").expect("catalogue card");
     let fixes = check(&spec, &too_big, &device).expect("check").fixes.len();
     assert!(fixes > 0, "batch 64 must not fit, or no fixes are searched");
     let argv: Vec<String> = ["resnet50", "--batch", "64", "--res", "224", "--gpu", "rtx4060-laptop"].map(String::from).into();

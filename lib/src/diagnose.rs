@@ -13,7 +13,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
-use crate::gpus::Device as Card;
+use crate::gpus::Card;
 use crate::units::human;
 use crate::ledger::{estimate, BillKind, Checkpointing, Ledger, Mode, StepConfig};
 use crate::memory::{Budget, HostMemory, OutOfMemory, Processes};

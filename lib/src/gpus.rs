@@ -439,9 +439,9 @@ fn closest(key: &str) -> String {
 
 /// What a ledger is checked against: a catalogue card, a card given by size, or the host.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Device {
+pub struct Card {
     pub name: String,
-    pub kind: DeviceKind,
+    pub kind: CardKind,
     pub total_bytes: u64,
     pub usable_bytes: u64,
     pub context_bytes: u64,
@@ -451,32 +451,32 @@ pub struct Device {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum DeviceKind {
+pub enum CardKind {
     Catalogue,
     Sized,
     Cpu,
 }
 
-impl Device {
+impl Card {
     /// `cpu`, a size (`8GiB`, `12GB`, `7.5 GiB`, `16384MiB`) or a catalogue name.
-    pub fn parse(text: &str) -> Result<Device, GpuError> {
+    pub fn parse(text: &str) -> Result<Card, GpuError> {
         let trimmed = text.trim();
         if trimmed.eq_ignore_ascii_case("cpu") {
-            return Device::host();
+            return Card::host();
         }
         if trimmed.starts_with(|c: char| c.is_ascii_digit()) {
             if let Some(bytes) = parse_size(trimmed)? {
-                return Ok(Device::sized(bytes));
+                return Ok(Card::sized(bytes));
             }
         }
-        lookup(trimmed).map(Device::from)
+        lookup(trimmed).map(Card::from)
     }
 
     /// A generic CUDA card of `bytes`, with a typical context.
-    pub fn sized(bytes: u64) -> Device {
-        Device {
+    pub fn sized(bytes: u64) -> Card {
+        Card {
             name: format!("{} card", crate::units::human(bytes)),
-            kind: DeviceKind::Sized,
+            kind: CardKind::Sized,
             total_bytes: bytes,
             usable_bytes: bytes,
             context_bytes: GENERIC_CONTEXT_BYTES,
@@ -486,7 +486,7 @@ impl Device {
     }
 
     /// The host: usable is what `/proc/meminfo` calls available now; no CUDA context.
-    pub fn host() -> Result<Device, GpuError> {
+    pub fn host() -> Result<Card, GpuError> {
         let meminfo =
             std::fs::read_to_string("/proc/meminfo").map_err(|e| GpuError::HostMemory {
                 reason: e.to_string(),
@@ -507,9 +507,9 @@ impl Device {
                     reason: format!("no `{name}` line"),
                 })
         };
-        Ok(Device {
+        Ok(Card {
             name: "cpu (host memory available now)".to_owned(),
-            kind: DeviceKind::Cpu,
+            kind: CardKind::Cpu,
             total_bytes: field("MemTotal:")?,
             usable_bytes: field("MemAvailable:")?,
             context_bytes: 0,
@@ -519,15 +519,15 @@ impl Device {
     }
 
     pub fn is_cpu(&self) -> bool {
-        self.kind == DeviceKind::Cpu
+        self.kind == CardKind::Cpu
     }
 }
 
-impl From<Gpu> for Device {
-    fn from(gpu: Gpu) -> Device {
-        Device {
+impl From<Gpu> for Card {
+    fn from(gpu: Gpu) -> Card {
+        Card {
             name: gpu.name.to_owned(),
-            kind: DeviceKind::Catalogue,
+            kind: CardKind::Catalogue,
             total_bytes: gpu.total_bytes,
             usable_bytes: gpu.usable_bytes,
             context_bytes: gpu.context_bytes,
@@ -537,7 +537,7 @@ impl From<Gpu> for Device {
     }
 }
 
-impl fmt::Display for Device {
+impl fmt::Display for Card {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -617,20 +617,20 @@ mod tests {
 
     #[test]
     fn sizes_cpu_and_names_parse_into_devices() {
-        assert_eq!(Device::parse("8GiB").unwrap().usable_bytes, 8 * GIB);
-        assert_eq!(Device::parse("12GB").unwrap().usable_bytes, 12_000_000_000);
-        assert_eq!(Device::parse("7.5 GiB").unwrap().usable_bytes, 15 * GIB / 2);
-        assert_eq!(Device::parse("4090").unwrap().kind, DeviceKind::Catalogue);
+        assert_eq!(Card::parse("8GiB").unwrap().usable_bytes, 8 * GIB);
+        assert_eq!(Card::parse("12GB").unwrap().usable_bytes, 12_000_000_000);
+        assert_eq!(Card::parse("7.5 GiB").unwrap().usable_bytes, 15 * GIB / 2);
+        assert_eq!(Card::parse("4090").unwrap().kind, CardKind::Catalogue);
         assert_eq!(
-            Device::parse("3060laptop").unwrap().usable_bytes,
+            Card::parse("3060laptop").unwrap().usable_bytes,
             6144 * MIB
         );
-        assert!(Device::parse("8")
+        assert!(Card::parse("8")
             .unwrap_err()
             .to_string()
             .contains("give a unit"));
-        assert!(Device::parse("0GiB").is_err());
-        let host = Device::parse("cpu").unwrap();
+        assert!(Card::parse("0GiB").is_err());
+        let host = Card::parse("cpu").unwrap();
         assert!(host.is_cpu() && host.context_bytes == 0 && host.usable_bytes > 0);
     }
 }

@@ -87,7 +87,7 @@ impl Default for LearnConfig {
             // 12 reach about 70% on the synthetic leaf set; 6 only tie the colour histogram.
             epochs: 12,
             batch_size: 32,
-            optimizer: OptimizerConfig::for_kind(crate::ledger::Optimizer::Adam, 0.002),
+            optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 0.002),
             workers: 2,
             augment: false,
             seed: 0,

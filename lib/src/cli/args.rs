@@ -1,10 +1,11 @@
 //! Argument structs shared by the `vramlab` binary and the kernel's magics.
 
+use clap::builder::TypedValueParser as _;
 use clap::{ColorChoice, Parser, ValueEnum};
 
 use crate::data::LoaderShape;
-use crate::gpus::Device;
-use crate::ledger::{Checkpointing, Mode, Optimizer, StepConfig};
+use crate::gpus::Card;
+use crate::ledger::{Checkpointing, Mode, OptimizerKind, StepConfig};
 use crate::models::{ModelName, Precision, Shape, MAX_CLASSES};
 use crate::oom::SweepSpec;
 
@@ -19,8 +20,8 @@ pub struct SummaryArgs {
     #[arg(long, value_parser = parse_input, default_value = "1x3x224x224")]
     pub input: InputShape,
     /// Arithmetic: f32, or f16 / bf16 mixed precision
-    #[arg(long, value_enum, default_value_t = Dtype::F32)]
-    pub dtype: Dtype,
+    #[arg(long, value_enum, default_value_t = Precision::F32)]
+    pub dtype: Precision,
     /// Rows down to this depth: 1 stages, 2 blocks, 3 every layer
     #[arg(long, default_value_t = 3)]
     pub depth: usize,
@@ -43,7 +44,7 @@ pub struct SummaryOfArgs {
     pub batch: usize,
     /// Arithmetic (default: the trainer's, or f32 for a bare network)
     #[arg(long, value_enum)]
-    pub dtype: Option<Dtype>,
+    pub dtype: Option<Precision>,
     /// Rows down to this depth: 1 stages, 2 blocks, 3 every layer
     #[arg(long, default_value_t = 3)]
     pub depth: usize,
@@ -69,11 +70,11 @@ pub struct OomcheckArgs {
     #[arg(long, default_value_t = 3, value_parser = positive)]
     pub channels: usize,
     /// Mixed precision
-    #[arg(long, value_enum)]
-    pub amp: Option<Amp>,
+    #[arg(long, value_parser = amp_parser())]
+    pub amp: Option<Precision>,
     /// Optimizer
-    #[arg(long, value_enum, default_value_t = Opt::Adam)]
-    pub opt: Opt,
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Adam)]
+    pub opt: OptimizerKind,
     /// Gradient accumulation steps per optimizer step
     #[arg(long, default_value_t = 1, value_parser = positive)]
     pub accum: usize,
@@ -82,7 +83,7 @@ pub struct OomcheckArgs {
     pub ckpt: Checkpointing,
     /// A catalogue GPU (4090, a100-80gb, rtx4060-laptop...), a size (8GiB, 12GB) or cpu
     #[arg(long, value_parser = parse_device, default_value = "rtx4060-laptop")]
-    pub gpu: Device,
+    pub gpu: Card,
     /// Peak against batch or resolution: batch=8..64, res=128..512:32, batch=8,16,32
     #[arg(long, value_parser = parse_sweep)]
     pub sweep: Option<SweepSpec>,
@@ -122,8 +123,8 @@ impl OomcheckArgs {
         StepConfig {
             batch: self.batch,
             input: Shape::map(self.channels, self.res, self.res),
-            precision: self.amp.map_or(Precision::F32, Precision::from),
-            optimizer: self.opt.into(),
+            precision: self.amp.unwrap_or(Precision::F32),
+            optimizer: self.opt,
             accumulation: self.accum,
             checkpointing: self.ckpt.clone(),
             mode: if self.eval {
@@ -163,57 +164,10 @@ pub struct InputShape {
     pub sample: Shape,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Dtype {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl From<Dtype> for Precision {
-    fn from(dtype: Dtype) -> Precision {
-        match dtype {
-            Dtype::F32 => Precision::F32,
-            Dtype::F16 => Precision::F16Amp,
-            Dtype::Bf16 => Precision::Bf16Amp,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Amp {
-    F16,
-    Bf16,
-}
-
-impl From<Amp> for Precision {
-    fn from(amp: Amp) -> Precision {
-        match amp {
-            Amp::F16 => Precision::F16Amp,
-            Amp::Bf16 => Precision::Bf16Amp,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Opt {
-    Sgd,
-    SgdMomentum,
-    Adam,
-    Adamw,
-    Adam8bit,
-}
-
-impl From<Opt> for Optimizer {
-    fn from(opt: Opt) -> Optimizer {
-        match opt {
-            Opt::Sgd => Optimizer::Sgd,
-            Opt::SgdMomentum => Optimizer::SgdMomentum,
-            Opt::Adam => Optimizer::Adam,
-            Opt::Adamw => Optimizer::AdamW,
-            Opt::Adam8bit => Optimizer::Adam8bit,
-        }
-    }
+/// `--amp f16|bf16`: the mixed precisions (f32 is what leaving the flag out means).
+pub(crate) fn amp_parser() -> impl clap::builder::TypedValueParser<Value = Precision> {
+    let mixed = Precision::value_variants().iter().filter(|p| p.is_mixed()).map(|p| p.flag());
+    clap::builder::PossibleValuesParser::new(mixed).try_map(|flag| Precision::from_str(&flag, true))
 }
 
 pub(crate) fn parse_model(text: &str) -> Result<ModelName, String> {
@@ -274,8 +228,8 @@ pub(crate) fn parse_checkpointing(text: &str) -> Result<Checkpointing, String> {
     }
 }
 
-fn parse_device(text: &str) -> Result<Device, String> {
-    Device::parse(text).map_err(|e| e.to_string())
+fn parse_device(text: &str) -> Result<Card, String> {
+    Card::parse(text).map_err(|e| e.to_string())
 }
 
 fn parse_sweep(text: &str) -> Result<SweepSpec, String> {

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::{ColorChoice, Parser};
 
-use super::args::{parse_model, positive, Opt};
+use super::args::{parse_model, positive};
+use crate::ledger::OptimizerKind;
 use crate::data::{group_split, ImageFolder, OnError, Split};
 use crate::learn::LearnConfig;
 use crate::models::ModelName;
@@ -34,8 +35,8 @@ pub struct FitArgs {
     pub epochs: usize,
     #[arg(long, default_value_t = 32, value_parser = positive)]
     pub batch: usize,
-    #[arg(long, value_enum, default_value_t = Opt::Adam)]
-    pub opt: Opt,
+    #[arg(long, value_enum, default_value_t = OptimizerKind::Adam)]
+    pub opt: OptimizerKind,
     /// Learning rate
     #[arg(long, default_value_t = 0.002)]
     pub lr: f64,
@@ -63,7 +64,7 @@ impl FitArgs {
             res: self.res,
             epochs: self.epochs,
             batch_size: self.batch,
-            optimizer: OptimizerConfig::for_kind(self.opt.into(), self.lr),
+            optimizer: OptimizerConfig::for_kind(self.opt, self.lr),
             workers: self.workers,
             augment: self.augment,
             seed: self.seed,

@@ -7,7 +7,7 @@ mod fit;
 mod report;
 mod train;
 
-pub use args::{Amp, Dtype, InputShape, MemArgs, OomcheckArgs, Opt, SummaryArgs, SummaryOfArgs};
+pub use args::{InputShape, MemArgs, OomcheckArgs, SummaryArgs, SummaryOfArgs};
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
@@ -18,7 +18,7 @@ pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use crate::models::{Precision, Summary};
+use crate::models::Summary;
 use crate::oom::{check, host_check, sweep};
 use crate::render::{Bundle, Render};
 
@@ -52,7 +52,7 @@ pub fn run_summary(args: &SummaryArgs) -> Result<Summary, UsageError> {
         &spec,
         args.input.batch,
         args.input.sample,
-        args.dtype.into(),
+        args.dtype,
         !args.eval,
     )
     .map_err(|e| UsageError(e.to_string()))
@@ -87,7 +87,7 @@ pub fn summary(argv: &[String]) -> Result<Bundle, UsageError> {
 pub fn summary_of(model: &dyn crate::models::Summarize, argv: &[&str]) -> Result<crate::render::Table, UsageError> {
     let argv: Vec<String> = argv.iter().map(|&a| a.to_owned()).collect();
     let args = parse::<SummaryOfArgs>("%summary VARIABLE", &argv)?.map_err(UsageError)?;
-    let precision = args.dtype.map_or(model.summary_precision(), Precision::from);
+    let precision = args.dtype.unwrap_or(model.summary_precision());
     let summary = Summary::new(model.summary_spec(), args.batch, model.summary_input(), precision, !args.eval)
         .map_err(|e| UsageError(e.to_string()))?;
     Ok(summary.table(args.depth))

@@ -173,3 +173,16 @@ fn every_fix_flag_round_trips_through_the_parser() {
     }
     assert!(fixes >= 8, "{fixes}");
 }
+
+#[test]
+fn every_precision_and_optimizer_flag_parses_back_to_itself() {
+    use clap::ValueEnum;
+    for precision in crate::models::Precision::value_variants() {
+        assert_eq!(crate::models::Precision::from_str(precision.flag(), false), Ok(*precision));
+    }
+    for kind in crate::ledger::OptimizerKind::value_variants() {
+        assert_eq!(crate::ledger::OptimizerKind::from_str(kind.flag(), false), Ok(*kind));
+    }
+    let err = oomcheck(&words("resnet18 --batch 32 --res 224 --amp f32")).unwrap_err();
+    assert!(err.0.contains("[possible values: f16, bf16]"), "{}", err.0);
+}

@@ -3,7 +3,8 @@
 
 use clap::{Args, ColorChoice, Parser};
 
-use super::args::{parse_checkpointing, parse_model, positive, Amp, Opt};
+use super::args::{amp_parser, parse_checkpointing, parse_model, positive};
+use crate::ledger::OptimizerKind;
 use crate::ledger::Checkpointing;
 use crate::models::{ModelName, Precision};
 use crate::train::{OptimizerConfig, TrainConfig};
@@ -24,11 +25,11 @@ pub struct TrainSetup {
     #[arg(long, default_value_t = 10, value_parser = positive)]
     pub classes: usize,
     /// Mixed precision
-    #[arg(long, value_enum)]
-    pub amp: Option<Amp>,
+    #[arg(long, value_parser = amp_parser())]
+    pub amp: Option<Precision>,
     /// Optimizer
-    #[arg(long, value_enum, default_value_t = Opt::SgdMomentum)]
-    pub opt: Opt,
+    #[arg(long, value_enum, default_value_t = OptimizerKind::SgdMomentum)]
+    pub opt: OptimizerKind,
     /// Learning rate
     #[arg(long, default_value_t = 0.01)]
     pub lr: f64,
@@ -75,7 +76,7 @@ pub struct MeasureArgs {
 
 impl TrainSetup {
     pub fn precision(&self) -> Precision {
-        self.amp.map_or(Precision::F32, Precision::from)
+        self.amp.unwrap_or(Precision::F32)
     }
 
     pub fn train_config(&self) -> TrainConfig {
@@ -83,7 +84,7 @@ impl TrainSetup {
             precision: self.precision(),
             accumulation: self.accum,
             checkpointing: self.ckpt.clone(),
-            optimizer: OptimizerConfig::for_kind(self.opt.into(), self.lr),
+            optimizer: OptimizerConfig::for_kind(self.opt, self.lr),
             ..TrainConfig::default()
         }
     }

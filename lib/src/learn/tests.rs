@@ -27,7 +27,7 @@ fn the_trainer_learns_through_the_loader() {
         res: 16,
         epochs: 2,
         batch_size: 4,
-        optimizer: OptimizerConfig::for_kind(crate::ledger::Optimizer::Adam, 0.01),
+        optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 0.01),
         workers: 1,
         baseline: false,
         ..LearnConfig::default()

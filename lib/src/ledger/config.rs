@@ -14,7 +14,7 @@ pub struct StepConfig {
     /// One sample: channels x height x width.
     pub input: Shape,
     pub precision: Precision,
-    pub optimizer: Optimizer,
+    pub optimizer: OptimizerKind,
     /// Micro-batches whose gradients are summed before one optimizer step.
     pub accumulation: usize,
     pub checkpointing: Checkpointing,
@@ -28,7 +28,7 @@ impl StepConfig {
             batch,
             input: Shape::map(3, resolution, resolution),
             precision: Precision::F32,
-            optimizer: Optimizer::Adam,
+            optimizer: OptimizerKind::Adam,
             accumulation: 1,
             checkpointing: Checkpointing::None,
             mode: Mode::Training,
@@ -95,30 +95,31 @@ pub enum Mode {
     Inference,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
-pub enum Optimizer {
+pub enum OptimizerKind {
     Sgd,
     SgdMomentum,
     Adam,
+    #[value(name = "adamw")]
     AdamW,
     /// Adam with block-wise 8-bit moments (bitsandbytes' scheme).
     Adam8bit,
 }
 
-impl Optimizer {
+impl OptimizerKind {
     pub fn flag(self) -> &'static str {
         match self {
-            Optimizer::Sgd => "sgd",
-            Optimizer::SgdMomentum => "sgd-momentum",
-            Optimizer::Adam => "adam",
-            Optimizer::AdamW => "adamw",
-            Optimizer::Adam8bit => "adam8bit",
+            OptimizerKind::Sgd => "sgd",
+            OptimizerKind::SgdMomentum => "sgd-momentum",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Adam8bit => "adam8bit",
         }
     }
 
     pub fn is_adam(self) -> bool {
-        matches!(self, Optimizer::Adam | Optimizer::AdamW)
+        matches!(self, OptimizerKind::Adam | OptimizerKind::AdamW)
     }
 
     /// Bytes per element of the tensor being updated that the step holds in
@@ -130,25 +131,25 @@ impl Optimizer {
     /// copies of the gradient and parameter (f32) and of both moments' codes (u8).
     pub fn step_temporary_bytes(self, on_host: bool) -> u64 {
         match (self, on_host) {
-            (Optimizer::Adam8bit, true) => 2 * 4 + 2,
+            (OptimizerKind::Adam8bit, true) => 2 * 4 + 2,
             (_, true) => 0,
-            (Optimizer::Sgd, false) => 2 * 4,
-            (Optimizer::SgdMomentum, false) => 3 * 4,
-            (Optimizer::Adam | Optimizer::AdamW, false) => 6 * 4,
+            (OptimizerKind::Sgd, false) => 2 * 4,
+            (OptimizerKind::SgdMomentum, false) => 3 * 4,
+            (OptimizerKind::Adam | OptimizerKind::AdamW, false) => 6 * 4,
             // Dequantised f32 moments next to Adam's temporaries.
-            (Optimizer::Adam8bit, false) => 8 * 4,
+            (OptimizerKind::Adam8bit, false) => 8 * 4,
         }
     }
 }
 
-impl fmt::Display for Optimizer {
+impl fmt::Display for OptimizerKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Optimizer::Sgd => "SGD",
-            Optimizer::SgdMomentum => "SGD with momentum",
-            Optimizer::Adam => "Adam",
-            Optimizer::AdamW => "AdamW",
-            Optimizer::Adam8bit => "8-bit Adam",
+            OptimizerKind::Sgd => "SGD",
+            OptimizerKind::SgdMomentum => "SGD with momentum",
+            OptimizerKind::Adam => "Adam",
+            OptimizerKind::AdamW => "AdamW",
+            OptimizerKind::Adam8bit => "8-bit Adam",
         })
     }
 }

@@ -2,11 +2,11 @@
 
 use serde::Serialize;
 
-use crate::gpus::Device;
+use crate::gpus::Card;
 use crate::models::{analyze, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
 
 use super::bill::{line, Bill, BillKind, Line};
-use super::config::{Mode, Optimizer, StepConfig};
+use super::config::{Mode, OptimizerKind, StepConfig};
 use super::plan::{StepPhase, StepPlan};
 use super::timeline::{Part, Parts, Peak, Phase, Recorder};
 use super::LedgerError;
@@ -22,7 +22,7 @@ pub struct Ledger {
     pub model: String,
     pub params: u64,
     pub config: StepConfig,
-    pub device: Device,
+    pub device: Card,
     /// The five bills, in the lesson's order.
     pub bills: Vec<Bill>,
     pub timeline: Vec<Phase>,
@@ -52,7 +52,7 @@ impl Ledger {
 pub fn estimate(
     spec: &ModelSpec,
     config: &StepConfig,
-    device: &Device,
+    device: &Card,
 ) -> Result<Ledger, LedgerError> {
     for (what, value) in [
         ("batch", config.batch),
@@ -94,7 +94,7 @@ pub fn estimate(
 struct Step<'a> {
     cost: &'a ModelCost,
     config: &'a StepConfig,
-    device: &'a Device,
+    device: &'a Card,
     plan: &'a StepPlan,
     batch: u64,
 }
@@ -119,15 +119,15 @@ impl Step<'_> {
     fn optimizer_state(&self) -> Vec<Line> {
         let params = self.cost.total.params;
         match self.config.optimizer {
-            Optimizer::Sgd => vec![],
-            Optimizer::SgdMomentum => vec![line("momentum buffer (f32)", params * F32_BYTES)],
-            Optimizer::Adam | Optimizer::AdamW => {
+            OptimizerKind::Sgd => vec![],
+            OptimizerKind::SgdMomentum => vec![line("momentum buffer (f32)", params * F32_BYTES)],
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
                 vec![
                     line("first moment m (f32)", params * F32_BYTES),
                     line("second moment v (f32)", params * F32_BYTES),
                 ]
             }
-            Optimizer::Adam8bit => {
+            OptimizerKind::Adam8bit => {
                 let small = self.cost.total.small_tensor_params;
                 let large = params - small;
                 let blocks = large / BLOCK + self.cost.total.large_tensors;

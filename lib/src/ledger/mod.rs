@@ -9,7 +9,7 @@ mod render;
 mod timeline;
 
 pub use bill::{Bill, BillKind, Line};
-pub use config::{Checkpointing, Mode, Optimizer, StepConfig};
+pub use config::{Checkpointing, Mode, OptimizerKind, StepConfig};
 pub use estimate::{estimate, Ledger};
 pub use plan::{Segment, StepPhase, StepPlan};
 pub use timeline::{Part, Peak, PeakLine, Phase};

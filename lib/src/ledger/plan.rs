@@ -7,7 +7,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::bill::BillKind;
-use super::config::{Checkpointing, Mode, Optimizer, StepConfig};
+use super::config::{Checkpointing, Mode, OptimizerKind, StepConfig};
 use super::LedgerError;
 
 /// One phase of a step, in the order [`StepPlan::phases`] gives.
@@ -85,7 +85,7 @@ pub struct StepPlan {
     checkpointed: Vec<bool>,
     segments: Vec<Segment>,
     accumulation: usize,
-    optimizer: Optimizer,
+    optimizer: OptimizerKind,
 }
 
 impl StepPlan {
@@ -101,7 +101,7 @@ impl StepPlan {
         stages: &[&str],
         checkpointing: &Checkpointing,
         accumulation: usize,
-        optimizer: Optimizer,
+        optimizer: OptimizerKind,
     ) -> Result<StepPlan, LedgerError> {
         let checkpointed = checkpointing.resolve_names(stages)?;
         Ok(StepPlan {
@@ -123,7 +123,7 @@ impl StepPlan {
             segments: segments(&checkpointed),
             checkpointed,
             accumulation: 1,
-            optimizer: Optimizer::Sgd,
+            optimizer: OptimizerKind::Sgd,
         }
     }
 
@@ -219,7 +219,7 @@ mod tests {
     const STAGES: [&str; 4] = ["stem", "layer1", "layer2", "head"];
 
     fn plan(checkpointing: Checkpointing, accumulation: usize) -> StepPlan {
-        StepPlan::training(&STAGES, &checkpointing, accumulation, Optimizer::Adam).unwrap()
+        StepPlan::training(&STAGES, &checkpointing, accumulation, OptimizerKind::Adam).unwrap()
     }
 
     #[test]
@@ -283,7 +283,7 @@ mod tests {
 
     #[test]
     fn an_unknown_stage_is_named_with_the_valid_ones() {
-        let err = StepPlan::training(&STAGES, &Checkpointing::Segments(vec!["layer9".into()]), 1, Optimizer::Sgd).unwrap_err();
+        let err = StepPlan::training(&STAGES, &Checkpointing::Segments(vec!["layer9".into()]), 1, OptimizerKind::Sgd).unwrap_err();
         assert_eq!(err.to_string(), "cannot checkpoint `layer9`: no such stage; stages: stem, layer1, layer2, head");
     }
 }

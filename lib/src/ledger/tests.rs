@@ -1,9 +1,9 @@
 use super::*;
-use crate::gpus::Device;
+use crate::gpus::Card;
 use crate::models::{resnet18, resnet50, small_cnn, Precision, Shape};
 
-fn laptop() -> Device {
-    Device::parse("rtx4060-laptop").unwrap()
+fn laptop() -> Card {
+    Card::parse("rtx4060-laptop").unwrap()
 }
 
 fn resnet50_at(batch: usize) -> Ledger {
@@ -69,10 +69,10 @@ fn optimizers_bill_what_they_keep() {
             .bytes
     };
     let weights = 102_228_128;
-    assert_eq!(state(Optimizer::Sgd), 0);
-    assert_eq!(state(Optimizer::SgdMomentum), weights);
-    assert_eq!(state(Optimizer::AdamW), 2 * weights);
-    let eight_bit = state(Optimizer::Adam8bit);
+    assert_eq!(state(OptimizerKind::Sgd), 0);
+    assert_eq!(state(OptimizerKind::SgdMomentum), weights);
+    assert_eq!(state(OptimizerKind::AdamW), 2 * weights);
+    let eight_bit = state(OptimizerKind::Adam8bit);
     assert!(
         eight_bit > weights / 2 && eight_bit < weights * 6 / 10,
         "{eight_bit}"
@@ -182,7 +182,7 @@ fn context_comes_from_the_device() {
     let cpu = estimate(
         &small_cnn(10),
         &StepConfig::training(8, 32),
-        &Device::parse("cpu").unwrap(),
+        &Card::parse("cpu").unwrap(),
     )
     .unwrap();
     assert_eq!(
@@ -192,7 +192,7 @@ fn context_comes_from_the_device() {
     let gpu = estimate(
         &resnet18(10),
         &StepConfig::training(8, 64),
-        &Device::parse("8GiB").unwrap(),
+        &Card::parse("8GiB").unwrap(),
     )
     .unwrap();
     assert_eq!(

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use super::counters;
 use super::host::HostMemory;
 use super::MemoryError;
-use crate::gpus::{Device, DeviceKind};
+use crate::gpus::{Card, CardKind};
 use crate::units::human;
 
 /// The out-of-memory error of a simulated budget, shaped like CUDA's.
@@ -86,8 +86,8 @@ impl Budget {
     /// exactly as `%oomcheck --gpu` reads it.
     pub fn parse(text: &str) -> Result<Budget, MemoryError> {
         let bad = |reason: String| MemoryError::BadBudget { text: text.to_owned(), reason };
-        let device = Device::parse(text).map_err(|e| bad(e.to_string()))?;
-        if device.kind == DeviceKind::Cpu {
+        let device = Card::parse(text).map_err(|e| bad(e.to_string()))?;
+        if device.kind == CardKind::Cpu {
             return Err(bad("the host has no budget to simulate; give a size such as 8GiB or a card".to_owned()));
         }
         let budget = Budget::of(&device).map_err(bad)?;
@@ -106,10 +106,10 @@ impl Budget {
 
     /// The card `%oomcheck --gpu` would judge for this budget. On the CPU
     /// without bf16: mixed precision there means f16.
-    pub fn device(&self) -> Device {
-        Device {
+    pub fn device(&self) -> Card {
+        Card {
             name: format!("simulated {}", self.name()),
-            kind: DeviceKind::Sized,
+            kind: CardKind::Sized,
             total_bytes: self.usable,
             usable_bytes: self.usable,
             context_bytes: self.context,
@@ -119,7 +119,7 @@ impl Budget {
     }
 
     /// The budget of a device of the catalogue or of a size.
-    pub fn of(device: &Device) -> Result<Budget, String> {
+    pub fn of(device: &Card) -> Result<Budget, String> {
         if device.context_bytes >= device.usable_bytes {
             return Err(format!(
                 "a card of {} holds its {} CUDA context before any tensor and leaves nothing for training; give more than {}",

@@ -190,7 +190,7 @@ impl CellProbe {
         let answer = self.ask(request)?;
         let emptied = empty_cache.then(|| self.emptied(answer));
         let memory = emptied.map_or_else(|| self.reading(answer), |emptied| emptied.after);
-        let host = crate::gpus::Device::host().ok().map(|d| (d.usable_bytes, d.total_bytes));
+        let host = crate::gpus::Card::host().ok().map(|d| (d.usable_bytes, d.total_bytes));
         Ok(super::MemReport {
             pid,
             memory,

@@ -33,7 +33,7 @@ fn budgets_are_sizes_or_cards_never_the_host() {
     assert_eq!(Budget::parse("8GiB").unwrap(), Budget { usable: 8 << 30, context });
     assert_eq!(Budget::parse("512MiB").unwrap().room(), (512 << 20) - context);
     let laptop = Budget::parse("rtx4060-laptop").unwrap();
-    let card = crate::gpus::Device::parse("rtx4060-laptop").unwrap();
+    let card = crate::gpus::Card::parse("rtx4060-laptop").unwrap();
     assert_eq!((laptop.usable, laptop.context), (card.usable_bytes, card.context_bytes), "the card %oomcheck --gpu judges");
     let err = Budget::parse("cpu").unwrap_err().to_string();
     assert!(err.contains("no budget to simulate"), "{err}");

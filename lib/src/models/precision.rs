@@ -7,11 +7,14 @@ use serde::{Deserialize, Serialize};
 /// With mixed precision the master weights, gradients and optimizer state stay
 /// in f32; convolutions and matmuls run on half-precision copies, and
 /// batch-norm runs in f32 (candle-nn's `forward_train` rejects half inputs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
+    #[value(name = "f32")]
     F32,
+    #[value(name = "f16")]
     F16Amp,
+    #[value(name = "bf16")]
     Bf16Amp,
 }
 
@@ -26,6 +29,15 @@ impl Precision {
 
     pub fn is_mixed(self) -> bool {
         self != Precision::F32
+    }
+
+    /// The dtype convolutions and matmuls run in.
+    pub fn compute_dtype(self) -> candle_core::DType {
+        match self {
+            Precision::F32 => candle_core::DType::F32,
+            Precision::F16Amp => candle_core::DType::F16,
+            Precision::Bf16Amp => candle_core::DType::BF16,
+        }
     }
 
     /// The flag value that selects it (`f32`, `f16`, `bf16`).

@@ -2,7 +2,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::gpus::Device;
+use crate::gpus::Card;
 use crate::units::{human, percent};
 use crate::ledger::{estimate, Ledger, LedgerError, Mode, StepConfig};
 use crate::models::ModelSpec;
@@ -36,11 +36,11 @@ pub struct FitReport {
 }
 
 /// The most a comfortable configuration may peak at on `device`.
-pub fn target_bytes(device: &Device) -> u64 {
+pub fn target_bytes(device: &Card) -> u64 {
     (device.usable_bytes as f64 * (1.0 - COMFORT)) as u64
 }
 
-pub fn verdict(peak: u64, device: &Device) -> Verdict {
+pub fn verdict(peak: u64, device: &Card) -> Verdict {
     if peak <= target_bytes(device) {
         Verdict::Fits
     } else if peak <= device.usable_bytes {
@@ -55,7 +55,7 @@ pub fn verdict(peak: u64, device: &Device) -> Verdict {
 pub fn check(
     spec: &ModelSpec,
     config: &StepConfig,
-    device: &Device,
+    device: &Card,
 ) -> Result<FitReport, LedgerError> {
     let ledger = estimate(spec, config, device)?;
     let verdict = verdict(ledger.peak.bytes, device);

@@ -4,8 +4,8 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::gpus::Device;
-use crate::ledger::{estimate, Checkpointing, Optimizer, StepConfig};
+use crate::gpus::Card;
+use crate::ledger::{estimate, Checkpointing, OptimizerKind, StepConfig};
 use crate::models::{analyze, ModelSpec, Precision};
 
 use super::fit::target_bytes;
@@ -91,7 +91,7 @@ pub struct Fix {
 struct Search<'a> {
     spec: &'a ModelSpec,
     base: &'a StepConfig,
-    device: &'a Device,
+    device: &'a Card,
     target: u64,
     base_macs: u64,
 }
@@ -251,7 +251,7 @@ impl Search<'_> {
         None
     }
 
-    fn optimizer(&self, optimizer: Optimizer, kind: FixKind) -> Option<Fix> {
+    fn optimizer(&self, optimizer: OptimizerKind, kind: FixKind) -> Option<Fix> {
         if !self.base.optimizer.is_adam() || self.base.optimizer == optimizer {
             return None;
         }
@@ -264,7 +264,7 @@ impl Search<'_> {
             format!("{optimizer} instead of {}", self.base.optimizer),
             found,
             |_| match optimizer {
-                Optimizer::Adam8bit => self.kept(
+                OptimizerKind::Adam8bit => self.kept(
                     5,
                     Risk::Low,
                     "moments quantised block-wise; matches 32-bit Adam in published results",
@@ -342,7 +342,7 @@ impl Search<'_> {
         changes.push("checkpoint every stage".to_owned());
         time += 33;
         if config.optimizer.is_adam() {
-            config.optimizer = Optimizer::Adam8bit;
+            config.optimizer = OptimizerKind::Adam8bit;
             changes.push("8-bit Adam".to_owned());
             time += 5;
             risk = risk.max(Risk::Low);
@@ -403,7 +403,7 @@ fn largest_fitting<T>(largest: usize, mut fits: impl FnMut(usize) -> Option<T>) 
 /// Every single fix that brings `base` under 90% of `device`, cheapest first;
 /// a combination of levers when no single change keeps the recipe (only a
 /// smaller batch or resolution fits).
-pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Device) -> Vec<Fix> {
+pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Card) -> Vec<Fix> {
     let base_macs = analyze(spec, base.input, base.precision)
         .map(|c| c.total.macs)
         .unwrap_or(1);
@@ -418,8 +418,8 @@ pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Device) -> Vec<Fix> 
         s.mixed_precision(),
         s.accumulation(),
         s.checkpointing(),
-        s.optimizer(Optimizer::Adam8bit, FixKind::Adam8bit),
-        s.optimizer(Optimizer::SgdMomentum, FixKind::Sgd),
+        s.optimizer(OptimizerKind::Adam8bit, FixKind::Adam8bit),
+        s.optimizer(OptimizerKind::SgdMomentum, FixKind::Sgd),
         s.smaller_resolution(),
         s.largest_batch(),
     ]

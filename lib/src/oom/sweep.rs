@@ -5,7 +5,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use crate::gpus::Device;
+use crate::gpus::Card;
 use crate::units::{grouped, human, percent};
 use crate::ledger::{estimate, LedgerError, StepConfig};
 use crate::models::ModelSpec;
@@ -132,14 +132,14 @@ pub struct SweepPoint {
 pub struct Sweep {
     pub model: String,
     pub axis: Axis,
-    pub device: Device,
+    pub device: Card,
     pub points: Vec<SweepPoint>,
 }
 
 pub fn sweep(
     spec: &ModelSpec,
     base: &StepConfig,
-    device: &Device,
+    device: &Card,
     plan: &SweepSpec,
 ) -> Result<Sweep, LedgerError> {
     let points = plan

@@ -1,12 +1,12 @@
 use std::time::Instant;
 
 use super::*;
-use crate::gpus::Device;
-use crate::ledger::{estimate, Optimizer, StepConfig};
+use crate::gpus::Card;
+use crate::ledger::{estimate, OptimizerKind, StepConfig};
 use crate::models::{resnet18, resnet50, small_cnn};
 
-fn card(name: &str) -> Device {
-    Device::parse(name).unwrap()
+fn card(name: &str) -> Card {
+    Card::parse(name).unwrap()
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn accumulation_keeps_the_effective_batch_and_largest_batch_does_not() {
 fn adam_fixes_appear_only_for_adam() {
     let device = card("t4");
     let sgd = StepConfig {
-        optimizer: Optimizer::Sgd,
+        optimizer: OptimizerKind::Sgd,
         ..StepConfig::training(128, 224)
     };
     let report = check(&resnet50(1000), &sgd, &device).unwrap();
@@ -129,7 +129,7 @@ fn tight_fits_get_fixes_too() {
         .peak
         .bytes;
     // A card just 5% larger than the peak.
-    let device = Device::sized(peak + peak / 20);
+    let device = Card::sized(peak + peak / 20);
     let report = check(&resnet18(1000), &base, &device).unwrap();
     assert_eq!(report.verdict, Verdict::Tight);
     assert!(!report.fixes.is_empty());

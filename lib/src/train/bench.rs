@@ -68,7 +68,7 @@ fn setup(spec: &BenchSpec, device: &Device) -> Result<(Trainer, Vec<(Tensor, Ten
 /// than that, the budget's out-of-memory error comes first, as it should.
 fn refuse_what_the_host_cannot_hold(trainer: &Trainer, batch: usize) -> Result<(), TrainError> {
     let predicted = trainer.predict(batch)?.peak.bytes;
-    let available = crate::gpus::Device::host()?.usable_bytes;
+    let available = crate::gpus::Card::host()?.usable_bytes;
     let budgeted = crate::memory::budget().is_some_and(|b| b.room() < available);
     if predicted > available && !budgeted {
         return Err(TrainError::HostTooSmall { predicted, available });

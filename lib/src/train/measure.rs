@@ -123,7 +123,7 @@ impl Trainer {
             checkpointing: self.config().checkpointing.clone(),
             mode: crate::ledger::Mode::Training,
         };
-        let device = crate::gpus::Device::host()?;
+        let device = crate::gpus::Card::host()?;
         Ok(estimate(self.net().spec(), &config, &device)?)
     }
 

@@ -55,7 +55,7 @@ fn checkpointed_gradients_equal_plain_gradients() {
 }
 
 fn plan(net: &Network, checkpointing: &Checkpointing) -> StepPlan {
-    StepPlan::training(&net.stage_names(), checkpointing, 1, ledger::Optimizer::Sgd).unwrap()
+    StepPlan::training(&net.stage_names(), checkpointing, 1, ledger::OptimizerKind::Sgd).unwrap()
 }
 
 /// Re-keys `ckpt`'s gradients (of `from`'s parameters) to `to`'s parameters, by name.
@@ -78,7 +78,7 @@ fn ckpt_with(to: &Network, from: &Network, ckpt: &Gradients) -> Gradients {
 #[test]
 fn an_unknown_stage_is_named_with_the_valid_ones() {
     let net = net(ModelName::Resnet18, 5, 32);
-    let err = StepPlan::training(&net.stage_names(), &Checkpointing::Segments(vec!["layer9".into()]), 1, ledger::Optimizer::Sgd).unwrap_err();
+    let err = StepPlan::training(&net.stage_names(), &Checkpointing::Segments(vec!["layer9".into()]), 1, ledger::OptimizerKind::Sgd).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("layer9") && text.contains("layer4"), "{text}");
 }
@@ -150,7 +150,7 @@ fn train_stripes(precision: crate::models::Precision) -> (f64, Trainer) {
     let net = Network::new(&ModelName::SmallCnn.spec(4), Shape::map(3, 16, 16), &device, 1).unwrap();
     let config = TrainConfig {
         precision,
-        optimizer: OptimizerConfig::for_kind(crate::ledger::Optimizer::Adam, 3e-3),
+        optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 3e-3),
         ..TrainConfig::default()
     };
     let mut trainer = Trainer::new(net, config).unwrap();

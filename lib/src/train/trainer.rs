@@ -48,7 +48,7 @@ impl Default for TrainConfig {
             precision: Precision::F32,
             accumulation: 1,
             checkpointing: Checkpointing::None,
-            optimizer: OptimizerConfig::for_kind(crate::ledger::Optimizer::SgdMomentum, 0.01),
+            optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::SgdMomentum, 0.01),
             clip_norm: None,
             schedule: None,
             scaler: GradScalerConfig::default(),
@@ -201,7 +201,7 @@ impl Trainer {
             GradScaler::disabled()
         };
         let plan = StepPlan::training(&net.stage_names(), &config.checkpointing, config.accumulation, config.optimizer.kind())?;
-        let pass = Pass::train(Network::compute_dtype(config.precision));
+        let pass = Pass::train(config.precision.compute_dtype());
         Ok(Trainer {
             net,
             config,

@@ -113,26 +113,26 @@ pub enum OptimizerConfig {
 impl OptimizerConfig {
     /// PyTorch's defaults for the ledger's optimizer kind at learning rate `lr`;
     /// `SgdMomentum` is SGD with momentum 0.9.
-    pub fn for_kind(kind: ledger::Optimizer, lr: f64) -> Self {
+    pub fn for_kind(kind: ledger::OptimizerKind, lr: f64) -> Self {
         match kind {
-            ledger::Optimizer::Sgd => OptimizerConfig::Sgd(SgdConfig {
+            ledger::OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
                 lr,
                 ..SgdConfig::default()
             }),
-            ledger::Optimizer::SgdMomentum => OptimizerConfig::Sgd(SgdConfig {
+            ledger::OptimizerKind::SgdMomentum => OptimizerConfig::Sgd(SgdConfig {
                 lr,
                 momentum: 0.9,
                 ..SgdConfig::default()
             }),
-            ledger::Optimizer::Adam => OptimizerConfig::Adam(AdamConfig {
+            ledger::OptimizerKind::Adam => OptimizerConfig::Adam(AdamConfig {
                 lr,
                 ..AdamConfig::default()
             }),
-            ledger::Optimizer::AdamW => OptimizerConfig::AdamW(AdamWConfig {
+            ledger::OptimizerKind::AdamW => OptimizerConfig::AdamW(AdamWConfig {
                 lr,
                 ..AdamWConfig::default()
             }),
-            ledger::Optimizer::Adam8bit => OptimizerConfig::Adam8bit(Adam8bitConfig {
+            ledger::OptimizerKind::Adam8bit => OptimizerConfig::Adam8bit(Adam8bitConfig {
                 lr,
                 ..Adam8bitConfig::default()
             }),
@@ -140,13 +140,13 @@ impl OptimizerConfig {
     }
 
     /// The ledger's name for it, so an estimate and a measurement can be paired.
-    pub fn kind(&self) -> ledger::Optimizer {
+    pub fn kind(&self) -> ledger::OptimizerKind {
         match self {
-            OptimizerConfig::Sgd(c) if c.momentum != 0.0 => ledger::Optimizer::SgdMomentum,
-            OptimizerConfig::Sgd(_) => ledger::Optimizer::Sgd,
-            OptimizerConfig::Adam(_) => ledger::Optimizer::Adam,
-            OptimizerConfig::AdamW(_) => ledger::Optimizer::AdamW,
-            OptimizerConfig::Adam8bit(_) => ledger::Optimizer::Adam8bit,
+            OptimizerConfig::Sgd(c) if c.momentum != 0.0 => ledger::OptimizerKind::SgdMomentum,
+            OptimizerConfig::Sgd(_) => ledger::OptimizerKind::Sgd,
+            OptimizerConfig::Adam(_) => ledger::OptimizerKind::Adam,
+            OptimizerConfig::AdamW(_) => ledger::OptimizerKind::AdamW,
+            OptimizerConfig::Adam8bit(_) => ledger::OptimizerKind::Adam8bit,
         }
     }
 

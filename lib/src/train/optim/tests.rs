@@ -341,17 +341,17 @@ fn state_bytes_are_measured_from_the_buffers() {
     };
     let total = n + small;
     assert_eq!(
-        stepped(OptimizerConfig::for_kind(ledger::Optimizer::Sgd, 0.1)),
+        stepped(OptimizerConfig::for_kind(ledger::OptimizerKind::Sgd, 0.1)),
         0
     );
     assert_eq!(
         stepped(OptimizerConfig::for_kind(
-            ledger::Optimizer::SgdMomentum,
+            ledger::OptimizerKind::SgdMomentum,
             0.1
         )),
         4 * total
     );
-    let adam = stepped(OptimizerConfig::for_kind(ledger::Optimizer::Adam, 0.1));
+    let adam = stepped(OptimizerConfig::for_kind(ledger::OptimizerKind::Adam, 0.1));
     assert_eq!(adam, 8 * total);
     let amsgrad = stepped(OptimizerConfig::Adam(AdamConfig {
         amsgrad: true,
@@ -360,7 +360,7 @@ fn state_bytes_are_measured_from_the_buffers() {
     assert_eq!(amsgrad, 12 * total);
     // 8-bit: one byte per element of m and of v, one f32 absmax per 2048-value block
     // of each (10000 values: 5 blocks); the 100-element tensor keeps f32 moments.
-    let eight_bit = stepped(OptimizerConfig::for_kind(ledger::Optimizer::Adam8bit, 0.1));
+    let eight_bit = stepped(OptimizerConfig::for_kind(ledger::OptimizerKind::Adam8bit, 0.1));
     assert_eq!(eight_bit, 2 * n + 2 * 5 * 4 + 8 * small);
     assert_eq!(eight_bit, 20_840);
     assert_eq!(adam, 80_800);
@@ -643,11 +643,11 @@ fn a_gradient_of_the_wrong_shape_is_an_error() {
 #[test]
 fn configs_build_the_optimizer_they_name() {
     for kind in [
-        ledger::Optimizer::Sgd,
-        ledger::Optimizer::SgdMomentum,
-        ledger::Optimizer::Adam,
-        ledger::Optimizer::AdamW,
-        ledger::Optimizer::Adam8bit,
+        ledger::OptimizerKind::Sgd,
+        ledger::OptimizerKind::SgdMomentum,
+        ledger::OptimizerKind::Adam,
+        ledger::OptimizerKind::AdamW,
+        ledger::OptimizerKind::Adam8bit,
     ] {
         let config = OptimizerConfig::for_kind(kind, 0.05);
         assert_eq!(config.kind(), kind);
