@@ -1,4 +1,4 @@
-//! Walking a [`ModelSpec`] with an input shape: per-layer and per-stage costs.
+//! Per-layer and per-stage costs of a [`ModelSpec`] for one input shape: a fold of the [`walk`].
 
 use serde::Serialize;
 
@@ -6,7 +6,8 @@ use super::cost::Cost;
 use super::precision::Precision;
 use super::rules;
 use super::shape::Shape;
-use super::spec::{Block, Layer, ModelSpec, Op, Shortcut};
+use super::spec::{ModelSpec, Stage};
+use super::walk::{walk, Block, Fold, Shortcut, Site, STAGE_DEPTH};
 use super::ModelError;
 
 /// One row of a summary: a stage (depth 1), a block, or a leaf layer.
@@ -52,219 +53,164 @@ pub fn analyze(
     input: Shape,
     precision: Precision,
 ) -> Result<ModelCost, ModelError> {
-    super::limits::check_input(&spec.name, input)?;
-    if input.elems() == 0 {
-        return Err(ModelError::EmptyInput {
-            model: spec.name.clone(),
-            input,
-        });
-    }
-    let mut walker = Walker {
-        model: &spec.name,
+    let mut costing = Costing {
         precision,
-        rows: Vec::with_capacity(256),
+        last_stage: spec.stages.len().saturating_sub(1),
     };
+    let mut rows = Vec::with_capacity(256);
     let mut stages = Vec::with_capacity(spec.stages.len());
-    let mut shape = input;
     let mut total = Cost::default();
-    let last = spec.stages.len().saturating_sub(1);
-    for (index, stage) in spec.stages.iter().enumerate() {
-        let stage_row = walker.rows.len();
-        walker.rows.push(Row {
-            path: stage.name.clone(),
-            kind: "Stage",
-            depth: 1,
-            stage: index,
-            output: shape,
-            cost: Cost::default(),
-        });
-        let mut cost = Cost::default();
-        if index == 0 && precision.is_mixed() {
-            let cast = rules::input_cast(shape, precision);
-            walker.push(
-                format!("input.to_{}", precision.flag()),
-                "ToDtype",
-                2,
-                index,
-                shape,
-                cast,
-            );
-            cost = cost.then(cast);
-        }
-        let stage_input = shape;
-        let (out, layers_cost) = walker.layers(&stage.layers, "", 2, index, shape, 0)?;
-        cost = cost.then(layers_cost);
-        shape = out;
-        if index == last {
-            let loss = rules::cross_entropy(shape.channels(), precision);
-            walker.push(
-                "loss".to_owned(),
-                "CrossEntropyLoss",
-                2,
-                index,
-                Shape::Flat { features: 1 },
-                loss,
-            );
-            cost = cost.then(loss);
-        }
-        walker.rows[stage_row].output = shape;
-        walker.rows[stage_row].cost = cost;
-        let boundary_bytes = shape.elems() * precision.compute_bytes();
-        stages.push(StageCost {
-            name: stage.name.clone(),
-            input: stage_input,
-            output: shape,
-            boundary_bytes,
-            cost,
-        });
-        total = total.then(cost);
+    for (stage, stage_rows) in walk(spec, input, precision, &mut costing)? {
+        total = total.then(stage.cost);
+        rows.extend(stage_rows);
+        stages.push(stage);
     }
     Ok(ModelCost {
         model: spec.name.clone(),
         num_classes: spec.num_classes,
         input,
         precision,
-        rows: walker.rows,
+        rows,
         stages,
         total,
     })
 }
 
-struct Walker<'a> {
-    model: &'a str,
+/// The walk folded into costs and summary rows.
+struct Costing {
     precision: Precision,
+    last_stage: usize,
+}
+
+impl Costing {
+    fn bytes(&self, elems: u64) -> u64 {
+        elems * self.precision.compute_bytes()
+    }
+}
+
+/// A layer's cost and its rows: its own, then those of the layers inside it.
+#[derive(Default)]
+struct Costed {
+    cost: Cost,
     rows: Vec<Row>,
 }
 
-impl Walker<'_> {
-    fn push(
+impl Costed {
+    fn chain(layers: Vec<Costed>) -> Costed {
+        let mut chained = Costed::default();
+        for layer in layers {
+            chained.cost = chained.cost.then(layer.cost);
+            chained.rows.extend(layer.rows);
+        }
+        chained
+    }
+}
+
+impl Row {
+    fn at(site: Site<'_>, output: Shape, cost: Cost) -> Row {
+        Row {
+            path: site.path,
+            kind: site.layer.kind(),
+            depth: site.depth,
+            stage: site.stage,
+            output,
+            cost,
+        }
+    }
+}
+
+impl Fold for Costing {
+    type Layer = Costed;
+    type Stage = (StageCost, Vec<Row>);
+
+    fn leaf(&mut self, site: Site<'_>, output: Shape, mut cost: Cost) -> Result<Costed, ModelError> {
+        // In inference, what enclosing blocks keep for their residual add is
+        // alive while the layer runs.
+        cost.eval_live_bytes += self.bytes(site.waiting);
+        Ok(Costed {
+            cost,
+            rows: vec![Row::at(site, output, cost)],
+        })
+    }
+
+    fn block(&mut self, site: Site<'_>, block: Block<Costed>, merged: Shape, output: Shape) -> Costed {
+        let body = Costed::chain(block.body);
+        let (mut cost, mut inner) = (body.cost, body.rows);
+        let shortcut = match block.shortcut {
+            Shortcut::None => None,
+            Shortcut::Identity => Some(Costed::default()),
+            Shortcut::Projection(layers) => Some(Costed::chain(layers)),
+        };
+        if let Some(shortcut) = shortcut {
+            // The residual add materialises its sum; in backward the
+            // shortcut's gradient waits while the body's backward runs.
+            let mut add = Cost::default();
+            let out_bytes = self.bytes(merged.elems());
+            add.keep(out_bytes);
+            add.backward_bytes = 3 * out_bytes;
+            add.eval_live_bytes = self.bytes(site.waiting) + 3 * out_bytes;
+            cost.backward_bytes += out_bytes;
+            cost = cost.then(shortcut.cost).then(add);
+            inner.extend(shortcut.rows);
+        }
+        let post = Costed::chain(block.post);
+        cost = cost.then(post.cost);
+        inner.extend(post.rows);
+        let mut rows = Vec::with_capacity(1 + inner.len());
+        rows.push(Row::at(site, output, cost));
+        rows.extend(inner);
+        Costed { cost, rows }
+    }
+
+    fn stage(
         &mut self,
-        path: String,
-        kind: &'static str,
-        depth: usize,
-        stage: usize,
+        index: usize,
+        stage: &Stage,
+        input: Shape,
+        layers: Vec<Costed>,
         output: Shape,
-        cost: Cost,
-    ) {
-        self.rows.push(Row {
+    ) -> (StageCost, Vec<Row>) {
+        let own_row = |path: String, kind, output, cost| Row {
             path,
             kind,
-            depth,
-            stage,
+            depth: STAGE_DEPTH + 1,
+            stage: index,
+            output,
+            cost,
+        };
+        let mut inner = Vec::with_capacity(layers.len() + 2);
+        let mut cost = Cost::default();
+        if index == 0 && self.precision.is_mixed() {
+            let cast = rules::input_cast(input, self.precision);
+            let path = format!("input.to_{}", self.precision.flag());
+            inner.push(own_row(path, "ToDtype", input, cast));
+            cost = cost.then(cast);
+        }
+        let layers = Costed::chain(layers);
+        cost = cost.then(layers.cost);
+        inner.extend(layers.rows);
+        if index == self.last_stage {
+            let loss = rules::cross_entropy(output.channels(), self.precision);
+            inner.push(own_row("loss".to_owned(), "CrossEntropyLoss", Shape::Flat { features: 1 }, loss));
+            cost = cost.then(loss);
+        }
+        let mut rows = Vec::with_capacity(1 + inner.len());
+        rows.push(Row {
+            path: stage.name.clone(),
+            kind: "Stage",
+            depth: STAGE_DEPTH,
+            stage: index,
             output,
             cost,
         });
-    }
-
-    /// Walks layers in sequence. `held` is what enclosing blocks keep alive
-    /// for their residual add while these layers run (it matters in inference).
-    fn layers(
-        &mut self,
-        layers: &[Layer],
-        prefix: &str,
-        depth: usize,
-        stage: usize,
-        input: Shape,
-        held: u64,
-    ) -> Result<(Shape, Cost), ModelError> {
-        let mut shape = input;
-        let mut cost = Cost::default();
-        for layer in layers {
-            let path = if prefix.is_empty() {
-                layer.name.clone()
-            } else {
-                format!("{prefix}.{}", layer.name)
-            };
-            let (out, layer_cost) = match &layer.op {
-                Op::Block(block) => self.block(block, layer, path, depth, stage, shape, held)?,
-                op => {
-                    let (out, mut leaf) =
-                        rules::leaf(op, shape, self.precision).map_err(|reason| {
-                            ModelError::Shape {
-                                model: self.model.to_owned(),
-                                layer: path.clone(),
-                                kind: layer.kind(),
-                                input: shape,
-                                reason,
-                            }
-                        })?;
-                    leaf.eval_live_bytes += held;
-                    self.push(path, layer.kind(), depth, stage, out, leaf);
-                    (out, leaf)
-                }
-            };
-            shape = out;
-            cost = cost.then(layer_cost);
-        }
-        Ok((shape, cost))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn block(
-        &mut self,
-        block: &Block,
-        layer: &Layer,
-        path: String,
-        depth: usize,
-        stage: usize,
-        input: Shape,
-        held: u64,
-    ) -> Result<(Shape, Cost), ModelError> {
-        let row = self.rows.len();
-        self.push(
-            path.clone(),
-            layer.kind(),
-            depth,
-            stage,
+        rows.extend(inner);
+        let stage_cost = StageCost {
+            name: stage.name.clone(),
             input,
-            Cost::default(),
-        );
-        let input_bytes = input.elems() * self.precision.compute_bytes();
-        let keeps_input = !matches!(block.shortcut, Shortcut::None);
-        let body_held = held + if keeps_input { input_bytes } else { 0 };
-        let (body_out, mut cost) =
-            self.layers(&block.body, &path, depth + 1, stage, input, body_held)?;
-        let merged = match &block.shortcut {
-            Shortcut::None => body_out,
-            shortcut => {
-                let (short_out, short_cost) = match shortcut {
-                    Shortcut::Projection(layers) => self.layers(
-                        layers,
-                        &format!("{path}.downsample"),
-                        depth + 1,
-                        stage,
-                        input,
-                        held + body_out.elems() * self.precision.compute_bytes(),
-                    )?,
-                    _ => (input, Cost::default()),
-                };
-                if short_out != body_out {
-                    return Err(ModelError::Shape {
-                        model: self.model.to_owned(),
-                        layer: path,
-                        kind: layer.kind(),
-                        input,
-                        reason: format!(
-                            "the residual add needs equal shapes, got {body_out} + {short_out}"
-                        ),
-                    });
-                }
-                // The residual add materialises its sum; in backward the
-                // shortcut's gradient waits while the body's backward runs.
-                let mut add = Cost::default();
-                let out_bytes = body_out.elems() * self.precision.compute_bytes();
-                add.keep(out_bytes);
-                add.backward_bytes = 3 * out_bytes;
-                add.eval_live_bytes = held + 3 * out_bytes;
-                cost.backward_bytes += out_bytes;
-                cost = cost.then(short_cost).then(add);
-                body_out
-            }
+            output,
+            boundary_bytes: self.bytes(output.elems()),
+            cost,
         };
-        let (out, post) = self.layers(&block.post, &path, depth + 1, stage, merged, held)?;
-        cost = cost.then(post);
-        self.rows[row].output = out;
-        self.rows[row].cost = cost;
-        Ok((out, cost))
+        (stage_cost, rows)
     }
 }

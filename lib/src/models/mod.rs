@@ -15,6 +15,7 @@ mod shape;
 mod small_cnn;
 mod spec;
 mod summary;
+mod walk;
 mod weights;
 mod zoo;
 

@@ -1,23 +1,25 @@
 //! A [`ModelSpec`] made trainable: the same layer list the ledger reads,
-//! built into Candle modules with named parameters.
+//! built into Candle modules with named parameters by a fold of the walk.
 
 use std::fmt;
 
 use candle_core::{DType, Device, Result, Tensor};
 use rand::SeedableRng;
 
+use super::cost::Cost;
 use super::layers::{
     global_avg_pool, BatchNorm, Builder, Conv, Dropout, Linear, Named, Pass, SqueezeExcite,
 };
 use super::precision::Precision;
 use super::rules;
 use super::shape::Shape;
-use super::spec::{Block as BlockSpec, Layer, ModelSpec, Op, Shortcut as ShortcutSpec};
+use super::spec::{ModelSpec, Op, Stage};
+use super::walk::{walk, Block, Fold, Shortcut, Site};
 use super::ModelError;
 use crate::ops;
 
 #[derive(Debug)]
-enum Module {
+pub(super) enum Module {
     Conv(Conv),
     BatchNorm(BatchNorm),
     Relu,
@@ -32,15 +34,7 @@ enum Module {
     Dropout(Dropout),
     Linear(Linear),
     SqueezeExcite(SqueezeExcite),
-    Block(Box<Block>),
-}
-
-#[derive(Debug)]
-struct Block {
-    body: Vec<Module>,
-    shortcut: Option<Vec<Module>>,
-    residual: bool,
-    post: Vec<Module>,
+    Block(Box<Block<Module>>),
 }
 
 impl Module {
@@ -62,10 +56,10 @@ impl Module {
             Module::SqueezeExcite(se) => se.forward(x, pass),
             Module::Block(block) => {
                 let body = sequential(&block.body, x, pass)?;
-                let merged = match (&block.shortcut, block.residual) {
-                    (Some(projection), _) => (body + sequential(projection, x, pass)?)?,
-                    (None, true) => (body + x)?,
-                    (None, false) => body,
+                let merged = match &block.shortcut {
+                    Shortcut::None => body,
+                    Shortcut::Identity => (body + x)?,
+                    Shortcut::Projection(projection) => (body + sequential(projection, x, pass)?)?,
                 };
                 sequential(&block.post, &merged, pass)
             }
@@ -106,26 +100,14 @@ impl Network {
     /// Builds `spec` for one sample of `input` (`C x H x W`), with parameters
     /// initialised as torchvision does from a generator seeded with `seed`.
     pub fn new(spec: &ModelSpec, input: Shape, device: &Device, seed: u64) -> std::result::Result<Self, ModelError> {
-        super::limits::check_input(&spec.name, input)?;
-        if input.elems() == 0 {
-            return Err(ModelError::EmptyInput {
-                model: spec.name.clone(),
-                input,
-            });
-        }
         let mut builder = Builder {
             device,
             rng: rand::rngs::StdRng::seed_from_u64(seed),
             params: Vec::new(),
             buffers: Vec::new(),
         };
-        let mut shape = input;
-        let mut stages = Vec::with_capacity(spec.stages.len());
-        for stage in &spec.stages {
-            let (modules, out) = build_layers(&mut builder, &spec.name, "", &stage.layers, shape)?;
-            stages.push(modules);
-            shape = out;
-        }
+        // Shapes do not depend on the precision; the costs go unused.
+        let stages = walk(spec, input, Precision::F32, &mut builder)?;
         Ok(Network {
             spec: spec.clone(),
             input,
@@ -230,97 +212,49 @@ impl Network {
     }
 }
 
-fn build_layers(
-    b: &mut Builder,
-    model: &str,
-    prefix: &str,
-    layers: &[Layer],
-    input: Shape,
-) -> std::result::Result<(Vec<Module>, Shape), ModelError> {
-    let mut shape = input;
-    let mut modules = Vec::with_capacity(layers.len());
-    for layer in layers {
-        let name = format!("{prefix}{}", layer.name);
-        let (module, out) = build_layer(b, model, &name, layer, shape)?;
-        modules.push(module);
-        shape = out;
+impl Fold for Builder<'_> {
+    type Layer = Module;
+    type Stage = Vec<Module>;
+
+    fn leaf(&mut self, site: Site<'_>, _output: Shape, _cost: Cost) -> std::result::Result<Module, ModelError> {
+        let (name, input) = (site.path.as_str(), site.input);
+        let module = match &site.layer.op {
+            Op::Conv2d(conv) => Conv::new(self, name, *conv, input.channels()).map(Module::Conv),
+            Op::BatchNorm2d => BatchNorm::new(self, name, input.channels()).map(Module::BatchNorm),
+            Op::Relu => Ok(Module::Relu),
+            Op::Silu => Ok(Module::Silu),
+            Op::MaxPool2d {
+                kernel,
+                stride,
+                padding,
+            } => Ok(Module::MaxPool {
+                kernel: *kernel,
+                stride: *stride,
+                padding: *padding,
+            }),
+            Op::GlobalAvgPool => Ok(Module::GlobalAvgPool),
+            Op::Flatten => Ok(Module::Flatten),
+            Op::Dropout { p } => Ok(Module::Dropout(Dropout::new(self, *p))),
+            Op::Linear { out_features, bias } => {
+                Linear::new(self, name, input.channels(), *out_features, *bias).map(Module::Linear)
+            }
+            Op::SqueezeExcite { squeeze_channels } => {
+                SqueezeExcite::new(self, name, input.channels(), *squeeze_channels).map(Module::SqueezeExcite)
+            }
+            Op::Block(_) => return Err(site.rejected(rules::NOT_A_LEAF.to_owned())),
+        };
+        module.map_err(|source| ModelError::Build {
+            model: site.model.to_owned(),
+            layer: site.path.clone(),
+            source,
+        })
     }
-    Ok((modules, shape))
-}
 
-fn build_layer(
-    b: &mut Builder,
-    model: &str,
-    name: &str,
-    layer: &Layer,
-    input: Shape,
-) -> std::result::Result<(Module, Shape), ModelError> {
-    let rejected = |reason: String| ModelError::Shape {
-        model: model.to_owned(),
-        layer: name.to_owned(),
-        kind: layer.kind(),
-        input,
-        reason,
-    };
-    let candle = |err: candle_core::Error| ModelError::Build {
-        model: model.to_owned(),
-        layer: name.to_owned(),
-        source: err,
-    };
-    let module = match &layer.op {
-        Op::Conv2d(conv) => Module::Conv(Conv::new(b, name, *conv, input.channels()).map_err(candle)?),
-        Op::BatchNorm2d => Module::BatchNorm(BatchNorm::new(b, name, input.channels()).map_err(candle)?),
-        Op::Relu => Module::Relu,
-        Op::Silu => Module::Silu,
-        Op::MaxPool2d {
-            kernel,
-            stride,
-            padding,
-        } => Module::MaxPool {
-            kernel: *kernel,
-            stride: *stride,
-            padding: *padding,
-        },
-        Op::GlobalAvgPool => Module::GlobalAvgPool,
-        Op::Flatten => Module::Flatten,
-        Op::Dropout { p } => Module::Dropout(Dropout::new(b, *p)),
-        Op::Linear { out_features, bias } => Module::Linear(
-            Linear::new(b, name, input.channels(), *out_features, *bias).map_err(candle)?,
-        ),
-        Op::SqueezeExcite { squeeze_channels } => Module::SqueezeExcite(
-            SqueezeExcite::new(b, name, input.channels(), *squeeze_channels).map_err(candle)?,
-        ),
-        Op::Block(block) => return build_block(b, model, name, block, input),
-    };
-    let (out, _) = rules::leaf(&layer.op, input, Precision::F32).map_err(rejected)?;
-    Ok((module, out))
-}
+    fn block(&mut self, _site: Site<'_>, block: Block<Module>, _merged: Shape, _output: Shape) -> Module {
+        Module::Block(Box::new(block))
+    }
 
-fn build_block(
-    b: &mut Builder,
-    model: &str,
-    name: &str,
-    block: &BlockSpec,
-    input: Shape,
-) -> std::result::Result<(Module, Shape), ModelError> {
-    let (body, body_out) = build_layers(b, model, &format!("{name}."), &block.body, input)?;
-    let (shortcut, residual) = match &block.shortcut {
-        ShortcutSpec::None => (None, false),
-        ShortcutSpec::Identity => (None, true),
-        ShortcutSpec::Projection(layers) => {
-            let (modules, _) =
-                build_layers(b, model, &format!("{name}.downsample."), layers, input)?;
-            (Some(modules), true)
-        }
-    };
-    let (post, out) = build_layers(b, model, &format!("{name}."), &block.post, body_out)?;
-    Ok((
-        Module::Block(Box::new(Block {
-            body,
-            shortcut,
-            residual,
-            post,
-        })),
-        out,
-    ))
+    fn stage(&mut self, _index: usize, _stage: &Stage, _input: Shape, layers: Vec<Module>, _output: Shape) -> Vec<Module> {
+        layers
+    }
 }

@@ -33,6 +33,9 @@ use super::spec::{Conv2d, Grouping, Op};
 /// Why a layer cannot take the shape that reaches it.
 pub(crate) type Rejection = String;
 
+/// A block is walked through its layers; it has no rule of its own.
+pub(crate) const NOT_A_LEAF: &str = "a block is not a leaf op";
+
 /// The output shape and cost of a leaf op (anything but a block).
 pub(crate) fn leaf(
     op: &Op,
@@ -167,7 +170,7 @@ pub(crate) fn leaf(
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
             input
         }
-        Op::Block(_) => return Err("a block is not a leaf op".to_owned()),
+        Op::Block(_) => return Err(NOT_A_LEAF.to_owned()),
     };
     Ok((output, cost))
 }

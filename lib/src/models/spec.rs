@@ -2,9 +2,8 @@
 //!
 //! The spec never stores input channels: each layer takes them from the shape
 //! that reaches it, so one description serves any input (3 or 1 channels,
-//! 64 or 512 pixels) and any number of classes. The same list is meant to be
-//! walked twice: once here for costs, once by the trainer to build Candle
-//! modules with a `VarBuilder`.
+//! 64 or 512 pixels) and any number of classes. One walk of the list
+//! (`walk.rs`) serves both its uses: the costs and the trainable network.
 
 use serde::{Deserialize, Serialize};
 

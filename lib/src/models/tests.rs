@@ -188,6 +188,42 @@ mod network {
     }
 
     #[test]
+    fn every_parameter_sits_in_its_layers_row_in_order() {
+        for name in ModelName::ALL {
+            let net = build(name, 10, 32);
+            let cost = analyze(net.spec(), net.input(), Precision::F32).unwrap();
+            let leaves = cost.rows.iter().filter(|r| {
+                r.depth > 1 && !matches!(r.kind, "Block" | "ResidualBlock") && r.cost.params > 0
+            });
+            let mut params = net.params().iter().peekable();
+            for row in leaves {
+                let prefix = format!("{}.", row.path);
+                let mut elems = 0;
+                while let Some(param) = params.next_if(|p| p.name.starts_with(&prefix)) {
+                    elems += param.var.elem_count() as u64;
+                }
+                assert_eq!(elems, row.cost.params, "{}: `{}`", name.as_str(), row.path);
+            }
+            let rest: Vec<&str> = params.map(|p| p.name.as_str()).collect();
+            assert!(rest.is_empty(), "{}: no row for {rest:?}", name.as_str());
+        }
+    }
+
+    #[test]
+    fn a_residual_of_unequal_shapes_is_refused_by_both_uses_alike() {
+        let mut spec = resnet18(10);
+        let Op::Block(block) = &mut spec.stages[2].layers[0].op else { panic!("layer2.0 is a block") };
+        block.shortcut = Shortcut::Identity;
+        let input = Shape::map(3, 32, 32);
+        let expected = "resnet18: layer `layer2.0` (ResidualBlock) cannot take input 64x8x8: \
+                        the residual add needs equal shapes, got 128x4x4 + 64x8x8";
+        let analysis = analyze(&spec, input, Precision::F32).unwrap_err().to_string();
+        assert_eq!(analysis, expected);
+        let network = Network::new(&spec, input, &Device::Cpu, 7).unwrap_err().to_string();
+        assert_eq!(network, expected);
+    }
+
+    #[test]
     fn names_follow_torchvision() {
         let net = build(ModelName::Resnet18, 10, 32);
         let names: Vec<&str> = net.params().iter().map(|p| p.name.as_str()).collect();

@@ -5,7 +5,7 @@
 
 use rayon::prelude::*;
 
-use super::conv::Geometry;
+use super::conv_geometry::Geometry;
 
 fn padded_size(g: &Geometry) -> (usize, usize) {
     (g.height + 2 * g.padding, g.width + 2 * g.padding)

@@ -9,6 +9,7 @@
 //! use candle's operations.
 
 mod conv;
+mod conv_geometry;
 mod depthwise;
 mod floats;
 mod norm;
@@ -91,7 +92,7 @@ fn uses_own_kernels(x: &Tensor) -> bool {
 /// the weight. f64 on the CPU and every dtype on other devices use candle's
 /// `conv2d`.
 pub fn conv2d(x: &Tensor, weight: &Tensor, p: ConvParams) -> Result<Tensor> {
-    let geometry = conv::Geometry::new(x, weight, p)?;
+    let geometry = conv_geometry::Geometry::new(x, weight, p)?;
     if !uses_own_kernels(x) {
         return x.conv2d(weight, p.padding, p.stride, 1, p.groups);
     }
