@@ -13,9 +13,10 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
+use crate::cli::measure_flags;
 use crate::gpus::Card;
 use crate::units::human;
-use crate::ledger::{estimate, BillKind, Checkpointing, Ledger, Mode, StepConfig};
+use crate::ledger::{estimate, BillKind, Ledger, Mode, StepConfig};
 use crate::memory::{Budget, HostMemory, OutOfMemory, Processes};
 use crate::models::{Network, Precision, Shape};
 use crate::oom::{search, Fix, FixCost, FixKind};
@@ -220,7 +221,7 @@ impl<'a> Investigation<'a> {
             }
         }
         let reproduce = match (self.step, budget) {
-            (Some(step), Some(budget)) => measure_flags(step, &step_config(step)).map(|flags| {
+            (Some(step), Some(budget)) => measure_flags(&step_config(step), step.spec.num_classes).map(|flags| {
                 format!("vramlab measure --model {} {flags} --budget {}", step.spec.name, budget.name())
             }),
             _ => None,
@@ -432,7 +433,7 @@ fn verified_fixes(trials: &mut Trials<'_>, spec: &crate::models::ModelSpec, fail
         .into_iter()
         .enumerate()
         .map(|(rank, fix)| {
-            let flags = measure_flags(trials.step, &fix.config);
+            let flags = measure_flags(&fix.config, trials.step.spec.num_classes);
             let (verified, peak_bytes, check) = if rank >= verify {
                 (false, fix.peak_bytes, format!("not run: only the {verify} cheapest are verified"))
             } else {
@@ -477,26 +478,6 @@ fn fixes_finding(fixes: &[CheckedFix], simulated: bool) -> Finding {
             _ => Outcome::Clear,
         },
     }
-}
-
-/// The `vramlab measure` flags of `config` for the failed step's model
-/// (all but `--model` and `--budget`); measure takes square RGB inputs only.
-pub fn measure_flags(step: &StepOom, config: &StepConfig) -> Option<String> {
-    let Shape::Map { c: 3, h, w } = config.input else { return None };
-    if h != w {
-        return None;
-    }
-    let mut flags = format!("--batch {} --res {h} --classes {} --opt {}", config.batch, step.spec.num_classes, config.optimizer.flag());
-    if config.precision.is_mixed() {
-        flags.push_str(&format!(" --amp {}", config.precision.flag()));
-    }
-    if config.accumulation > 1 {
-        flags.push_str(&format!(" --accum {}", config.accumulation));
-    }
-    if config.checkpointing != Checkpointing::None {
-        flags.push_str(&format!(" --ckpt {}", config.checkpointing));
-    }
-    Some(flags)
 }
 
 /// Runs real steps for the investigation, each in the failed step's room.

@@ -4,6 +4,7 @@
 mod args;
 mod data;
 mod fit;
+mod flags;
 mod report;
 mod train;
 
@@ -12,6 +13,7 @@ pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
 pub use fit::FitArgs;
+pub use flags::{measure_flags, oomcheck_flags};
 pub use report::Oomcheck;
 pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 

@@ -54,7 +54,7 @@ impl FitReport {
                 format!("{:+}%", fix.cost.extra_time_pct),
                 format!("{}: {}", fix.cost.accuracy_risk, fix.cost.note),
                 batch,
-                fix.config.flags(),
+                super::oomcheck_flags(&fix.config).unwrap_or_else(|| "-".to_owned()),
             ]);
         }
         if self.fixes.is_empty() {
@@ -65,6 +65,8 @@ impl FitReport {
         table
     }
 }
+
+crate::render::shown_as_bundles!(Oomcheck);
 
 impl Render for Oomcheck {
     fn bundle(&self) -> Bundle {

@@ -164,7 +164,7 @@ fn every_fix_flag_round_trips_through_the_parser() {
         let report = crate::oom::check(&args.model.spec(args.classes), &args.step_config(), &args.gpu).unwrap();
         assert!(!report.fixes.is_empty(), "{line}: no fixes to check");
         for fix in &report.fixes {
-            let flags = fix.config.flags();
+            let flags = oomcheck_flags(&fix.config).expect("oomcheck's fixes keep a square input");
             let again = format!("oomcheck {} {flags}", args.model.as_str());
             let parsed = OomcheckArgs::try_parse_from(again.split_whitespace()).unwrap_or_else(|e| panic!("{again}: {e}"));
             assert_eq!(parsed.step_config(), fix.config, "{line}: `{flags}` does not describe the fix {}", fix.change);
@@ -185,4 +185,28 @@ fn every_precision_and_optimizer_flag_parses_back_to_itself() {
     }
     let err = oomcheck(&words("resnet18 --batch 32 --res 224 --amp f32")).unwrap_err();
     assert!(err.0.contains("[possible values: f16, bf16]"), "{}", err.0);
+}
+
+#[test]
+fn measure_flags_parse_back_to_the_step_they_describe() {
+    use clap::Parser;
+    let base = crate::ledger::StepConfig::training(48, 96);
+    let configs = [
+        base.clone(),
+        crate::ledger::StepConfig { precision: crate::models::Precision::F16Amp, accumulation: 3, ..base.clone() },
+        crate::ledger::StepConfig { optimizer: crate::ledger::OptimizerKind::Adam8bit, checkpointing: crate::ledger::Checkpointing::Segments(vec!["layer2".into(), "layer3".into()]), ..base.clone() },
+    ];
+    for config in configs {
+        let flags = measure_flags(&config, 7).unwrap();
+        let line = format!("measure --model resnet18 {flags}");
+        let args = MeasureArgs::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let setup = &args.setup;
+        assert_eq!((setup.batch, setup.res, setup.classes), (48, 96, 7), "{line}");
+        assert_eq!((setup.precision(), setup.opt, setup.accum, &setup.ckpt), (config.precision, config.optimizer, config.accumulation, &config.checkpointing), "{line}");
+    }
+    let grey = crate::ledger::StepConfig { input: crate::models::Shape::map(1, 96, 96), ..base.clone() };
+    assert_eq!(measure_flags(&grey, 7), None, "measure reads RGB only");
+    assert_eq!(oomcheck_flags(&grey).as_deref(), Some("--batch 48 --res 96 --channels 1 --opt adam"));
+    let wide = crate::ledger::StepConfig { input: crate::models::Shape::map(3, 96, 128), ..base };
+    assert_eq!(oomcheck_flags(&wide), None, "--res cannot say a wide input");
 }

@@ -55,35 +55,24 @@ impl StepConfig {
             ..self.clone()
         }
     }
+}
 
-    /// The `oomcheck` flags that describe this configuration (a square
-    /// input; another shape is written `--input`, which only `summary` reads).
-    pub fn flags(&self) -> String {
-        let mut flags = match self.input {
-            Shape::Map { h, w, .. } if h == w => format!("--batch {} --res {h}", self.batch),
-            input => format!("--batch {} --input {input}", self.batch),
-        };
-        if let Shape::Map { c, .. } = self.input {
-            if c != 3 {
-                flags.push_str(&format!(" --channels {c}"));
-            }
+/// `batch 32 at 3x224x224, f16 mixed precision, Adam, accumulation 2, checkpointing stages`:
+/// what the step is, with only the levers that are pulled.
+impl fmt::Display for StepConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "batch {} at {}, {}", self.batch, self.input, self.precision)?;
+        if self.mode == Mode::Inference {
+            return f.write_str(", inference");
         }
-        if self.precision.is_mixed() {
-            flags.push_str(&format!(" --amp {}", self.precision.flag()));
-        }
-        if self.mode == Mode::Training {
-            flags.push_str(&format!(" --opt {}", self.optimizer.flag()));
-        }
+        write!(f, ", {}", self.optimizer)?;
         if self.accumulation > 1 {
-            flags.push_str(&format!(" --accum {}", self.accumulation));
+            write!(f, ", accumulation {}", self.accumulation)?;
         }
         if self.checkpointing != Checkpointing::None {
-            flags.push_str(&format!(" --ckpt {}", self.checkpointing));
+            write!(f, ", checkpointing {}", self.checkpointing)?;
         }
-        if self.mode == Mode::Inference {
-            flags.push_str(" --eval");
-        }
-        flags
+        Ok(())
     }
 }
 

@@ -17,7 +17,7 @@ impl Ledger {
                 "{} on {}: {}",
                 self.model,
                 self.device,
-                self.config.flags()
+                self.config
             ))
             .right_align(&[1, 2, 3]);
         for bill in &self.bills {

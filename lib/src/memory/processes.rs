@@ -197,6 +197,8 @@ impl Processes {
     }
 }
 
+crate::render::shown_as_bundles!(Processes);
+
 impl Render for Processes {
     fn bundle(&self) -> Bundle {
         self.table().bundle()

@@ -108,6 +108,8 @@ fn difference(predicted: Option<u64>, measured: Option<u64>) -> String {
     }
 }
 
+crate::render::shown_as_bundles!(MemReport, CellUsage);
+
 impl Render for MemReport {
     fn bundle(&self) -> Bundle {
         let mut composer = Composer::new();

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 use rand::SeedableRng;
 
 use super::cost::Cost;
@@ -200,15 +200,6 @@ impl Network {
             .iter()
             .map(|b| (b.var.elem_count() * b.var.dtype().size_in_bytes()) as u64)
             .sum()
-    }
-
-    /// The dtype a [`Precision`] runs convolutions and matmuls in.
-    pub fn compute_dtype(precision: Precision) -> DType {
-        match precision {
-            Precision::F32 => DType::F32,
-            Precision::F16Amp => DType::F16,
-            Precision::Bf16Amp => DType::BF16,
-        }
     }
 }
 

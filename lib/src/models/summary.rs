@@ -128,6 +128,8 @@ impl Summarize for super::Network {
     }
 }
 
+crate::render::shown_as_bundles!(Summary);
+
 impl Render for Summary {
     fn bundle(&self) -> Bundle {
         self.table(3).bundle()

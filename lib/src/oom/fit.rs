@@ -1,5 +1,3 @@
-use std::fmt;
-
 use serde::Serialize;
 
 use crate::gpus::Card;
@@ -8,19 +6,7 @@ use crate::ledger::{estimate, Ledger, LedgerError, Mode, StepConfig};
 use crate::models::ModelSpec;
 
 use super::fixes::{search, Fix};
-
-/// Below this share of the card left free, a fit is called tight: the
-/// allocator's fragmentation and a few stray tensors can eat it.
-pub const COMFORT: f64 = 0.10;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    Fits,
-    /// Fits with less than 10% of the card to spare.
-    Tight,
-    DoesNotFit,
-}
+use super::verdict::{target_bytes, verdict, Verdict};
 
 /// A ledger checked against its device, with fixes when it doesn't fit comfortably.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -33,21 +19,6 @@ pub struct FitReport {
     pub target_bytes: u64,
     /// Ranked, cheapest first; empty when it fits comfortably.
     pub fixes: Vec<Fix>,
-}
-
-/// The most a comfortable configuration may peak at on `device`.
-pub fn target_bytes(device: &Card) -> u64 {
-    (device.usable_bytes as f64 * (1.0 - COMFORT)) as u64
-}
-
-pub fn verdict(peak: u64, device: &Card) -> Verdict {
-    if peak <= target_bytes(device) {
-        Verdict::Fits
-    } else if peak <= device.usable_bytes {
-        Verdict::Tight
-    } else {
-        Verdict::DoesNotFit
-    }
 }
 
 /// Estimates `config` on `device`, judges the fit and, unless it fits
@@ -96,15 +67,5 @@ impl FitReport {
             ),
             Verdict::DoesNotFit => format!("DOES NOT FIT: peak {} on {} is {} over.", human(peak), device, human(margin)),
         }
-    }
-}
-
-impl fmt::Display for Verdict {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Verdict::Fits => "fits",
-            Verdict::Tight => "fits, but tight",
-            Verdict::DoesNotFit => "does not fit",
-        })
     }
 }

@@ -8,7 +8,7 @@ use crate::gpus::Card;
 use crate::ledger::{estimate, Checkpointing, OptimizerKind, StepConfig};
 use crate::models::{analyze, ModelSpec, Precision};
 
-use super::fit::target_bytes;
+use super::verdict::target_bytes;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]

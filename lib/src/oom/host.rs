@@ -95,6 +95,8 @@ impl HostReport {
     }
 }
 
+crate::render::shown_as_bundles!(HostReport);
+
 impl Render for HostReport {
     fn bundle(&self) -> Bundle {
         self.table().bundle()

@@ -11,7 +11,7 @@ use crate::ledger::{estimate, LedgerError, StepConfig};
 use crate::models::ModelSpec;
 use crate::render::{Chart, Series, Table};
 
-use super::fit::{verdict, Verdict};
+use super::verdict::{verdict, Verdict};
 
 const MAX_POINTS: usize = 64;
 const GIB: f64 = (1u64 << 30) as f64;

@@ -36,21 +36,15 @@ pub fn escape_html(text: &str) -> String {
 
 /// Each report shows as its bundle when it is a cell's value: evcxr calls an
 /// inherent `evcxr_display` first, before the `Debug` fallback every type has.
+/// Invoked beside each report's type.
 macro_rules! shown_as_bundles {
     ($($report:ty),* $(,)?) => {
         $(impl $report {
             pub fn evcxr_display(&self) {
-                Render::bundle(self).print_as_cell_result();
+                $crate::render::Render::bundle(self).print_as_cell_result();
             }
         })*
     };
 }
 
-shown_as_bundles!(
-    crate::models::Summary,
-    crate::cli::Oomcheck,
-    crate::oom::HostReport,
-    crate::memory::Processes,
-    crate::memory::MemReport,
-    crate::memory::CellUsage,
-);
+pub(crate) use shown_as_bundles;

@@ -7,7 +7,9 @@ use serde::Serialize;
 
 use super::measure::{Comparison, MeasuredStep};
 use super::task::Stripes;
-use super::trainer::{TrainConfig, TrainError, Trainer};
+use super::config::TrainConfig;
+use super::error::TrainError;
+use super::trainer::Trainer;
 use crate::models::{ModelName, Network, Precision, Shape};
 
 /// What to time or measure: a zoo model at one batch and resolution, with one training setup.

@@ -12,7 +12,8 @@ use candle_core::Tensor;
 use serde::Serialize;
 
 use super::events::StepReport;
-use super::trainer::{tensor_bytes, TrainError, Trainer};
+use super::error::TrainError;
+use super::trainer::{tensor_bytes, Trainer};
 use crate::ledger::{estimate, BillKind, Ledger, StepConfig, StepPhase};
 use crate::memory::{BillBytes, HostMemory, MeasuredPhase, Measurement, Prediction, Snapshot};
 
@@ -185,16 +186,7 @@ impl Trainer {
         let batch = micro_batches.first().map_or(0, |(x, _)| x.dim(0).unwrap_or(0));
         let ledger = self.predict(batch)?;
         let measured = self.measure_step(micro_batches, 0)?;
-        let label = format!(
-            "{}, batch {} at {}, {}, {}, accumulation {}, checkpointing {}",
-            self.net().spec().name,
-            batch,
-            self.net().input(),
-            self.config().precision,
-            self.config().optimizer.kind(),
-            self.config().accumulation,
-            self.config().checkpointing
-        );
+        let label = format!("{}, {}", self.net().spec().name, ledger.config);
         let comparison = Comparison {
             label: label.clone(),
             predicted: Prediction::from_ledger(&ledger).bills,

@@ -3,6 +3,8 @@
 pub mod amp;
 mod bench;
 pub mod clip;
+mod config;
+mod error;
 mod events;
 mod measure;
 mod oom;
@@ -28,7 +30,9 @@ pub use step::{
     accumulate, cross_entropy, forward_backward, forward_backward_watched, Gradients,
 };
 pub use task::Stripes;
-pub use trainer::{BatchSource, InMemory, TrainConfig, TrainError, Trainer};
+pub use config::TrainConfig;
+pub use error::TrainError;
+pub use trainer::{BatchSource, InMemory, Trainer};
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,8 @@ use std::cell::RefCell;
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
-use super::trainer::{TrainConfig, TrainError};
+use super::config::TrainConfig;
+use super::error::TrainError;
 use crate::ledger::{BillKind, StepPhase, StepPlan};
 use crate::memory::OutOfMemory;
 use crate::models::{ModelSpec, Shape};

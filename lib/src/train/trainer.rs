@@ -11,88 +11,18 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use serde::{Deserialize, Serialize};
 
-use super::amp::{GradScaler, GradScalerConfig};
+use super::amp::GradScaler;
+use super::config::TrainConfig;
+use super::error::TrainError;
 use super::clip::clip_grad_norm;
 use super::oom::{self, StepOom};
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
-use super::optim::{OptimError, Optimizer, OptimizerConfig};
-use super::schedule::Schedule;
+use super::optim::Optimizer;
 use super::step::{accumulate, cross_entropy, forward_backward_watched, grad_bytes};
-use crate::ledger::{Checkpointing, LedgerError, StepPhase, StepPlan};
+use crate::ledger::{StepPhase, StepPlan};
 use crate::memory::HostMemory;
 use crate::models::{Network, Pass, Precision};
-
-/// How to train. Defaults: f32, no accumulation, no checkpointing, SGD with
-/// momentum 0.9 at 0.01, no clipping, a constant learning rate.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct TrainConfig {
-    pub precision: Precision,
-    /// Micro-batches per optimizer step; the loss of each is divided by this.
-    pub accumulation: usize,
-    pub checkpointing: Checkpointing,
-    pub optimizer: OptimizerConfig,
-    /// Clip the gradients' global L2 norm to this before each step.
-    pub clip_norm: Option<f64>,
-    /// The learning rate per optimizer step; `None` keeps the optimizer's.
-    #[serde(skip)]
-    pub schedule: Option<Schedule>,
-    /// Loss scaling under f16 (bf16 has f32's range and needs none).
-    pub scaler: GradScalerConfig,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            precision: Precision::F32,
-            accumulation: 1,
-            checkpointing: Checkpointing::None,
-            optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::SgdMomentum, 0.01),
-            clip_norm: None,
-            schedule: None,
-            scaler: GradScalerConfig::default(),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error("training step failed: {0}")]
-    Candle(#[from] candle_core::Error),
-    #[error(transparent)]
-    Optimizer(#[from] OptimError),
-    #[error(transparent)]
-    Checkpointing(#[from] LedgerError),
-    #[error(transparent)]
-    Model(#[from] crate::models::ModelError),
-    #[error("accumulation must be at least 1 micro-batch per step, got {0}")]
-    Accumulation(usize),
-    #[error("{precision} cannot run on {device}: {reason}")]
-    Precision {
-        precision: Precision,
-        device: String,
-        reason: String,
-    },
-    #[error("a step needs {expected} micro-batches (accumulation), got {got}")]
-    MicroBatches { expected: usize, got: usize },
-    #[error("the batch source gave no batches")]
-    Empty,
-    #[error("measuring a step needs the allocation counters, which this process lacks: run it in the vramlab kernel or the vramlab command")]
-    NotCounting,
-    #[error(transparent)]
-    Device(#[from] crate::gpus::GpuError),
-    #[error("memory probe: {0}")]
-    Memory(#[from] crate::memory::MemoryError),
-    #[error(transparent)]
-    OutOfMemory(#[from] crate::memory::OutOfMemory),
-    #[error(
-        "this step is predicted to need {} and the host has {} available: lower the batch or the resolution",
-        crate::units::human(*predicted),
-        crate::units::human(*available)
-    )]
-    HostTooSmall { predicted: u64, available: u64 },
-}
 
 /// Batches of `(images N x C x H x W f32, labels N u32)`, epoch after epoch.
 pub trait BatchSource {
