@@ -17,11 +17,30 @@ mod report;
 #[derive(Debug, thiserror::Error)]
 pub enum LearnError {
     #[error(transparent)]
-    Data(#[from] DataError),
+    Data(Box<DataError>),
     #[error("building the model: {0}")]
-    Model(#[from] ModelError),
+    Model(Box<ModelError>),
     #[error(transparent)]
-    Train(#[from] TrainError),
+    Train(Box<TrainError>),
+}
+
+// Boxed: each would make every result of a run several times larger.
+impl From<DataError> for LearnError {
+    fn from(error: DataError) -> Self {
+        LearnError::Data(Box::new(error))
+    }
+}
+
+impl From<ModelError> for LearnError {
+    fn from(error: ModelError) -> Self {
+        LearnError::Model(Box::new(error))
+    }
+}
+
+impl From<TrainError> for LearnError {
+    fn from(error: TrainError) -> Self {
+        LearnError::Train(Box::new(error))
+    }
 }
 
 /// Each epoch's batches as they come off the loader, on the host.

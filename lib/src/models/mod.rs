@@ -63,7 +63,8 @@ pub enum ModelError {
     Build {
         model: String,
         layer: String,
-        source: candle_core::Error,
+        // Boxed: candle's error would make every model result several times larger.
+        source: Box<candle_core::Error>,
     },
 }
 

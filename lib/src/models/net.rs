@@ -31,7 +31,8 @@ pub(super) enum Module {
     },
     GlobalAvgPool,
     Flatten,
-    Dropout(Dropout),
+    // Boxed: its generator is larger than every other module.
+    Dropout(Box<Dropout>),
     Linear(Linear),
     SqueezeExcite(SqueezeExcite),
     Block(Box<Block<Module>>),
@@ -225,7 +226,7 @@ impl Fold for Builder<'_> {
             }),
             Op::GlobalAvgPool => Ok(Module::GlobalAvgPool),
             Op::Flatten => Ok(Module::Flatten),
-            Op::Dropout { p } => Ok(Module::Dropout(Dropout::new(self, *p))),
+            Op::Dropout { p } => Ok(Module::Dropout(Box::new(Dropout::new(self, *p)))),
             Op::Linear { out_features, bias } => {
                 Linear::new(self, name, input.channels(), *out_features, *bias).map(Module::Linear)
             }
@@ -237,7 +238,7 @@ impl Fold for Builder<'_> {
         module.map_err(|source| ModelError::Build {
             model: site.model.to_owned(),
             layer: site.path.clone(),
-            source,
+            source: Box::new(source),
         })
     }
 

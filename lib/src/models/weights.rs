@@ -38,12 +38,12 @@ pub enum WeightsError {
     #[error("cannot save weights to {path}: {source}")]
     Save {
         path: PathBuf,
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
     #[error("cannot read weights from {path}: {source}")]
     Read {
         path: PathBuf,
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
     #[error("{path} does not fit {model}: {}", list(.mismatches))]
     Mismatch {
@@ -55,7 +55,7 @@ pub enum WeightsError {
     Load {
         path: PathBuf,
         name: String,
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
 }
 
@@ -79,7 +79,7 @@ impl Network {
             .collect();
         candle_core::safetensors::save(&tensors, path).map_err(|source| WeightsError::Save {
             path: path.to_owned(),
-            source,
+            source: Box::new(source),
         })
     }
 
@@ -90,7 +90,7 @@ impl Network {
         let mut file = candle_core::safetensors::load(path, self.device()).map_err(|source| {
             WeightsError::Read {
                 path: path.to_owned(),
-                source,
+                source: Box::new(source),
             }
         })?;
         let mut mismatches = Vec::new();
@@ -120,7 +120,7 @@ impl Network {
                 shape: tensor.dims().to_vec(),
             })
             .collect();
-        unexpected.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+        unexpected.sort_by_cached_key(ToString::to_string);
         mismatches.extend(unexpected);
         if !mismatches.is_empty() {
             return Err(WeightsError::Mismatch {
@@ -133,7 +133,7 @@ impl Network {
             let load = |source| WeightsError::Load {
                 path: path.to_owned(),
                 name: slot.name.clone(),
-                source,
+                source: Box::new(source),
             };
             if let Some(tensor) = file.remove(&slot.name) {
                 let tensor = tensor.to_dtype(slot.var.dtype()).map_err(load)?;

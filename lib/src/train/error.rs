@@ -7,7 +7,7 @@ use crate::models::Precision;
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error("training step failed: {0}")]
-    Candle(#[from] candle_core::Error),
+    Candle(Box<candle_core::Error>),
     #[error(transparent)]
     Optimizer(#[from] OptimError),
     #[error(transparent)]
@@ -40,4 +40,11 @@ pub enum TrainError {
         crate::units::human(*available)
     )]
     HostTooSmall { predicted: u64, available: u64 },
+}
+
+// Boxed: candle's error would make every training result several times larger.
+impl From<candle_core::Error> for TrainError {
+    fn from(error: candle_core::Error) -> Self {
+        TrainError::Candle(Box::new(error))
+    }
 }
