@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Every test: the Rust unit and end-to-end tests (the kernel binary driven
+# Every test: formatting and lints, the Rust unit and end-to-end tests (the kernel binary driven
 # over ZeroMQ), then jupyter_kernel_test and the notebooks through nbclient.
 source "$(dirname "$0")/setup.sh"
 # One build cache for every kernel the tests start, so the library that cells
 # use is compiled once (kernel tests run one at a time for the same reason).
 # It must lie outside this Cargo workspace for evcxr to build there.
 export VRAMLAB_CACHE_DIR="${TMPDIR:-/tmp}/vramlab-test-cache"
+
+say "cargo fmt --check, cargo clippy"
+for component in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+done
+cargo fmt --check
+# In the release profile, so the build scripts' outputs (libjpeg-turbo's) are the build's.
+cargo clippy --release --locked --workspace --all-targets -- -D warnings
 
 say "cargo test"
 cargo test --release --locked --workspace -- --test-threads=1
