@@ -9,6 +9,7 @@ use vramlab::render::{Bundle, DisplayFrame};
 
 use crate::display;
 use crate::iopub::Iopub;
+use crate::outcome::Outcome;
 
 /// Where a running cell's output goes: iopub, as children of its request.
 #[derive(Clone)]
@@ -49,20 +50,6 @@ pub struct ExecuteJob {
     pub input: Option<InputFn>,
 }
 
-/// A cell's error as Jupyter shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CellError {
-    pub ename: String,
-    pub evalue: String,
-    pub traceback: Vec<String>,
-}
-
-impl CellError {
-    pub fn new(ename: &str, evalue: impl Into<String>, traceback: Vec<String>) -> Self {
-        CellError { ename: ename.to_owned(), evalue: evalue.into(), traceback }
-    }
-}
-
 /// The message of a caught panic.
 pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -71,9 +58,6 @@ pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
 }
-
-/// The result of one piece of Rust code: its final value, if it has one.
-pub type Outcome = Result<Option<Bundle>, CellError>;
 
 /// Completion candidates, with the byte range of the code they replace.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -22,11 +22,12 @@ use zeromq::{RepSocket, RouterSocket, Socket, SocketOptions, SocketRecv, SocketS
 
 use crate::cell::{self, Segment};
 use crate::display;
-use crate::engine::{panic_text, CellError, Engine, ExecuteJob, InputFn, Output};
+use crate::engine::{panic_text, Engine, ExecuteJob, InputFn, Output};
 use crate::history::History;
 use crate::iopub::Iopub;
 use crate::is_complete;
 use crate::magic::{self, Invocation};
+use crate::outcome::CellError;
 use crate::wire::{Incoming, Verifier};
 
 pub const PROTOCOL_VERSION: &str = "5.3";

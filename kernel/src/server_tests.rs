@@ -14,7 +14,8 @@ use jupyter_zmq_client::{
 use tokio::sync::oneshot;
 use vramlab::render::Bundle;
 
-use crate::engine::{CellError, Completion, Engine, ExecuteJob, Outcome};
+use crate::engine::{Completion, Engine, ExecuteJob};
+use crate::outcome::{CellError, Outcome};
 
 /// Runs each line: `print:TEXT` streams, `fail:MESSAGE` fails after 300 ms, and
 /// any other line is the cell's result. The cell `panic` panics in the

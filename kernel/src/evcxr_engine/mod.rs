@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
 
-use crate::engine::{Completion, Engine, ExecuteJob, Outcome};
+use crate::engine::{Completion, Engine, ExecuteJob};
+use crate::outcome::Outcome;
 use crate::slot::BuildSlot;
 
 use library::Library;

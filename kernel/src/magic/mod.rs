@@ -10,7 +10,7 @@ mod summary;
 
 use vramlab::render::Bundle;
 
-use crate::engine::CellError;
+use crate::outcome::CellError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
