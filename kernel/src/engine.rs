@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use jupyter_protocol::{JupyterMessage, Stdio};
 use tokio::sync::oneshot;
+use vramlab::memory::CellProbe;
 use vramlab::render::{Bundle, DisplayFrame};
 
 use crate::display;
@@ -77,4 +78,7 @@ pub trait Engine: Send + Sync + 'static {
     fn inspect(&self, code: String, cursor: usize) -> oneshot::Receiver<Result<Option<Bundle>, String>>;
     /// Stops the running cell. Returns false when no cell was running.
     fn interrupt(&self) -> bool;
+    /// The memory counters of the process the cells run in, for `%mem`;
+    /// `None` where they could not be set up.
+    fn probe(&self) -> Option<&CellProbe>;
 }

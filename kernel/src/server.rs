@@ -487,7 +487,10 @@ impl Kernel {
                     let job = ExecuteJob { code, output: output.clone(), input: input.clone() };
                     self.engine.execute(job).await.map_err(|_| engine_stopped())??
                 }
-                Segment::Magic { name, args } => self.invoke(magic::run(&name, &args)?, output, payload).await?,
+                Segment::Magic { name, args } => {
+                    let context = magic::Context { probe: self.engine.probe() };
+                    self.invoke(magic::run(&context, &name, &args)?, output, payload).await?
+                }
                 Segment::CellMagic { name, .. } => self.invoke(magic::run_cell(&name)?, output, payload).await?,
             };
         }

@@ -12,6 +12,7 @@ use jupyter_zmq_client::{
     peer_identity_for_session, ClientIoPubConnection,
 };
 use tokio::sync::oneshot;
+use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
 
 use crate::engine::{Completion, Engine, ExecuteJob};
@@ -58,6 +59,10 @@ impl Engine for Scripted {
 
     fn interrupt(&self) -> bool {
         false
+    }
+
+    fn probe(&self) -> Option<&CellProbe> {
+        None
     }
 }
 
