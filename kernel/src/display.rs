@@ -6,7 +6,7 @@ use jupyter_protocol::{
 };
 use vramlab::render::{Bundle, DisplayFrame, FrameKind};
 
-use crate::engine::CellError;
+use crate::outcome::CellError;
 
 pub fn media(bundle: &Bundle) -> Media {
     // Media's own deserializer knows every MIME type's shape; text types are

@@ -5,10 +5,12 @@ use std::sync::Arc;
 
 use jupyter_protocol::{JupyterMessage, Stdio};
 use tokio::sync::oneshot;
+use vramlab::memory::CellProbe;
 use vramlab::render::{Bundle, DisplayFrame};
 
 use crate::display;
 use crate::iopub::Iopub;
+use crate::outcome::Outcome;
 
 /// Where a running cell's output goes: iopub, as children of its request.
 #[derive(Clone)]
@@ -49,20 +51,6 @@ pub struct ExecuteJob {
     pub input: Option<InputFn>,
 }
 
-/// A cell's error as Jupyter shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CellError {
-    pub ename: String,
-    pub evalue: String,
-    pub traceback: Vec<String>,
-}
-
-impl CellError {
-    pub fn new(ename: &str, evalue: impl Into<String>, traceback: Vec<String>) -> Self {
-        CellError { ename: ename.to_owned(), evalue: evalue.into(), traceback }
-    }
-}
-
 /// The message of a caught panic.
 pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -71,9 +59,6 @@ pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
 }
-
-/// The result of one piece of Rust code: its final value, if it has one.
-pub type Outcome = Result<Option<Bundle>, CellError>;
 
 /// Completion candidates, with the byte range of the code they replace.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -93,4 +78,7 @@ pub trait Engine: Send + Sync + 'static {
     fn inspect(&self, code: String, cursor: usize) -> oneshot::Receiver<Result<Option<Bundle>, String>>;
     /// Stops the running cell. Returns false when no cell was running.
     fn interrupt(&self) -> bool;
+    /// The memory counters of the process the cells run in, for `%mem`;
+    /// `None` where they could not be set up.
+    fn probe(&self) -> Option<&CellProbe>;
 }

@@ -11,6 +11,7 @@ mod install;
 mod iopub;
 mod is_complete;
 mod magic;
+mod outcome;
 mod parent;
 mod server;
 #[cfg(test)]

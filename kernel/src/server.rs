@@ -22,11 +22,12 @@ use zeromq::{RepSocket, RouterSocket, Socket, SocketOptions, SocketRecv, SocketS
 
 use crate::cell::{self, Segment};
 use crate::display;
-use crate::engine::{panic_text, CellError, Engine, ExecuteJob, InputFn, Output};
+use crate::engine::{panic_text, Engine, ExecuteJob, InputFn, Output};
 use crate::history::History;
 use crate::iopub::Iopub;
 use crate::is_complete;
 use crate::magic::{self, Invocation};
+use crate::outcome::CellError;
 use crate::wire::{Incoming, Verifier};
 
 pub const PROTOCOL_VERSION: &str = "5.3";
@@ -486,7 +487,10 @@ impl Kernel {
                     let job = ExecuteJob { code, output: output.clone(), input: input.clone() };
                     self.engine.execute(job).await.map_err(|_| engine_stopped())??
                 }
-                Segment::Magic { name, args } => self.invoke(magic::run(&name, &args)?, output, payload).await?,
+                Segment::Magic { name, args } => {
+                    let context = magic::Context { probe: self.engine.probe() };
+                    self.invoke(magic::run(&context, &name, &args)?, output, payload).await?
+                }
                 Segment::CellMagic { name, .. } => self.invoke(magic::run_cell(&name)?, output, payload).await?,
             };
         }

@@ -12,9 +12,11 @@ use jupyter_zmq_client::{
     peer_identity_for_session, ClientIoPubConnection,
 };
 use tokio::sync::oneshot;
+use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
 
-use crate::engine::{CellError, Completion, Engine, ExecuteJob, Outcome};
+use crate::engine::{Completion, Engine, ExecuteJob};
+use crate::outcome::{CellError, Outcome};
 
 /// Runs each line: `print:TEXT` streams, `fail:MESSAGE` fails after 300 ms, and
 /// any other line is the cell's result. The cell `panic` panics in the
@@ -57,6 +59,10 @@ impl Engine for Scripted {
 
     fn interrupt(&self) -> bool {
         false
+    }
+
+    fn probe(&self) -> Option<&CellProbe> {
+        None
     }
 }
 

@@ -7,7 +7,7 @@
 
 use ra_ap_syntax::{Edition, SourceFile};
 
-use crate::engine::CellError;
+use crate::outcome::CellError;
 
 /// The edition evcxr parses and compiles cells with.
 const EDITION: Edition = Edition::Edition2024;

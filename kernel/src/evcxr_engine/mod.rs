@@ -17,7 +17,8 @@ use tokio::sync::oneshot;
 use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
 
-use crate::engine::{Completion, Engine, ExecuteJob, Outcome};
+use crate::engine::{Completion, Engine, ExecuteJob};
+use crate::outcome::Outcome;
 use crate::slot::BuildSlot;
 
 use library::Library;
@@ -39,6 +40,7 @@ struct Running {
 pub struct EvcxrEngine {
     jobs: Sender<Job>,
     running: Arc<Running>,
+    probe: Option<Arc<CellProbe>>,
 }
 
 impl EvcxrEngine {
@@ -50,12 +52,8 @@ impl EvcxrEngine {
         // Read by evcxr when it creates its context; set before any other thread runs.
         std::env::set_var("EVCXR_TMPDIR", slot.dir());
         let library = Library::locate();
-        let memory = match CellProbe::create() {
-            Ok(probe) => {
-                let probe = Arc::new(probe);
-                crate::magic::mem::attach(Arc::clone(&probe));
-                Some(probe)
-            }
+        let probe = match CellProbe::create() {
+            Ok(probe) => Some(Arc::new(probe)),
             Err(err) => {
                 log::warn!("%mem will not work: {err}");
                 None
@@ -64,10 +62,11 @@ impl EvcxrEngine {
         let (jobs, receiver) = crossbeam_channel::unbounded();
         let running = Arc::new(Running::default());
         let worker_running = Arc::clone(&running);
+        let worker_probe = probe.clone();
         std::thread::Builder::new()
             .name("evcxr".into())
-            .spawn(move || Worker::run(slot, library, receiver, worker_running, memory))?;
-        Ok(EvcxrEngine { jobs, running })
+            .spawn(move || Worker::run(slot, library, receiver, worker_running, worker_probe))?;
+        Ok(EvcxrEngine { jobs, running, probe })
     }
 
     fn submit<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Job) -> oneshot::Receiver<T> {
@@ -101,5 +100,9 @@ impl Engine for EvcxrEngine {
             log::warn!("could not stop the cell process: {err}");
         }
         true
+    }
+
+    fn probe(&self) -> Option<&CellProbe> {
+        self.probe.as_deref()
     }
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use evcxr::CompilationError;
 use serde::Deserialize;
 
-use crate::engine::CellError;
+use crate::outcome::CellError;
 
 fn list(names: &BTreeSet<String>) -> String {
     if names.is_empty() {

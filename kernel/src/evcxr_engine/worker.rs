@@ -18,8 +18,9 @@ use super::process::cell_process_command;
 use super::pump::Pump;
 use super::traceback::{compilation_error, interrupted_error, process_died, returned_error};
 use super::{Job, Running};
-use crate::engine::{panic_text, CellError, Completion, ExecuteJob, Outcome, Output};
+use crate::engine::{panic_text, Completion, ExecuteJob, Output};
 use crate::final_value::FinalValue;
+use crate::outcome::{CellError, Outcome};
 use crate::slot::BuildSlot;
 
 const PANIC_HOOK_CELL: &str = include_str!("../../assets/panic_hook.rs");

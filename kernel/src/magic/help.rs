@@ -7,7 +7,7 @@ pub const MAGIC: Magic = Magic {
     kind: super::Kind::Line,
     summary: "show how to call a magic: %help NAME",
     usage: "%help NAME",
-    run: |args| {
+    run: |_, args| {
         let [name] = args else {
             return Err(format!("%help takes one magic name; magics: {}", names()));
         };
@@ -34,13 +34,14 @@ fn names() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::magic::Context;
 
     #[test]
     fn shows_usage_and_rejects_unknown_names() {
-        let Invocation::Show(bundle) = (MAGIC.run)(&["%lsmagic".into()]).unwrap() else { panic!("expected a bundle") };
+        let Invocation::Show(bundle) = (MAGIC.run)(&Context::default(), &["%lsmagic".into()]).unwrap() else { panic!("expected a bundle") };
         assert_eq!(bundle.text(), "%lsmagic: list the kernel's magics\nusage: %lsmagic");
-        let err = (MAGIC.run)(&["mem2".into()]).unwrap_err();
+        let err = (MAGIC.run)(&Context::default(), &["mem2".into()]).unwrap_err();
         assert!(err.starts_with("no magic named %mem2; magics: %lsmagic, %help"), "{err}");
-        assert!((MAGIC.run)(&[]).is_err());
+        assert!((MAGIC.run)(&Context::default(), &[]).is_err());
     }
 }

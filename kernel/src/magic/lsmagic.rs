@@ -7,7 +7,7 @@ pub const MAGIC: Magic = Magic {
     kind: Kind::Line,
     summary: "list the kernel's magics",
     usage: "%lsmagic",
-    run: |args| {
+    run: |_, args| {
         if let Some(extra) = args.first() {
             return Err(format!("%lsmagic takes no arguments (got `{extra}`)"));
         }
@@ -30,12 +30,14 @@ fn table() -> Table {
 
 #[cfg(test)]
 mod tests {
+    use crate::magic::Context;
+
     #[test]
     fn lists_every_magic() {
-        let super::Invocation::Show(bundle) = (super::MAGIC.run)(&[]).unwrap() else { panic!("expected a bundle") };
+        let super::Invocation::Show(bundle) = (super::MAGIC.run)(&Context::default(), &[]).unwrap() else { panic!("expected a bundle") };
         for magic in super::MAGICS {
             assert!(bundle.text().contains(&format!("%{}", magic.name)));
         }
-        assert!((super::MAGIC.run)(&["x".into()]).is_err());
+        assert!((super::MAGIC.run)(&Context::default(), &["x".into()]).is_err());
     }
 }

@@ -8,9 +8,10 @@ pub mod mem;
 mod oomcheck;
 mod summary;
 
+use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
 
-use crate::engine::CellError;
+use crate::outcome::CellError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -27,12 +28,19 @@ pub enum Invocation {
     Evaluate(String),
 }
 
+/// What a magic may read besides its arguments, handed in by whoever runs it.
+#[derive(Clone, Copy, Default)]
+pub struct Context<'a> {
+    /// The cell process's memory counters; `None` where they could not be set up.
+    pub probe: Option<&'a CellProbe>,
+}
+
 pub struct Magic {
     pub name: &'static str,
     pub kind: Kind,
     pub summary: &'static str,
     pub usage: &'static str,
-    run: fn(&[String]) -> Result<Invocation, String>,
+    run: fn(&Context<'_>, &[String]) -> Result<Invocation, String>,
 }
 
 pub const MAGICS: &[Magic] = &[lsmagic::MAGIC, help::MAGIC, doc::MAGIC, summary::MAGIC, oomcheck::MAGIC, mem::MAGIC];
@@ -42,9 +50,9 @@ pub fn find(name: &str) -> Result<&'static Magic, CellError> {
 }
 
 /// Runs a line magic.
-pub fn run(name: &str, args: &[String]) -> Result<Invocation, CellError> {
+pub fn run(context: &Context<'_>, name: &str, args: &[String]) -> Result<Invocation, CellError> {
     let magic = find(name)?;
-    (magic.run)(args).map_err(|message| usage_error(magic, &message))
+    (magic.run)(context, args).map_err(|message| usage_error(magic, &message))
 }
 
 /// A `%%` cell magic other than `%%mem` (which `cell::split` expands into
@@ -76,10 +84,10 @@ mod tests {
 
     #[test]
     fn unknown_magics_suggest_the_closest() {
-        let err = run("lsmagik", &[]).unwrap_err();
+        let err = run(&Context::default(), "lsmagik", &[]).unwrap_err();
         assert_eq!(err.ename, "UsageError");
         assert_eq!(err.evalue, "unknown magic %lsmagik (did you mean %lsmagic?); %lsmagic lists the magics");
-        assert_eq!(run("zzzzzzzz", &[]).unwrap_err().evalue, "unknown magic %zzzzzzzz; %lsmagic lists the magics");
+        assert_eq!(run(&Context::default(), "zzzzzzzz", &[]).unwrap_err().evalue, "unknown magic %zzzzzzzz; %lsmagic lists the magics");
     }
 
     #[test]

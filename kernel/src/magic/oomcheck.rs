@@ -1,4 +1,4 @@
-use super::{Invocation, Kind, Magic};
+use super::{Context, Invocation, Kind, Magic};
 
 pub const MAGIC: Magic = Magic {
     name: "oomcheck",
@@ -13,7 +13,7 @@ pub const MAGIC: Magic = Magic {
 
 /// `--last-error` asks the cell process, where the failed step's record is;
 /// everything else is a configuration, judged here.
-fn run(args: &[String]) -> Result<Invocation, String> {
+fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
     match args {
         [only] if only == LAST_ERROR => Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".to_owned())),
         _ if args.iter().any(|a| a == LAST_ERROR) => Err(format!("{LAST_ERROR} takes no other argument")),
@@ -57,18 +57,18 @@ mod tests {
 
     #[test]
     fn the_last_error_is_asked_of_the_cell_process_and_takes_nothing_else() {
-        assert_eq!((MAGIC.run)(&[LAST_ERROR.into()]), Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".into())));
-        let err = (MAGIC.run)(&["resnet18".into(), LAST_ERROR.into()]).unwrap_err();
+        assert_eq!((MAGIC.run)(&Context::default(), &[LAST_ERROR.into()]), Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".into())));
+        let err = (MAGIC.run)(&Context::default(), &["resnet18".into(), LAST_ERROR.into()]).unwrap_err();
         assert!(err.contains("takes no other argument"), "{err}");
     }
 
     #[test]
     fn reports_a_verdict_with_a_chart_and_short_usage_errors() {
         let argv: Vec<String> = ["resnet50", "--batch", "64", "--res", "224", "--gpu", "rtx4060-laptop"].map(String::from).into();
-        let Ok(Invocation::Show(bundle)) = (MAGIC.run)(&argv) else { panic!("expected a report") };
+        let Ok(Invocation::Show(bundle)) = (MAGIC.run)(&Context::default(), &argv) else { panic!("expected a report") };
         assert!(bundle.text().contains("DOES NOT FIT"), "{}", bundle.text());
         assert!(bundle.get("text/html").and_then(|h| h.as_str()).is_some_and(|h| h.contains("<svg")));
-        let err = (MAGIC.run)(&["resnet50".into(), "--batch".into(), "0".into(), "--res".into(), "224".into()]).unwrap_err();
+        let err = (MAGIC.run)(&Context::default(), &["resnet50".into(), "--batch".into(), "0".into(), "--res".into(), "224".into()]).unwrap_err();
         assert!(err.lines().count() <= 6 && !err.contains("panicked"), "{err}");
     }
 }

@@ -2,7 +2,7 @@ use vramlab::cli::{parse, SummaryOfArgs, UsageError};
 use vramlab::models::ModelName;
 use vramlab::render::Bundle;
 
-use super::{Invocation, Kind, Magic};
+use super::{Context, Invocation, Kind, Magic};
 
 pub const MAGIC: Magic = Magic {
     name: "summary",
@@ -16,7 +16,7 @@ pub const MAGIC: Magic = Magic {
 
 /// A zoo model is summarised here; a cell's variable is summarised in the
 /// cell process, where it lives, by a one-line cell.
-fn run(args: &[String]) -> Result<Invocation, String> {
+fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
     let Some(target) = args.first().filter(|a| !a.starts_with('-')) else {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     };
@@ -43,22 +43,22 @@ mod tests {
 
     #[test]
     fn renders_a_table_and_names_bad_models() {
-        let Ok(Invocation::Show(bundle)) = (MAGIC.run)(&["resnet18".into(), "--depth".into(), "1".into()]) else {
+        let Ok(Invocation::Show(bundle)) = (MAGIC.run)(&Context::default(), &["resnet18".into(), "--depth".into(), "1".into()]) else {
             panic!("expected a table")
         };
         assert!(bundle.get("text/html").is_some());
         assert!(bundle.text().contains("11,689,512"), "{}", bundle.text());
-        let err = (MAGIC.run)(&["resnet19".into()]).unwrap_err();
+        let err = (MAGIC.run)(&Context::default(), &["resnet19".into()]).unwrap_err();
         assert!(err.contains("resnet18") && !err.contains("\u{1b}["), "{err}");
     }
 
     #[test]
     fn a_variable_becomes_a_cell_and_bad_flags_stop_before_compiling() {
-        let Ok(Invocation::Evaluate(code)) = (MAGIC.run)(&["net".into(), "--depth".into(), "1".into()]) else {
+        let Ok(Invocation::Evaluate(code)) = (MAGIC.run)(&Context::default(), &["net".into(), "--depth".into(), "1".into()]) else {
             panic!("expected a cell")
         };
         assert_eq!(code, r#"vramlab::cli::summary_of(&net, &["--depth", "1"])?"#);
-        let err = (MAGIC.run)(&["net".into(), "--input".into(), "1x3x8x8".into()]).unwrap_err();
+        let err = (MAGIC.run)(&Context::default(), &["net".into(), "--input".into(), "1x3x8x8".into()]).unwrap_err();
         assert!(err.contains("--input"), "{err}");
     }
 }

@@ -7,14 +7,14 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
-use super::Budget;
+use super::{answer, Budget};
 
 /// "vramlab" and a layout version: a block of another layout is not read.
 /// The `cuda` feature adds answer slots, so its layout has its own number.
 #[cfg(not(feature = "cuda"))]
-pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6204;
+pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6205;
 #[cfg(feature = "cuda")]
-pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6284;
+pub(crate) const MAGIC: u64 = 0x7672_616d_6c61_6285;
 /// The exported symbol through which code in shared libraries (notebook
 /// cells) finds the executable's counters.
 pub(crate) const SYMBOL: &std::ffi::CStr = c"vramlab_alloc_counters";
@@ -54,7 +54,7 @@ pub struct Counters {
     pub(crate) request: AtomicU32,
     pub(crate) answered: AtomicU32,
     pub(crate) request_kind: AtomicU64,
-    pub(crate) answer: [AtomicU64; ANSWER_FIELDS],
+    pub(crate) answer: [AtomicU64; answer::WORDS],
     pub(crate) snapshot_seq: AtomicU64,
     pub(crate) snapshot_len: AtomicU64,
     /// Bytes the data loaders of the process hold (batches queued, decode
@@ -63,12 +63,6 @@ pub struct Counters {
     pub(crate) loader_peak: AtomicU64,
 }
 
-/// Answer slots: the host's, then (feature `cuda`) the CUDA device's.
-pub(crate) const HOST_ANSWER_FIELDS: usize = 6;
-#[cfg(not(feature = "cuda"))]
-pub(crate) const ANSWER_FIELDS: usize = HOST_ANSWER_FIELDS;
-#[cfg(feature = "cuda")]
-pub(crate) const ANSWER_FIELDS: usize = HOST_ANSWER_FIELDS + super::cuda::ANSWER_FIELDS;
 const _: () = assert!(std::mem::size_of::<Counters>() <= HEADER_BYTES);
 
 impl Counters {
@@ -89,7 +83,7 @@ impl Counters {
             request: AtomicU32::new(0),
             answered: AtomicU32::new(0),
             request_kind: AtomicU64::new(0),
-            answer: [const { AtomicU64::new(0) }; ANSWER_FIELDS],
+            answer: [const { AtomicU64::new(0) }; answer::WORDS],
             snapshot_seq: AtomicU64::new(0),
             snapshot_len: AtomicU64::new(0),
             loader_held: AtomicU64::new(0),

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, DriverError};
 
-use super::counters;
+use super::answer::{Answer, DeviceAnswer};
 use super::region::Request;
 use super::MemoryError;
 use crate::units::{grouped, human};
@@ -37,19 +37,9 @@ pub struct CudaMemory {
 }
 
 impl CudaMemory {
-    const FIELDS: usize = 7;
-
     /// Reserved but not in use: the pool's idle cache.
     pub fn idle(&self) -> u64 {
         self.reserved.saturating_sub(self.used)
-    }
-
-    fn to_fields(self) -> [u64; Self::FIELDS] {
-        [self.used, self.used_high, self.reserved, self.reserved_high, self.free, self.total, self.context]
-    }
-
-    fn from_fields(f: &[u64]) -> CudaMemory {
-        CudaMemory { used: f[0], used_high: f[1], reserved: f[2], reserved_high: f[3], free: f[4], total: f[5], context: f[6] }
     }
 }
 
@@ -193,15 +183,6 @@ impl CudaProbe {
     }
 }
 
-/// Slots of the CUDA part of the memory thread's answer: a status (0: no
-/// device in use, 1: read, 2: the probe failed), the device's ordinal (or the
-/// driver's error code), the reading after the request and the one before.
-pub(crate) const ANSWER_FIELDS: usize = 2 + 2 * CudaMemory::FIELDS;
-
-const NOT_IN_USE: u64 = 0;
-const READ: u64 = 1;
-const FAILED: u64 = 2;
-
 /// The cell process's side: finds the device its cells work on (once they
 /// use one) and answers the kernel's requests for it.
 #[derive(Default)]
@@ -210,44 +191,29 @@ pub(crate) struct CellDevice {
 }
 
 impl CellDevice {
-    /// `answer` with its CUDA slots filled.
-    pub(crate) fn answer(&mut self, request: Request, mut answer: [u64; counters::ANSWER_FIELDS]) -> [u64; counters::ANSWER_FIELDS] {
-        self.fill(request, &mut answer[counters::HOST_ANSWER_FIELDS..]);
-        answer
+    /// `answer` with the device's part read.
+    pub(crate) fn answer(&mut self, request: Request, answer: Answer) -> Answer {
+        Answer { cuda: self.read(request), ..answer }
     }
 
-    fn fill(&mut self, request: Request, slots: &mut [u64]) {
-        slots.fill(0);
+    fn read(&mut self, request: Request) -> DeviceAnswer {
         if self.probe.is_none() {
             match CudaProbe::in_use() {
                 Ok(probe) => self.probe = probe,
-                Err(_) => {
-                    slots[0] = FAILED;
-                    return;
-                }
+                Err(_) => return DeviceAnswer::Failed,
             }
         }
-        let Some(probe) = &self.probe else {
-            slots[0] = NOT_IN_USE;
-            return;
-        };
+        let Some(probe) = &self.probe else { return DeviceAnswer::NotInUse };
         let reading = match request {
             Request::Sample => probe.sample().map(|m| (m, m)),
             Request::ResetPeak => probe.reset_peak().map(|m| (m, m)),
             Request::EmptyCache => probe.empty_cache().map(|e| (e.before, e.after)),
         };
         match reading {
-            Ok((before, after)) => encode(slots, probe.ordinal(), &before, &after),
-            Err(_) => slots[0] = FAILED,
+            Ok((before, after)) => DeviceAnswer::Read { ordinal: probe.ordinal(), after, before },
+            Err(_) => DeviceAnswer::Failed,
         }
     }
-}
-
-fn encode(slots: &mut [u64], ordinal: usize, before: &CudaMemory, after: &CudaMemory) {
-    slots[0] = READ;
-    slots[1] = ordinal as u64;
-    slots[2..2 + CudaMemory::FIELDS].copy_from_slice(&after.to_fields());
-    slots[2 + CudaMemory::FIELDS..ANSWER_FIELDS].copy_from_slice(&before.to_fields());
 }
 
 /// What `%mem` knows about the cell process's CUDA device.
@@ -255,7 +221,7 @@ fn encode(slots: &mut [u64], ordinal: usize, before: &CudaMemory, after: &CudaMe
 pub enum CellCuda {
     /// The cell process has not used CUDA yet.
     NotInUse,
-    /// Reading the device failed in the cell process (the slots carry no
+    /// Reading the device failed in the cell process (the answer carries no
     /// text: `CudaProbe::in_use()` in a cell shows the driver's error).
     Failed,
     Read {
@@ -267,20 +233,16 @@ pub enum CellCuda {
 }
 
 impl CellCuda {
-    /// Decodes the CUDA slots of an answer to `request`.
-    pub(crate) fn from_answer(request: Request, slots: &[u64]) -> CellCuda {
-        match slots[0] {
-            READ => {
-                let after = CudaMemory::from_fields(&slots[2..2 + CudaMemory::FIELDS]);
-                let before = CudaMemory::from_fields(&slots[2 + CudaMemory::FIELDS..ANSWER_FIELDS]);
-                CellCuda::Read {
-                    ordinal: slots[1] as usize,
-                    memory: after,
-                    emptied: (request == Request::EmptyCache).then_some(CudaEmptyCache { before, after }),
-                }
-            }
-            FAILED => CellCuda::Failed,
-            _ => CellCuda::NotInUse,
+    /// What the device's part of an answer to `request` says.
+    pub(crate) fn from_answer(request: Request, device: DeviceAnswer) -> CellCuda {
+        match device {
+            DeviceAnswer::Read { ordinal, after, before } => CellCuda::Read {
+                ordinal,
+                memory: after,
+                emptied: (request == Request::EmptyCache).then_some(CudaEmptyCache { before, after }),
+            },
+            DeviceAnswer::Failed => CellCuda::Failed,
+            DeviceAnswer::NotInUse => CellCuda::NotInUse,
         }
     }
 
@@ -333,20 +295,21 @@ impl CellCuda {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::answer::WORDS;
 
     #[test]
     fn a_reading_survives_the_answer_slots_and_renders_as_the_pool_table() {
         let after = CudaMemory { used: 1 << 30, used_high: 3 << 30, reserved: 2 << 30, reserved_high: 4 << 30, free: 100 << 30, total: 141 << 30, context: 600 << 20 };
         let before = CudaMemory { reserved: 5 << 30, free: 97 << 30, ..after };
-        let mut slots = [0; ANSWER_FIELDS];
-        encode(&mut slots, 1, &before, &after);
-        let read = CellCuda::from_answer(Request::EmptyCache, &slots);
+        let answer = Answer { cuda: DeviceAnswer::Read { ordinal: 1, after, before }, ..Answer::default() };
+        let device = Answer::from_words(answer.to_words()).cuda;
+        let read = CellCuda::from_answer(Request::EmptyCache, device);
         assert_eq!(read, CellCuda::Read { ordinal: 1, memory: after, emptied: Some(CudaEmptyCache { before, after }) });
-        assert_eq!(CellCuda::from_answer(Request::Sample, &slots), CellCuda::Read { ordinal: 1, memory: after, emptied: None });
+        assert_eq!(CellCuda::from_answer(Request::Sample, device), CellCuda::Read { ordinal: 1, memory: after, emptied: None });
         let text = read.table().unwrap().to_string();
         assert!(text.contains("CUDA device 1") && text.contains("1.00 GiB") && text.contains("600 MiB"), "{text}");
         assert!(read.headline().unwrap().contains("reserved 5.00 GiB -> 2.00 GiB"));
-        assert_eq!(CellCuda::from_answer(Request::Sample, &[0; ANSWER_FIELDS]), CellCuda::NotInUse);
+        assert_eq!(CellCuda::from_answer(Request::Sample, Answer::from_words([0; WORDS]).cuda), CellCuda::NotInUse);
         assert!(CellCuda::NotInUse.table().unwrap_err().contains("not used a GPU"));
     }
 }

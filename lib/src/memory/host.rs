@@ -5,7 +5,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::counters::{self, Counters, ANSWER_FIELDS, HOST_ANSWER_FIELDS};
+use super::answer::Answer;
+use super::counters::{self, Counters};
 use super::region::{self, Region, Request, REGION_BYTES, REGION_FD_ENV};
 use crate::units::human;
 
@@ -174,24 +175,16 @@ pub(crate) fn status_rss(pid: &str) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// A reading sent as an answer: held, RSS and high-water after the request,
-/// held and RSS before it.
-pub(crate) fn to_answer(before: &HostMemory, after: &HostMemory) -> [u64; ANSWER_FIELDS] {
-    let mut answer = [0; ANSWER_FIELDS];
-    answer[..HOST_ANSWER_FIELDS].copy_from_slice(&[after.held, after.rss, after.hwm, before.held, before.rss, 0]);
-    answer
-}
-
 /// The memory thread's answer about the heap: glibc's statistics, around
 /// `malloc_trim` when asked.
-fn host_answer(request: Request) -> [u64; ANSWER_FIELDS] {
+fn host_answer(request: Request) -> Answer {
     let before = HostMemory::sample();
     if request == Request::EmptyCache {
         super::card_empty_cache();
         trim();
-        return to_answer(&before, &HostMemory::sample());
+        return Answer::of_heap(&before, &HostMemory::sample());
     }
-    to_answer(&before, &before)
+    Answer::of_heap(&before, &before)
 }
 
 /// Starts counting for this process. Call first thing in `main` of a binary

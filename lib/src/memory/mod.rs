@@ -8,6 +8,7 @@
 //! process, those of cell libraries included. Anywhere else the probes
 //! sample glibc's statistics and say they are not exact.
 
+mod answer;
 mod budget;
 mod card;
 mod counters;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use super::answer::Answer;
 use super::host::{status_rss, EmptyCache, HostMemory};
 use super::region::{self, Region, Request};
 use super::snapshot::{self, Snapshot};
@@ -88,21 +89,21 @@ impl CellProbe {
         self.pid().ok_or(MemoryError::NotStarted)
     }
 
-    fn ask(&self, request: Request) -> Result<[u64; super::counters::ANSWER_FIELDS], MemoryError> {
+    fn ask(&self, request: Request) -> Result<Answer, MemoryError> {
         let pid = self.started()?;
         let _one_at_a_time = self.asking.lock().unwrap_or_else(|e| e.into_inner());
         region::ask(self.region.counters(), request, ANSWER_WITHIN).ok_or(MemoryError::NoAnswer { pid })
     }
 
-    fn reading(&self, answer: [u64; super::counters::ANSWER_FIELDS]) -> HostMemory {
+    fn reading(&self, answer: Answer) -> HostMemory {
         let c = self.region.counters();
         HostMemory {
             exact: true,
             in_use: c.in_use(),
-            held: answer[0],
+            held: answer.held,
             peak: Some(c.peak()),
-            rss: answer[1],
-            hwm: answer[2],
+            rss: answer.rss,
+            hwm: answer.hwm,
             allocations: Some(c.allocations()),
             budget: c.budget(),
         }
@@ -136,9 +137,9 @@ impl CellProbe {
         Ok(self.emptied(self.ask(Request::EmptyCache)?))
     }
 
-    fn emptied(&self, answer: [u64; super::counters::ANSWER_FIELDS]) -> EmptyCache {
+    fn emptied(&self, answer: Answer) -> EmptyCache {
         let after = self.reading(answer);
-        let before = HostMemory { held: answer[3], rss: answer[4], ..after };
+        let before = HostMemory { held: answer.held_before, rss: answer.rss_before, ..after };
         EmptyCache { before, after }
     }
 
@@ -200,7 +201,7 @@ impl CellProbe {
             peak_reset: reset_peak,
             card: super::card::card_stats_in(self.region.counters()),
             #[cfg(feature = "cuda")]
-            cuda: super::cuda::CellCuda::from_answer(request, &answer[super::counters::HOST_ANSWER_FIELDS..]),
+            cuda: super::cuda::CellCuda::from_answer(request, answer.cuda),
         })
     }
 }

@@ -9,6 +9,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use super::answer::Answer;
 use super::counters::{Counters, HEADER_BYTES, MAGIC};
 use super::MemoryError;
 
@@ -208,8 +209,8 @@ pub(crate) enum Request {
 }
 
 /// Asks the owner of `counters` to run `request` and waits up to `within`
-/// for its answer fields. One requester at a time (the caller serialises).
-pub(crate) fn ask(counters: &Counters, request: Request, within: Duration) -> Option<[u64; super::counters::ANSWER_FIELDS]> {
+/// for its answer. One requester at a time (the caller serialises).
+pub(crate) fn ask(counters: &Counters, request: Request, within: Duration) -> Option<Answer> {
     let seq = counters.request.load(Ordering::Relaxed).wrapping_add(1);
     counters.request_kind.store(request as u64, Ordering::Relaxed);
     counters.request.store(seq, Ordering::Release);
@@ -218,9 +219,9 @@ pub(crate) fn ask(counters: &Counters, request: Request, within: Duration) -> Op
     loop {
         let answered = counters.answered.load(Ordering::Acquire);
         if answered == seq {
-            let answer = std::array::from_fn(|i| counters.answer[i].load(Ordering::Relaxed));
+            let words = counters.answer.each_ref().map(|slot| slot.load(Ordering::Relaxed));
             fence(Ordering::Acquire);
-            return (counters.answered.load(Ordering::Relaxed) == seq).then_some(answer);
+            return (counters.answered.load(Ordering::Relaxed) == seq).then(|| Answer::from_words(words));
         }
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
@@ -231,7 +232,7 @@ pub(crate) fn ask(counters: &Counters, request: Request, within: Duration) -> Op
 }
 
 /// The owner's side: answers requests forever with `answer`.
-pub(crate) fn serve(counters: &'static Counters, mut answer: impl FnMut(Request) -> [u64; super::counters::ANSWER_FIELDS]) -> ! {
+pub(crate) fn serve(counters: &'static Counters, mut answer: impl FnMut(Request) -> Answer) -> ! {
     loop {
         let asked = counters.request.load(Ordering::Acquire);
         if asked == counters.answered.load(Ordering::Relaxed) {
@@ -244,8 +245,8 @@ pub(crate) fn serve(counters: &'static Counters, mut answer: impl FnMut(Request)
             3 => Request::ResetPeak,
             _ => Request::Sample,
         };
-        for (slot, value) in counters.answer.iter().zip(answer(request)) {
-            slot.store(value, Ordering::Relaxed);
+        for (slot, word) in counters.answer.iter().zip(answer(request).to_words()) {
+            slot.store(word, Ordering::Relaxed);
         }
         counters.answered.store(asked, Ordering::Release);
         futex_wake(&counters.answered);

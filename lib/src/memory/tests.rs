@@ -1,5 +1,6 @@
 use std::time::Duration;
 
+use super::answer::Answer;
 use super::counters::Counters;
 use super::region::{self, Region, Request};
 use super::*;
@@ -112,14 +113,12 @@ fn requests_are_answered_by_the_serving_thread_and_silence_times_out() {
     let counters = region();
     assert_eq!(region::ask(counters, Request::Sample, Duration::from_millis(20)), None);
     std::thread::spawn(move || {
-        region::serve(counters, |request| {
-            let mut answer = [0; super::counters::ANSWER_FIELDS];
-            answer[..2].copy_from_slice(&[request as u64, 7]);
-            answer
-        })
+        region::serve(counters, |request| Answer { held: request as u64, rss: 7, ..Answer::default() })
     });
-    assert_eq!(region::ask(counters, Request::EmptyCache, Duration::from_secs(5)).unwrap()[..2], [2, 7]);
-    assert_eq!(region::ask(counters, Request::Sample, Duration::from_secs(5)).unwrap()[..2], [1, 7]);
+    let answer = region::ask(counters, Request::EmptyCache, Duration::from_secs(5)).unwrap();
+    assert_eq!((answer.held, answer.rss), (2, 7));
+    let answer = region::ask(counters, Request::Sample, Duration::from_secs(5)).unwrap();
+    assert_eq!((answer.held, answer.rss), (1, 7));
 }
 
 #[test]
