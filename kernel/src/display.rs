@@ -1,8 +1,8 @@
 //! MIME bundles and live display frames as iopub messages.
 
 use jupyter_protocol::{
-    ClearOutput, DisplayData, ErrorOutput, ExecuteResult, ExecutionCount, JupyterMessage, Media, Stdio,
-    StreamContent, Transient, UpdateDisplayData,
+    ClearOutput, DisplayData, ErrorOutput, ExecuteResult, ExecutionCount, JupyterMessage, Media, Stdio, StreamContent, Transient,
+    UpdateDisplayData,
 };
 use vramlab::render::{Bundle, DisplayFrame, FrameKind};
 
@@ -22,12 +22,8 @@ pub fn stream(name: Stdio, text: String, parent: &JupyterMessage) -> JupyterMess
 }
 
 pub fn display_data(bundle: &Bundle, display_id: Option<String>, parent: &JupyterMessage) -> JupyterMessage {
-    DisplayData {
-        data: media(bundle),
-        metadata: Default::default(),
-        transient: display_id.map(|id| Transient { display_id: Some(id) }),
-    }
-    .as_child_of(parent)
+    DisplayData { data: media(bundle), metadata: Default::default(), transient: display_id.map(|id| Transient { display_id: Some(id) }) }
+        .as_child_of(parent)
 }
 
 pub fn execute_result(bundle: &Bundle, count: usize, parent: &JupyterMessage) -> JupyterMessage {
@@ -42,20 +38,17 @@ pub fn execute_result(bundle: &Bundle, count: usize, parent: &JupyterMessage) ->
 }
 
 pub fn error(err: &CellError, parent: &JupyterMessage) -> JupyterMessage {
-    ErrorOutput { ename: err.ename.clone(), evalue: err.evalue.clone(), traceback: err.traceback.clone() }
-        .as_child_of(parent)
+    ErrorOutput { ename: err.ename.clone(), evalue: err.evalue.clone(), traceback: err.traceback.clone() }.as_child_of(parent)
 }
 
 /// A live frame from a cell becomes display_data, update_display_data or clear_output.
 pub fn frame(frame: DisplayFrame, parent: &JupyterMessage) -> JupyterMessage {
     match (frame.kind, frame.display_id) {
         (FrameKind::Display, id) => display_data(&frame.data, id, parent),
-        (FrameKind::Update, Some(id)) => UpdateDisplayData {
-            data: media(&frame.data),
-            metadata: Default::default(),
-            transient: Transient { display_id: Some(id) },
+        (FrameKind::Update, Some(id)) => {
+            UpdateDisplayData { data: media(&frame.data), metadata: Default::default(), transient: Transient { display_id: Some(id) } }
+                .as_child_of(parent)
         }
-        .as_child_of(parent),
         // An update that names no output can only be shown as a new one.
         (FrameKind::Update, None) => display_data(&frame.data, None, parent),
         (FrameKind::Clear { wait }, _) => ClearOutput { wait }.as_child_of(parent),

@@ -37,9 +37,7 @@ pub fn install(args: &InstallArgs) -> anyhow::Result<()> {
         user_data_dir()?
     };
     let lib = library_dir(args.lib.as_deref())?;
-    let exe = std::env::current_exe()
-        .and_then(|p| p.canonicalize())
-        .context("cannot locate the vramlab-kernel executable")?;
+    let exe = std::env::current_exe().and_then(|p| p.canonicalize()).context("cannot locate the vramlab-kernel executable")?;
     let dir = data_dir.join("kernels").join(KERNEL_NAME);
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let spec = json!({
@@ -76,9 +74,7 @@ fn user_data_dir() -> anyhow::Result<PathBuf> {
     if let Some(xdg) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
         return Ok(PathBuf::from(xdg).join("jupyter"));
     }
-    dirs::data_dir()
-        .map(|d| d.join("jupyter"))
-        .context("cannot find the user's data directory (is HOME set?)")
+    dirs::data_dir().map(|d| d.join("jupyter")).context("cannot find the user's data directory (is HOME set?)")
 }
 
 fn sys_prefix() -> anyhow::Result<PathBuf> {
@@ -103,9 +99,8 @@ fn library_dir(given: Option<&Path>) -> anyhow::Result<PathBuf> {
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../lib"),
     };
     let manifest = dir.join("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest).with_context(|| {
-        format!("the vramlab library is not at {} (pass --lib DIR)", dir.display())
-    })?;
+    let text =
+        std::fs::read_to_string(&manifest).with_context(|| format!("the vramlab library is not at {} (pass --lib DIR)", dir.display()))?;
     if !text.lines().any(|l| l.trim() == "name = \"vramlab\"") {
         bail!("{} is not the vramlab crate (pass --lib DIR)", manifest.display());
     }

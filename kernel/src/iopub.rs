@@ -6,8 +6,9 @@ use jupyter_protocol::{IoPubWelcome, JupyterMessage};
 use jupyter_zmq_client::{KernelIoPubXPubConnection, SubscriptionEvent};
 use tokio::sync::{mpsc, oneshot};
 
+// Boxed: a message is many times larger than a flush.
 enum Item {
-    Message(JupyterMessage),
+    Message(Box<JupyterMessage>),
     Flush(oneshot::Sender<()>),
 }
 
@@ -32,7 +33,7 @@ impl Iopub {
                 match next {
                     Ok(Some(Item::Message(message))) => {
                         let topic = format!("kernel.{}.{}", socket.session_id, message.message_type());
-                        let message = message.with_zmq_identities(vec![Bytes::from(topic)]);
+                        let message = (*message).with_zmq_identities(vec![Bytes::from(topic)]);
                         if let Err(err) = socket.send(message).await {
                             log::warn!("iopub: could not publish: {err}");
                         }
@@ -57,7 +58,7 @@ impl Iopub {
     }
 
     pub fn send(&self, message: JupyterMessage) {
-        if self.queue.send(Item::Message(message)).is_err() {
+        if self.queue.send(Item::Message(Box::new(message))).is_err() {
             log::debug!("iopub is closed; a message was dropped");
         }
     }

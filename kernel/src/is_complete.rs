@@ -30,8 +30,14 @@ pub fn check(code: &str) -> Verdict {
                 while depth > 0 {
                     match (chars.get(i), chars.get(i + 1)) {
                         (None, _) => return verdict(IsCompleteReplyStatus::Incomplete, open.len()),
-                        (Some('/'), Some('*')) => { depth += 1; i += 1; }
-                        (Some('*'), Some('/')) => { depth -= 1; i += 1; }
+                        (Some('/'), Some('*')) => {
+                            depth += 1;
+                            i += 1;
+                        }
+                        (Some('*'), Some('/')) => {
+                            depth -= 1;
+                            i += 1;
+                        }
                         _ => {}
                     }
                     i += 1;
@@ -41,7 +47,10 @@ pub fn check(code: &str) -> Verdict {
             'r' | 'b' | 'c' if starts_raw_string(&chars, i) => {
                 let (start, hashes) = raw_string_start(&chars, i);
                 match find_raw_end(&chars, start, hashes) {
-                    Some(end) => { i = end; continue; }
+                    Some(end) => {
+                        i = end;
+                        continue;
+                    }
                     None => return verdict(IsCompleteReplyStatus::Incomplete, open.len()),
                 }
             }
@@ -68,7 +77,11 @@ pub fn check(code: &str) -> Verdict {
             }
             '(' | '[' | '{' => open.push(c),
             ')' | ']' | '}' => {
-                let expected = match c { ')' => '(', ']' => '[', _ => '{' };
+                let expected = match c {
+                    ')' => '(',
+                    ']' => '[',
+                    _ => '{',
+                };
                 if open.pop() != Some(expected) {
                     return verdict(IsCompleteReplyStatus::Invalid, 0);
                 }

@@ -63,16 +63,12 @@ fn main() -> ExitCode {
     // The cell process is this same binary started again by evcxr; in that
     // role it never returns from here.
     evcxr::runtime_hook();
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
-        .format_target(false)
-        .init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).format_target(false).init();
     let cli = Cli::parse();
     let result = match (cli.command, cli.connection_file) {
         (Some(Command::Install(args)), _) => install::install(&args),
         (None, Some(file)) => run_kernel(&file, cli.max_message_size),
-        (None, None) => Err(anyhow::anyhow!(
-            "nothing to do: pass --connection-file FILE (as Jupyter does) or `install`; see --help"
-        )),
+        (None, None) => Err(anyhow::anyhow!("nothing to do: pass --connection-file FILE (as Jupyter does) or `install`; see --help")),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

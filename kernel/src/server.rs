@@ -8,13 +8,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use jupyter_protocol::{
-    CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ExecuteInput, ExecuteReply, ExecuteRequest,
-    ExecutionCount, ExecutionState, HelpLink, HistoryReply, InputRequest, InspectReply, InterruptReply,
-    IsCompleteReply, JupyterMessage, JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, Payload, ReplyError,
-    ReplyStatus, ShutdownReply, Status, Stdio, UnknownMessage,
-};
 use futures::FutureExt;
+use jupyter_protocol::{
+    CodeMirrorMode, CommInfoReply, CompleteReply, ConnectionInfo, ExecuteInput, ExecuteReply, ExecuteRequest, ExecutionCount,
+    ExecutionState, HelpLink, HistoryReply, InputRequest, InspectReply, InterruptReply, IsCompleteReply, JupyterMessage,
+    JupyterMessageContent, KernelInfoReply, LanguageInfo, Media, Payload, ReplyError, ReplyStatus, ShutdownReply, Status, Stdio,
+    UnknownMessage,
+};
 use jupyter_zmq_client::{Connection, KernelHeartbeatConnection, RouterRecvConnection, RouterSendConnection};
 use tokio::sync::{mpsc, Notify};
 use vramlab::render::Bundle;
@@ -585,11 +585,7 @@ fn engine_stopped() -> CellError {
 }
 
 fn stopped_reply() -> ReplyError {
-    ReplyError {
-        ename: "EngineStopped".into(),
-        evalue: "the Rust engine thread has stopped; restart the kernel".into(),
-        traceback: vec![],
-    }
+    ReplyError { ename: "EngineStopped".into(), evalue: "the Rust engine thread has stopped; restart the kernel".into(), traceback: vec![] }
 }
 
 /// Jupyter counts cursor positions in Unicode code points; Rust in bytes.

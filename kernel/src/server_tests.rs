@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jupyter_protocol::{
-    ConnectionInfo, ExecuteRequest, ExecutionState, JupyterMessage, JupyterMessageContent, KernelInfoRequest,
-    ReplyStatus, ShutdownRequest, Stdio, Transport,
+    ConnectionInfo, ExecuteRequest, ExecutionState, JupyterMessage, JupyterMessageContent, KernelInfoRequest, ReplyStatus, ShutdownRequest,
+    Stdio, Transport,
 };
 use jupyter_zmq_client::{
     create_client_control_connection, create_client_iopub_connection, create_client_shell_connection_with_identity,
@@ -108,9 +108,7 @@ async fn busy_idle_counts_abort_and_shutdown() {
     let welcome = tokio::time::timeout(Duration::from_secs(10), iopub.read()).await.unwrap().unwrap();
     assert_eq!(welcome.message_type(), "iopub_welcome");
     let mut shell =
-        create_client_shell_connection_with_identity(&info, session, peer_identity_for_session(session).unwrap())
-            .await
-            .unwrap();
+        create_client_shell_connection_with_identity(&info, session, peer_identity_for_session(session).unwrap()).await.unwrap();
 
     let request = JupyterMessage::new(ExecuteRequest::new("print:hi\nvalue".into()), None);
     let id = request.header.msg_id.clone();
@@ -190,7 +188,15 @@ async fn content_of_any_wrong_type_gets_an_error_reply_and_the_loops_go_on() {
     let mut shell = dealer(&info.shell_url()).await;
     let mut control = dealer(&info.control_url()).await;
     let wrong = ["[]", "7", "\"text\"", "null", "true", r#"{"code": ["not", "a", "string"], "cursor_pos": -1, "hist_access_type": 5}"#];
-    let shell_requests = ["execute_request", "complete_request", "inspect_request", "is_complete_request", "history_request", "comm_info_request", "kernel_info_request"];
+    let shell_requests = [
+        "execute_request",
+        "complete_request",
+        "inspect_request",
+        "is_complete_request",
+        "history_request",
+        "comm_info_request",
+        "kernel_info_request",
+    ];
     let control_requests = ["kernel_info_request", "interrupt_request", "shutdown_request"];
     for content in wrong {
         let requests = shell_requests.iter().map(|t| (false, *t)).chain(control_requests.iter().map(|t| (true, *t)));
@@ -204,7 +210,10 @@ async fn content_of_any_wrong_type_gets_an_error_reply_and_the_loops_go_on() {
             if reply["status"] == "error" {
                 assert_eq!(reply["ename"], "MalformedMessage", "{msg_type} {content}: {reply}");
             } else {
-                assert!(matches!(msg_type, "kernel_info_request" | "comm_info_request" | "interrupt_request"), "{msg_type} {content}: {reply}");
+                assert!(
+                    matches!(msg_type, "kernel_info_request" | "comm_info_request" | "interrupt_request"),
+                    "{msg_type} {content}: {reply}"
+                );
             }
         }
         // Messages that are not requests are dropped and logged, without a reply.

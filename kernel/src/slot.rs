@@ -48,9 +48,7 @@ impl BuildSlot {
             match lock.try_lock() {
                 Ok(()) => return Ok(BuildSlot { dir, _lock: lock }),
                 Err(TryLockError::WouldBlock) => continue,
-                Err(TryLockError::Error(err)) => {
-                    return Err(err).with_context(|| format!("cannot lock {}", dir.display()))
-                }
+                Err(TryLockError::Error(err)) => return Err(err).with_context(|| format!("cannot lock {}", dir.display())),
             }
         }
         bail!("all {MAX_SLOTS} build directories under {} are in use by running kernels", root.display())

@@ -63,8 +63,7 @@ impl Verifier {
         let mut content: serde_json::Value =
             serde_json::from_slice(&raw.jparts[3]).map_err(|source| DecodeError::Json { part: "content", source })?;
         fill_defaults(&header.msg_type, &mut content);
-        let metadata =
-            serde_json::from_slice(&raw.jparts[2]).map_err(|source| DecodeError::Json { part: "metadata", source })?;
+        let metadata = serde_json::from_slice(&raw.jparts[2]).map_err(|source| DecodeError::Json { part: "metadata", source })?;
         let typed = JupyterMessageContent::from_type_and_content(&header.msg_type, content.clone());
         let mut message = JupyterMessage {
             zmq_identities: raw.zmq_identities,
@@ -151,7 +150,10 @@ mod tests {
         let mut content = serde_json::json!({"hist_access_type": "search", "pattern": "6 * ?"});
         fill_defaults("history_request", &mut content);
         let parsed = JupyterMessageContent::from_type_and_content("history_request", content).unwrap();
-        assert!(matches!(parsed, JupyterMessageContent::HistoryRequest(jupyter_protocol::HistoryRequest::Search { n: 0, unique: false, .. })));
+        assert!(matches!(
+            parsed,
+            JupyterMessageContent::HistoryRequest(jupyter_protocol::HistoryRequest::Search { n: 0, unique: false, .. })
+        ));
     }
 
     #[test]

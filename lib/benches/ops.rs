@@ -53,20 +53,47 @@ struct Conv {
 }
 
 const CONVS: [Conv; 4] = [
-    Conv { name: "conv3x3_64_64_32x32_b32", batch: 32, channels: 64, out_channels: 64, size: 32, kernel: 3, params: ConvParams { stride: 1, padding: 1, groups: 1 } },
-    Conv { name: "conv7x7s2_3_64_224x224_b8", batch: 8, channels: 3, out_channels: 64, size: 224, kernel: 7, params: ConvParams { stride: 2, padding: 3, groups: 1 } },
-    Conv { name: "conv3x3_256_256_4x4_b32", batch: 32, channels: 256, out_channels: 256, size: 4, kernel: 3, params: ConvParams { stride: 1, padding: 1, groups: 1 } },
-    Conv { name: "dwconv3x3_96_56x56_b8", batch: 8, channels: 96, out_channels: 96, size: 56, kernel: 3, params: ConvParams { stride: 1, padding: 1, groups: 96 } },
+    Conv {
+        name: "conv3x3_64_64_32x32_b32",
+        batch: 32,
+        channels: 64,
+        out_channels: 64,
+        size: 32,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv7x7s2_3_64_224x224_b8",
+        batch: 8,
+        channels: 3,
+        out_channels: 64,
+        size: 224,
+        kernel: 7,
+        params: ConvParams { stride: 2, padding: 3, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_256_256_4x4_b32",
+        batch: 32,
+        channels: 256,
+        out_channels: 256,
+        size: 4,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "dwconv3x3_96_56x56_b8",
+        batch: 8,
+        channels: 96,
+        out_channels: 96,
+        size: 56,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 96 },
+    },
 ];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let repeats = args
-        .iter()
-        .position(|a| a == "--repeats")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let repeats = args.iter().position(|a| a == "--repeats").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(10);
     // `--only NAME` times the cases whose name contains NAME (for profiling one).
     let only = args.iter().position(|a| a == "--only").and_then(|i| args.get(i + 1)).cloned().unwrap_or_default();
     let with_candle = !args.iter().any(|a| a == "--ours-only");

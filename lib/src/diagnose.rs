@@ -15,13 +15,13 @@ use serde::Serialize;
 
 use crate::cli::measure_flags;
 use crate::gpus::Card;
-use crate::units::human;
 use crate::ledger::{estimate, BillKind, Ledger, Mode, StepConfig};
 use crate::memory::{Budget, HostMemory, OutOfMemory, Processes};
 use crate::models::{Network, Precision, Shape};
 use crate::oom::{search, Fix, FixCost, FixKind};
 use crate::render::{Bundle, Composer, Render, Table};
 use crate::train::{last_step_oom, OptimizerConfig, StepOom, TrainConfig, Trainer};
+use crate::units::human;
 
 /// How much the investigation may run.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -128,7 +128,9 @@ pub fn diagnose(message: &str, limits: &Limits) -> Diagnosis {
     let step = last_step_oom().filter(|s| message.contains(&s.message) || s.message.contains(message.trim()));
     let diagnosis = match step {
         Some(step) => Investigation::of_step(&step, limits).run(),
-        None => Investigation::of_error(message, crate::memory::last_out_of_memory().filter(|o| message.contains(&o.to_string())), limits).run(),
+        None => {
+            Investigation::of_error(message, crate::memory::last_out_of_memory().filter(|o| message.contains(&o.to_string())), limits).run()
+        }
     };
     crate::memory::shared::store(SHOWN, Some(&Shown { message: diagnosis.message.clone(), report: diagnosis.bundle() }));
     diagnosis
@@ -143,9 +145,7 @@ pub struct NoError;
 /// already shown, or run now (an error raised outside a trainer included).
 pub fn last_error() -> Result<Bundle, NoError> {
     let shown: Option<Shown> = crate::memory::shared::load(SHOWN);
-    let latest = last_step_oom()
-        .map(|s| s.message)
-        .or_else(|| crate::memory::last_out_of_memory().map(|o| o.to_string()));
+    let latest = last_step_oom().map(|s| s.message).or_else(|| crate::memory::last_out_of_memory().map(|o| o.to_string()));
     match (shown, latest) {
         (Some(shown), Some(latest)) if shown.message.contains(&latest) || latest.contains(&shown.message) => Ok(shown.report),
         (_, Some(latest)) => Ok(diagnose(&latest, &Limits::default()).bundle()),
@@ -180,15 +180,20 @@ impl<'a> Investigation<'a> {
         if self.step.is_some_and(|s| s.cuda.is_some()) {
             others.push_str(&match nvidia_smi() {
                 Some(apps) if apps.is_empty() => "; nvidia-smi lists no compute process on the GPU".to_owned(),
-                Some(apps) => format!("; nvidia-smi's compute processes (pid, name, memory): {}", apps.lines().collect::<Vec<_>>().join("; ")),
+                Some(apps) => {
+                    format!("; nvidia-smi's compute processes (pid, name, memory): {}", apps.lines().collect::<Vec<_>>().join("; "))
+                }
                 None => "; nvidia-smi did not run here, so the GPU's other processes are unknown".to_owned(),
             });
         }
-        let mut steps = vec![self.failed_allocation(), Finding {
-            name: "2. who else holds the device".into(),
-            finding: others,
-            outcome: if processes.others().any(|p| p.role != crate::memory::Role::Kernel) { Outcome::Problem } else { Outcome::Clear },
-        }];
+        let mut steps = vec![
+            self.failed_allocation(),
+            Finding {
+                name: "2. who else holds the device".into(),
+                finding: others,
+                outcome: if processes.others().any(|p| p.role != crate::memory::Role::Kernel) { Outcome::Problem } else { Outcome::Clear },
+            },
+        ];
         let card = budget.map(|b| b.device());
         let failed = self.step.map(step_config);
         let ledger = match (self.step, &failed, &card) {
@@ -221,9 +226,8 @@ impl<'a> Investigation<'a> {
             }
         }
         let reproduce = match (self.step, budget) {
-            (Some(step), Some(budget)) => measure_flags(&step_config(step), step.spec.num_classes).map(|flags| {
-                format!("vramlab measure --model {} {flags} --budget {}", step.spec.name, budget.name())
-            }),
+            (Some(step), Some(budget)) => measure_flags(&step_config(step), step.spec.num_classes)
+                .map(|flags| format!("vramlab measure --model {} {flags} --budget {}", step.spec.name, budget.name())),
             _ => None,
         };
         Diagnosis {
@@ -297,7 +301,11 @@ fn step_config(step: &StepOom) -> StepConfig {
 
 /// Step 3: PyTorch's `memory_summary`, for this process.
 fn summary(memory: &HostMemory, budget: Option<Budget>, ledger: Option<&Ledger>) -> Finding {
-    let mut finding = format!("now that the failed step has let go of its tensors: in use {}, held by the allocator {}", human(memory.in_use), human(memory.held));
+    let mut finding = format!(
+        "now that the failed step has let go of its tensors: in use {}, held by the allocator {}",
+        human(memory.in_use),
+        human(memory.held)
+    );
     if let Some(peak) = memory.peak {
         finding.push_str(&format!(", peak {} (during the failed step)", human(peak)));
     }
@@ -376,7 +384,9 @@ fn precision_off(trials: &mut Trials<'_>, failed: &StepConfig, mixed_one: Option
             failed.precision,
             f32_one.loss.map_or("-".into(), |l| format!("{l:.4}"))
         ),
-        (false, true) => format!("the loss is finite in f32 but not with {}: an op misbehaves in half precision; keep it in f32", failed.precision),
+        (false, true) => {
+            format!("the loss is finite in f32 but not with {}: an op misbehaves in half precision; keep it in f32", failed.precision)
+        }
         (_, false) => "the loss is not finite even in f32: the problem is not half precision".to_owned(),
     };
     Finding {
@@ -428,7 +438,13 @@ fn host_side(memory: &HostMemory) -> Finding {
     }
 }
 
-fn verified_fixes(trials: &mut Trials<'_>, spec: &crate::models::ModelSpec, failed: &StepConfig, card: &Card, verify: usize) -> Vec<CheckedFix> {
+fn verified_fixes(
+    trials: &mut Trials<'_>,
+    spec: &crate::models::ModelSpec,
+    failed: &StepConfig,
+    card: &Card,
+    verify: usize,
+) -> Vec<CheckedFix> {
     search(spec, failed, card)
         .into_iter()
         .enumerate()
@@ -439,8 +455,12 @@ fn verified_fixes(trials: &mut Trials<'_>, spec: &crate::models::ModelSpec, fail
             } else {
                 match trials.run(&fix.config) {
                     None => (false, fix.peak_bytes, format!("not run: {SKIPPED_FOR_TIME}")),
-                    Some(trial) if trial.ran => (true, trial.peak_bytes.unwrap_or(fix.peak_bytes), format!("verified: {}", trial.describe_peak())),
-                    Some(trial) => (false, fix.peak_bytes, format!("failed: {}", trial.error.as_deref().map_or("out of memory", first_line))),
+                    Some(trial) if trial.ran => {
+                        (true, trial.peak_bytes.unwrap_or(fix.peak_bytes), format!("verified: {}", trial.describe_peak()))
+                    }
+                    Some(trial) => {
+                        (false, fix.peak_bytes, format!("failed: {}", trial.error.as_deref().map_or("out of memory", first_line)))
+                    }
                 }
             };
             let Fix { kind, change, peak_bytes: predicted_peak_bytes, cost, .. } = fix;
@@ -500,7 +520,8 @@ impl Trials<'_> {
         let budget = crate::memory::budget();
         let context = budget.map_or(0, |b| b.context);
         let card_bytes = self.room.map(|room| room + context);
-        let mut trial = Trial { config: config.clone(), ran: false, peak_bytes: None, card_bytes, loss: None, steps: 0, seconds: 0.0, error: None };
+        let mut trial =
+            Trial { config: config.clone(), ran: false, peak_bytes: None, card_bytes, loss: None, steps: 0, seconds: 0.0, error: None };
         let started = Instant::now();
         let start = HostMemory::sample().in_use;
         if let (Some(budget), Some(room)) = (budget, self.room) {
@@ -571,7 +592,13 @@ impl Trial {
     }
 }
 
-fn synthetic_batch(batch: usize, input: Shape, classes: usize, device: &candle_core::Device, seed: u64) -> candle_core::Result<(Tensor, Tensor)> {
+fn synthetic_batch(
+    batch: usize,
+    input: Shape,
+    classes: usize,
+    device: &candle_core::Device,
+    seed: u64,
+) -> candle_core::Result<(Tensor, Tensor)> {
     let Shape::Map { c, h, w } = input else {
         return Err(candle_core::Error::Msg(format!("a step needs an image input, got {input}")));
     };

@@ -68,293 +68,55 @@ pub struct Gpu {
     aliases: &'static [&'static str],
 }
 
-const fn gpu(
-    id: &'static str,
-    name: &'static str,
-    arch: Arch,
-    total_gib: u64,
-    usable_mib: u64,
-    aliases: &'static [&'static str],
-) -> Gpu {
-    Gpu {
-        id,
-        name,
-        arch,
-        total_bytes: total_gib * GIB,
-        usable_bytes: usable_mib * MIB,
-        context_bytes: 0,
-        aliases,
-    }
+const fn gpu(id: &'static str, name: &'static str, arch: Arch, total_gib: u64, usable_mib: u64, aliases: &'static [&'static str]) -> Gpu {
+    Gpu { id, name, arch, total_bytes: total_gib * GIB, usable_bytes: usable_mib * MIB, context_bytes: 0, aliases }
 }
 
 const CATALOGUE: [Gpu; 36] = [
-    gpu(
-        "rtx4060-laptop",
-        "GeForce RTX 4060 Laptop GPU 8 GB",
-        Arch::Ada,
-        8,
-        8188,
-        &["4060laptop", "4060m", "4060mobile"],
-    ),
-    gpu(
-        "rtx4050-laptop",
-        "GeForce RTX 4050 Laptop GPU 6 GB",
-        Arch::Ada,
-        6,
-        6141,
-        &["4050laptop", "4050m"],
-    ),
-    gpu(
-        "rtx4070-laptop",
-        "GeForce RTX 4070 Laptop GPU 8 GB",
-        Arch::Ada,
-        8,
-        8188,
-        &["4070laptop", "4070m"],
-    ),
-    gpu(
-        "rtx4080-laptop",
-        "GeForce RTX 4080 Laptop GPU 12 GB",
-        Arch::Ada,
-        12,
-        12282,
-        &["4080laptop", "4080m"],
-    ),
-    gpu(
-        "rtx4090-laptop",
-        "GeForce RTX 4090 Laptop GPU 16 GB",
-        Arch::Ada,
-        16,
-        16376,
-        &["4090laptop", "4090m"],
-    ),
-    gpu(
-        "rtx3050-laptop",
-        "GeForce RTX 3050 Laptop GPU 4 GB",
-        Arch::Ampere,
-        4,
-        4096,
-        &["3050laptop", "3050m"],
-    ),
-    gpu(
-        "rtx3060-laptop",
-        "GeForce RTX 3060 Laptop GPU 6 GB",
-        Arch::Ampere,
-        6,
-        6144,
-        &["3060laptop", "3060m"],
-    ),
-    gpu(
-        "gtx1080ti",
-        "GeForce GTX 1080 Ti 11 GB",
-        Arch::Pascal,
-        11,
-        11264,
-        &["1080ti"],
-    ),
-    gpu(
-        "rtx2080ti",
-        "GeForce RTX 2080 Ti 11 GB",
-        Arch::Turing,
-        11,
-        11264,
-        &["2080ti"],
-    ),
-    gpu(
-        "rtx3060",
-        "GeForce RTX 3060 12 GB",
-        Arch::Ampere,
-        12,
-        12288,
-        &["3060", "306012gb"],
-    ),
-    gpu(
-        "rtx3070",
-        "GeForce RTX 3070 8 GB",
-        Arch::Ampere,
-        8,
-        8192,
-        &["3070"],
-    ),
-    gpu(
-        "rtx3080",
-        "GeForce RTX 3080 10 GB",
-        Arch::Ampere,
-        10,
-        10240,
-        &["3080", "308010gb"],
-    ),
-    gpu(
-        "rtx3090",
-        "GeForce RTX 3090 24 GB",
-        Arch::Ampere,
-        24,
-        24576,
-        &["3090"],
-    ),
-    gpu(
-        "rtx4060",
-        "GeForce RTX 4060 8 GB",
-        Arch::Ada,
-        8,
-        8188,
-        &["4060"],
-    ),
-    gpu(
-        "rtx4060ti-16gb",
-        "GeForce RTX 4060 Ti 16 GB",
-        Arch::Ada,
-        16,
-        16380,
-        &["4060ti16gb", "4060ti"],
-    ),
-    gpu(
-        "rtx4070",
-        "GeForce RTX 4070 12 GB",
-        Arch::Ada,
-        12,
-        12282,
-        &["4070"],
-    ),
-    gpu(
-        "rtx4080",
-        "GeForce RTX 4080 16 GB",
-        Arch::Ada,
-        16,
-        16376,
-        &["4080"],
-    ),
-    gpu(
-        "rtx4090",
-        "GeForce RTX 4090 24 GB",
-        Arch::Ada,
-        24,
-        24564,
-        &["4090"],
-    ),
-    gpu(
-        "rtx5090",
-        "GeForce RTX 5090 32 GB",
-        Arch::Blackwell,
-        32,
-        32607,
-        &["5090"],
-    ),
-    gpu(
-        "rtx-a4000",
-        "RTX A4000 16 GB",
-        Arch::Ampere,
-        16,
-        16376,
-        &["a4000"],
-    ),
-    gpu(
-        "rtx-a6000",
-        "RTX A6000 48 GB",
-        Arch::Ampere,
-        48,
-        49140,
-        &["a6000"],
-    ),
-    gpu(
-        "rtx6000-ada",
-        "RTX 6000 Ada Generation 48 GB",
-        Arch::Ada,
-        48,
-        49140,
-        &["6000ada"],
-    ),
-    gpu(
-        "p100",
-        "Tesla P100 16 GB",
-        Arch::Pascal,
-        16,
-        16280,
-        &["teslap100"],
-    ),
-    gpu(
-        "t4",
-        "Tesla T4 16 GB",
-        Arch::Turing,
-        16,
-        15360,
-        &["teslat4"],
-    ),
-    gpu(
-        "v100-16gb",
-        "Tesla V100 16 GB",
-        Arch::Volta,
-        16,
-        16160,
-        &["v10016"],
-    ),
-    gpu(
-        "v100-32gb",
-        "Tesla V100 32 GB",
-        Arch::Volta,
-        32,
-        32510,
-        &["v10032"],
-    ),
+    gpu("rtx4060-laptop", "GeForce RTX 4060 Laptop GPU 8 GB", Arch::Ada, 8, 8188, &["4060laptop", "4060m", "4060mobile"]),
+    gpu("rtx4050-laptop", "GeForce RTX 4050 Laptop GPU 6 GB", Arch::Ada, 6, 6141, &["4050laptop", "4050m"]),
+    gpu("rtx4070-laptop", "GeForce RTX 4070 Laptop GPU 8 GB", Arch::Ada, 8, 8188, &["4070laptop", "4070m"]),
+    gpu("rtx4080-laptop", "GeForce RTX 4080 Laptop GPU 12 GB", Arch::Ada, 12, 12282, &["4080laptop", "4080m"]),
+    gpu("rtx4090-laptop", "GeForce RTX 4090 Laptop GPU 16 GB", Arch::Ada, 16, 16376, &["4090laptop", "4090m"]),
+    gpu("rtx3050-laptop", "GeForce RTX 3050 Laptop GPU 4 GB", Arch::Ampere, 4, 4096, &["3050laptop", "3050m"]),
+    gpu("rtx3060-laptop", "GeForce RTX 3060 Laptop GPU 6 GB", Arch::Ampere, 6, 6144, &["3060laptop", "3060m"]),
+    gpu("gtx1080ti", "GeForce GTX 1080 Ti 11 GB", Arch::Pascal, 11, 11264, &["1080ti"]),
+    gpu("rtx2080ti", "GeForce RTX 2080 Ti 11 GB", Arch::Turing, 11, 11264, &["2080ti"]),
+    gpu("rtx3060", "GeForce RTX 3060 12 GB", Arch::Ampere, 12, 12288, &["3060", "306012gb"]),
+    gpu("rtx3070", "GeForce RTX 3070 8 GB", Arch::Ampere, 8, 8192, &["3070"]),
+    gpu("rtx3080", "GeForce RTX 3080 10 GB", Arch::Ampere, 10, 10240, &["3080", "308010gb"]),
+    gpu("rtx3090", "GeForce RTX 3090 24 GB", Arch::Ampere, 24, 24576, &["3090"]),
+    gpu("rtx4060", "GeForce RTX 4060 8 GB", Arch::Ada, 8, 8188, &["4060"]),
+    gpu("rtx4060ti-16gb", "GeForce RTX 4060 Ti 16 GB", Arch::Ada, 16, 16380, &["4060ti16gb", "4060ti"]),
+    gpu("rtx4070", "GeForce RTX 4070 12 GB", Arch::Ada, 12, 12282, &["4070"]),
+    gpu("rtx4080", "GeForce RTX 4080 16 GB", Arch::Ada, 16, 16376, &["4080"]),
+    gpu("rtx4090", "GeForce RTX 4090 24 GB", Arch::Ada, 24, 24564, &["4090"]),
+    gpu("rtx5090", "GeForce RTX 5090 32 GB", Arch::Blackwell, 32, 32607, &["5090"]),
+    gpu("rtx-a4000", "RTX A4000 16 GB", Arch::Ampere, 16, 16376, &["a4000"]),
+    gpu("rtx-a6000", "RTX A6000 48 GB", Arch::Ampere, 48, 49140, &["a6000"]),
+    gpu("rtx6000-ada", "RTX 6000 Ada Generation 48 GB", Arch::Ada, 48, 49140, &["6000ada"]),
+    gpu("p100", "Tesla P100 16 GB", Arch::Pascal, 16, 16280, &["teslap100"]),
+    gpu("t4", "Tesla T4 16 GB", Arch::Turing, 16, 15360, &["teslat4"]),
+    gpu("v100-16gb", "Tesla V100 16 GB", Arch::Volta, 16, 16160, &["v10016"]),
+    gpu("v100-32gb", "Tesla V100 32 GB", Arch::Volta, 32, 32510, &["v10032"]),
     gpu("a10", "A10 24 GB", Arch::Ampere, 24, 23028, &[]),
     gpu("a10g", "A10G 24 GB (AWS g5)", Arch::Ampere, 24, 23028, &[]),
     gpu("l4", "L4 24 GB", Arch::Ada, 24, 23034, &[]),
     gpu("l40s", "L40S 48 GB", Arch::Ada, 48, 46068, &[]),
-    gpu(
-        "a100-40gb",
-        "A100 40 GB",
-        Arch::Ampere,
-        40,
-        40960,
-        &["a10040"],
-    ),
-    gpu(
-        "a100-80gb",
-        "A100 80 GB",
-        Arch::Ampere,
-        80,
-        81920,
-        &["a10080"],
-    ),
-    gpu(
-        "h100",
-        "H100 80 GB",
-        Arch::Hopper,
-        80,
-        81559,
-        &["h10080gb", "h100sxm", "h100pcie"],
-    ),
-    gpu(
-        "h100-nvl",
-        "H100 NVL 94 GB",
-        Arch::Hopper,
-        94,
-        95830,
-        &["h100nvl"],
-    ),
-    gpu(
-        "h200",
-        "H200 141 GB",
-        Arch::Hopper,
-        141,
-        143771,
-        &["h200141gb"],
-    ),
+    gpu("a100-40gb", "A100 40 GB", Arch::Ampere, 40, 40960, &["a10040"]),
+    gpu("a100-80gb", "A100 80 GB", Arch::Ampere, 80, 81920, &["a10080"]),
+    gpu("h100", "H100 80 GB", Arch::Hopper, 80, 81559, &["h10080gb", "h100sxm", "h100pcie"]),
+    gpu("h100-nvl", "H100 NVL 94 GB", Arch::Hopper, 94, 95830, &["h100nvl"]),
+    gpu("h200", "H200 141 GB", Arch::Hopper, 141, 143771, &["h200141gb"]),
     gpu("b200", "B200 180 GB", Arch::Blackwell, 180, 183359, &[]),
 ];
 
 /// Names that exist in more than one memory size: asking for them alone is ambiguous.
-const AMBIGUOUS: [(&str, &[&str]); 2] = [
-    ("a100", &["a100-40gb", "a100-80gb"]),
-    ("v100", &["v100-16gb", "v100-32gb"]),
-];
+const AMBIGUOUS: [(&str, &[&str]); 2] = [("a100", &["a100-40gb", "a100-80gb"]), ("v100", &["v100-16gb", "v100-32gb"])];
 
 /// Every card in the catalogue.
 pub fn catalogue() -> impl Iterator<Item = Gpu> {
-    CATALOGUE.iter().map(|g| Gpu {
-        context_bytes: g.arch.context_bytes(),
-        ..*g
-    })
+    CATALOGUE.iter().map(|g| Gpu { context_bytes: g.arch.context_bytes(), ..*g })
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -374,36 +136,19 @@ pub enum GpuError {
 pub fn lookup(name: &str) -> Result<Gpu, GpuError> {
     let key = normalize(name);
     if let Some((_, choices)) = AMBIGUOUS.iter().find(|(k, _)| *k == key) {
-        return Err(GpuError::Ambiguous {
-            name: name.to_owned(),
-            choices: choices.join(", "),
-        });
+        return Err(GpuError::Ambiguous { name: name.to_owned(), choices: choices.join(", ") });
     }
-    catalogue()
-        .find(|g| keys(g).any(|k| k == key))
-        .ok_or_else(|| GpuError::Unknown {
-            name: name.to_owned(),
-            closest: closest(&key),
-        })
+    catalogue().find(|g| keys(g).any(|k| k == key)).ok_or_else(|| GpuError::Unknown { name: name.to_owned(), closest: closest(&key) })
 }
 
 fn keys(gpu: &Gpu) -> impl Iterator<Item = String> + '_ {
     let id = normalize(gpu.id);
-    let bare = id
-        .strip_prefix("rtx")
-        .or_else(|| id.strip_prefix("gtx"))
-        .map(str::to_owned);
-    std::iter::once(id)
-        .chain(bare)
-        .chain(gpu.aliases.iter().map(|a| normalize(a)))
+    let bare = id.strip_prefix("rtx").or_else(|| id.strip_prefix("gtx")).map(str::to_owned);
+    std::iter::once(id).chain(bare).chain(gpu.aliases.iter().map(|a| normalize(a)))
 }
 
 fn normalize(name: &str) -> String {
-    let mut key: String = name
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
+    let mut key: String = name.chars().filter(|c| c.is_ascii_alphanumeric()).map(|c| c.to_ascii_lowercase()).collect();
     for vendor in ["nvidia", "geforce", "tesla", "quadro"] {
         if let Some(rest) = key.strip_prefix(vendor) {
             key = rest.to_owned();
@@ -417,24 +162,10 @@ fn normalize(name: &str) -> String {
 
 /// The three catalogue ids nearest to `key` by edit distance.
 fn closest(key: &str) -> String {
-    let mut scored: Vec<(usize, &str)> = catalogue()
-        .map(|g| {
-            (
-                keys(&g)
-                    .map(|k| strsim::levenshtein(key, &k))
-                    .min()
-                    .unwrap_or(usize::MAX),
-                g.id,
-            )
-        })
-        .collect();
+    let mut scored: Vec<(usize, &str)> =
+        catalogue().map(|g| (keys(&g).map(|k| strsim::levenshtein(key, &k)).min().unwrap_or(usize::MAX), g.id)).collect();
     scored.sort();
-    scored
-        .iter()
-        .take(3)
-        .map(|(_, id)| *id)
-        .collect::<Vec<_>>()
-        .join(", ")
+    scored.iter().take(3).map(|(_, id)| *id).collect::<Vec<_>>().join(", ")
 }
 
 /// What a ledger is checked against: a catalogue card, a card given by size, or the host.
@@ -487,25 +218,14 @@ impl Card {
 
     /// The host: usable is what `/proc/meminfo` calls available now; no CUDA context.
     pub fn host() -> Result<Card, GpuError> {
-        let meminfo =
-            std::fs::read_to_string("/proc/meminfo").map_err(|e| GpuError::HostMemory {
-                reason: e.to_string(),
-            })?;
+        let meminfo = std::fs::read_to_string("/proc/meminfo").map_err(|e| GpuError::HostMemory { reason: e.to_string() })?;
         let field = |name: &str| -> Result<u64, GpuError> {
             meminfo
                 .lines()
                 .find_map(|l| l.strip_prefix(name))
-                .and_then(|rest| {
-                    rest.trim()
-                        .trim_end_matches("kB")
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                })
+                .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
                 .map(|kib| kib * 1024)
-                .ok_or_else(|| GpuError::HostMemory {
-                    reason: format!("no `{name}` line"),
-                })
+                .ok_or_else(|| GpuError::HostMemory { reason: format!("no `{name}` line") })
         };
         Ok(Card {
             name: "cpu (host memory available now)".to_owned(),
@@ -539,12 +259,7 @@ impl From<Gpu> for Card {
 
 impl fmt::Display for Card {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} ({} usable)",
-            self.name,
-            crate::units::human(self.usable_bytes)
-        )
+        write!(f, "{} ({} usable)", self.name, crate::units::human(self.usable_bytes))
     }
 }
 
@@ -567,21 +282,9 @@ mod tests {
         let cards: Vec<Gpu> = catalogue().collect();
         assert!(cards.len() >= 25);
         for card in &cards {
-            assert!(
-                card.usable_bytes <= card.total_bytes + 2 * GIB,
-                "{}",
-                card.id
-            );
-            assert!(
-                card.usable_bytes * 10 >= card.total_bytes * 9,
-                "{}",
-                card.id
-            );
-            assert!(
-                card.context_bytes > 0 && card.context_bytes < GIB,
-                "{}",
-                card.id
-            );
+            assert!(card.usable_bytes <= card.total_bytes + 2 * GIB, "{}", card.id);
+            assert!(card.usable_bytes * 10 >= card.total_bytes * 9, "{}", card.id);
+            assert!(card.context_bytes > 0 && card.context_bytes < GIB, "{}", card.id);
             assert_eq!(lookup(card.id).map(|g| g.id), Ok(card.id));
         }
     }
@@ -607,10 +310,7 @@ mod tests {
     #[test]
     fn unknown_names_list_the_closest_cards() {
         let err = lookup("rtx4091").unwrap_err().to_string();
-        assert!(
-            err.starts_with("unknown GPU `rtx4091`; closest: rtx4090"),
-            "{err}"
-        );
+        assert!(err.starts_with("unknown GPU `rtx4091`; closest: rtx4090"), "{err}");
         let err = lookup("A100").unwrap_err().to_string();
         assert_eq!(err, "`A100` comes in several sizes: a100-40gb, a100-80gb");
     }
@@ -621,14 +321,8 @@ mod tests {
         assert_eq!(Card::parse("12GB").unwrap().usable_bytes, 12_000_000_000);
         assert_eq!(Card::parse("7.5 GiB").unwrap().usable_bytes, 15 * GIB / 2);
         assert_eq!(Card::parse("4090").unwrap().kind, CardKind::Catalogue);
-        assert_eq!(
-            Card::parse("3060laptop").unwrap().usable_bytes,
-            6144 * MIB
-        );
-        assert!(Card::parse("8")
-            .unwrap_err()
-            .to_string()
-            .contains("give a unit"));
+        assert_eq!(Card::parse("3060laptop").unwrap().usable_bytes, 6144 * MIB);
+        assert!(Card::parse("8").unwrap_err().to_string().contains("give a unit"));
         assert!(Card::parse("0GiB").is_err());
         let host = Card::parse("cpu").unwrap();
         assert!(host.is_cpu() && host.context_bytes == 0 && host.usable_bytes > 0);

@@ -7,7 +7,9 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use crate::data::{histogram_baseline, BaselineReport, DataError, DataLoader, Dataset, ImageFolder, LoaderConfig, Split, Symptom, Transform, Transforms};
+use crate::data::{
+    histogram_baseline, BaselineReport, DataError, DataLoader, Dataset, ImageFolder, LoaderConfig, Split, Symptom, Transform, Transforms,
+};
 use crate::models::{ModelError, ModelName, Network, Pass, Shape};
 use crate::train::{BatchSource, OptimizerConfig, TrainConfig, TrainError, TrainEvent, Trainer};
 
@@ -260,8 +262,8 @@ pub fn fit_folder(
     let mut per_class = Vec::with_capacity(classes);
     for (c, name) in folder.classes.iter().enumerate() {
         let of_class: Vec<usize> = (0..truth.len()).filter(|&i| truth[i] as usize == c).collect();
-        let accuracy = (!of_class.is_empty())
-            .then(|| of_class.iter().filter(|&&i| predicted[i] as usize == c).count() as f64 / of_class.len() as f64);
+        let accuracy =
+            (!of_class.is_empty()).then(|| of_class.iter().filter(|&&i| predicted[i] as usize == c).count() as f64 / of_class.len() as f64);
         per_class.push(ClassScore {
             class: name.clone(),
             symptom: Symptom::of(name),

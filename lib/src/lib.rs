@@ -6,7 +6,6 @@
 pub use candle_core as candle;
 pub use candle_nn;
 
-pub mod render;
 pub mod cli;
 pub mod data;
 pub mod diagnose;
@@ -17,5 +16,6 @@ pub mod memory;
 pub mod models;
 pub mod oom;
 pub mod ops;
+pub mod render;
 pub mod train;
 pub mod units;

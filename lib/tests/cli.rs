@@ -5,10 +5,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn vramlab(args: &str) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vramlab"))
-        .args(args.split_whitespace())
-        .output()
-        .expect("the vramlab binary runs")
+    Command::new(env!("CARGO_BIN_EXE_vramlab")).args(args.split_whitespace()).output().expect("the vramlab binary runs")
 }
 
 fn stdout(out: &Output) -> String {
@@ -26,9 +23,7 @@ fn json(args: &str) -> Value {
 }
 
 fn u(value: &Value) -> u64 {
-    value
-        .as_u64()
-        .unwrap_or_else(|| panic!("not a byte count: {value}"))
+    value.as_u64().unwrap_or_else(|| panic!("not a byte count: {value}"))
 }
 
 #[test]
@@ -36,18 +31,9 @@ fn summary_prints_a_table_with_totals() {
     let out = vramlab("summary resnet50 --input 32x3x224x224 --depth 2");
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
-    assert!(
-        text.starts_with("resnet50 | input 32 x 3x224x224 | f32"),
-        "{text}"
-    );
-    assert!(
-        text.contains("layer3.5") && !text.contains("layer3.5.conv1"),
-        "depth 2 shows blocks only"
-    );
-    let total = text
-        .lines()
-        .find(|l| l.starts_with("total"))
-        .expect("a totals row");
+    assert!(text.starts_with("resnet50 | input 32 x 3x224x224 | f32"), "{text}");
+    assert!(text.contains("layer3.5") && !text.contains("layer3.5.conv1"), "depth 2 shows blocks only");
+    let total = text.lines().find(|l| l.starts_with("total")).expect("a totals row");
     assert!(total.contains("25,557,032"), "{total}");
 }
 
@@ -80,45 +66,20 @@ fn oomcheck_json_bills_sum_and_the_peak_adds_up() {
     assert_eq!(bills.len(), 5);
     let mut all = 0;
     for bill in bills {
-        let lines: u64 = bill["lines"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|l| u(&l["bytes"]))
-            .sum();
+        let lines: u64 = bill["lines"].as_array().unwrap().iter().map(|l| u(&l["bytes"])).sum();
         assert_eq!(lines, u(&bill["bytes"]), "{}", bill["kind"]);
         all += u(&bill["bytes"]);
     }
     let peak = u(&ledger["peak"]["bytes"]);
-    let breakdown: u64 = ledger["peak"]["breakdown"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| u(&l["bytes"]))
-        .sum();
+    let breakdown: u64 = ledger["peak"]["breakdown"].as_array().unwrap().iter().map(|l| u(&l["bytes"])).sum();
     assert_eq!(breakdown, peak);
-    assert!(
-        peak <= all,
-        "the walked peak never exceeds every bill at once"
-    );
-    let timeline_max = ledger["timeline"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| u(&p["peak_bytes"]))
-        .max()
-        .unwrap();
+    assert!(peak <= all, "the walked peak never exceeds every bill at once");
+    let timeline_max = ledger["timeline"].as_array().unwrap().iter().map(|p| u(&p["peak_bytes"])).max().unwrap();
     assert_eq!(timeline_max, peak);
-    let optimizer = bills
-        .iter()
-        .find(|b| b["kind"] == "optimizer_state")
-        .unwrap();
+    let optimizer = bills.iter().find(|b| b["kind"] == "optimizer_state").unwrap();
     assert_eq!(u(&optimizer["bytes"]), 2 * 102_228_128);
     let usable = u(&ledger["device"]["usable_bytes"]);
-    assert_eq!(
-        u(&report["headroom_bytes"]) as i64,
-        usable as i64 - peak as i64
-    );
+    assert_eq!(u(&report["headroom_bytes"]) as i64, usable as i64 - peak as i64);
 }
 
 #[test]
@@ -131,13 +92,7 @@ fn oomcheck_json_fixes_fit_and_the_sweep_crosses_the_card() {
         assert!(u(&fix["peak_bytes"]) <= target, "{}", fix["change"]);
     }
     let points = value["sweep"]["points"].as_array().unwrap();
-    assert_eq!(
-        points
-            .iter()
-            .map(|p| p["value"].as_u64().unwrap())
-            .collect::<Vec<_>>(),
-        [8, 16, 24, 32, 40, 48, 56, 64]
-    );
+    assert_eq!(points.iter().map(|p| p["value"].as_u64().unwrap()).collect::<Vec<_>>(), [8, 16, 24, 32, 40, 48, 56, 64]);
     assert_eq!(points.first().unwrap()["verdict"], "fits");
     assert_eq!(points.last().unwrap()["verdict"], "does_not_fit");
 }
@@ -145,58 +100,30 @@ fn oomcheck_json_fixes_fit_and_the_sweep_crosses_the_card() {
 #[test]
 fn halving_the_batch_from_the_command_line() {
     let bill = |batch: u32, kind: &str| {
-        let value = json(&format!(
-            "oomcheck resnet50 --batch {batch} --res 224 --json"
-        ));
-        let bills = value["report"]["ledger"]["bills"]
-            .as_array()
-            .unwrap()
-            .clone();
+        let value = json(&format!("oomcheck resnet50 --batch {batch} --res 224 --json"));
+        let bills = value["report"]["ledger"]["bills"].as_array().unwrap().clone();
         u(&bills.iter().find(|b| b["kind"] == kind).unwrap()["bytes"])
     };
     assert_eq!(bill(16, "activations") * 2, bill(32, "activations"));
     let input_saved = bill(32, "input_batch") - bill(16, "input_batch");
-    assert!(
-        (9_000_000..11_000_000).contains(&input_saved),
-        "{input_saved}"
-    );
+    assert!((9_000_000..11_000_000).contains(&input_saved), "{input_saved}");
 }
 
 #[test]
 fn usage_errors_are_short_plain_and_name_the_choices() {
     for (args, expected) in [
-        (
-            "oomcheck resnet50 --batch 32 --res 224 --amp f8",
-            "[possible values: f16, bf16]",
-        ),
-        (
-            "oomcheck resnet50 --batch 32 --res 224 --gpu rtx4091",
-            "closest: rtx4090",
-        ),
-        (
-            "oomcheck vgg --batch 32 --res 224",
-            "valid models: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn",
-        ),
-        (
-            "oomcheck resnet50 --batch 32 --res 224 --ckpt layer7",
-            "stages: stem, layer1, layer2, layer3, layer4, head",
-        ),
-        (
-            "oomcheck resnet50 --batch 32 --res 224 --sweep depth=1..3",
-            "unknown axis `depth`",
-        ),
+        ("oomcheck resnet50 --batch 32 --res 224 --amp f8", "[possible values: f16, bf16]"),
+        ("oomcheck resnet50 --batch 32 --res 224 --gpu rtx4091", "closest: rtx4090"),
+        ("oomcheck vgg --batch 32 --res 224", "valid models: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn"),
+        ("oomcheck resnet50 --batch 32 --res 224 --ckpt layer7", "stages: stem, layer1, layer2, layer3, layer4, head"),
+        ("oomcheck resnet50 --batch 32 --res 224 --sweep depth=1..3", "unknown axis `depth`"),
         ("summary resnet50 --input 32x3", "expected BATCHxCxHxW"),
     ] {
         let out = vramlab(args);
         assert_eq!(out.status.code(), Some(2), "{args}");
         let message = stderr(&out);
         assert!(message.contains(expected), "{args}: {message}");
-        assert!(
-            !message.contains('\u{1b}')
-                && !message.contains("panicked")
-                && !message.contains("backtrace"),
-            "{message}"
-        );
+        assert!(!message.contains('\u{1b}') && !message.contains("panicked") && !message.contains("backtrace"), "{message}");
         assert!(message.lines().count() <= 6, "{message}");
         assert!(stdout(&out).is_empty());
     }
@@ -227,7 +154,13 @@ fn an_absurd_configuration_is_a_one_line_error() {
 
 #[test]
 fn a_bad_budget_is_a_one_line_error_naming_it() {
-    for (budget, says) in [("0", "give a unit"), ("-1GiB", "-1GiB"), ("nonsense", "nonsense"), ("rtx9999", "rtx9999"), ("200MiB", "leaves nothing for training")] {
+    for (budget, says) in [
+        ("0", "give a unit"),
+        ("-1GiB", "-1GiB"),
+        ("nonsense", "nonsense"),
+        ("rtx9999", "rtx9999"),
+        ("200MiB", "leaves nothing for training"),
+    ] {
         let out = vramlab(&format!("measure --model small-cnn --batch 2 --res 32 --budget={budget}"));
         assert_eq!(out.status.code(), Some(2), "{budget}: {}", stderr(&out));
         let err = stderr(&out);

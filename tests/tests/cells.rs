@@ -41,7 +41,11 @@ async fn panics_and_compile_errors_keep_the_variables() {
     let error = panicked.error().unwrap();
     assert_eq!((error.ename.as_str(), error.evalue.as_str()), ("panic", "boom 41"));
     assert!(error.traceback[0].contains("panic") && error.traceback[0].contains("in this cell: boom 41"), "{:?}", error.traceback);
-    assert!(error.traceback.iter().all(|l| !l.contains("run_user_code")), "evcxr's wrappers are not the user's code: {:?}", error.traceback);
+    assert!(
+        error.traceback.iter().all(|l| !l.contains("run_user_code")),
+        "evcxr's wrappers are not the user's code: {:?}",
+        error.traceback
+    );
 
     let broken = kernel.execute("let x: u32 = \"text\";").await;
     let error = broken.error().unwrap();
@@ -65,8 +69,12 @@ async fn final_values_show_after_one_compile_and_follow_fmt_and_types() {
     assert!(took.starts_with("Took ") && took.contains("Final compile"), "{took}");
     assert!(!took.contains("Fallback"), "a Debug value needs no second compile: {took}");
 
-    kernel.execute("#[derive(Debug)] struct Point { x: i32 }
-let word = String::from(\"kept\");").await;
+    kernel
+        .execute(
+            "#[derive(Debug)] struct Point { x: i32 }
+let word = String::from(\"kept\");",
+        )
+        .await;
     assert_eq!(kernel.execute("word").await.result_text().as_deref(), Some("\"kept\""));
     assert_eq!(kernel.execute("word.len()").await.result_text().as_deref(), Some("4"), "the value was borrowed, not moved");
     // A cell's leading commands apply to its own value.
@@ -290,7 +298,10 @@ async fn a_question_mark_error_or_a_cell_that_is_not_rust_fails_the_cell() {
     // A multi-line message survives the trip, and the cell's new variables are dropped, not earlier ones.
     let custom = kernel.execute("let n: i32 = \"x\".parse().map_err(|e| format!(\"line one\\nline two: {e}\"))?;").await;
     let error = custom.error().unwrap();
-    assert_eq!((error.ename.as_str(), error.evalue.as_str()), ("alloc::string::String", "line one\nline two: invalid digit found in string"));
+    assert_eq!(
+        (error.ename.as_str(), error.evalue.as_str()),
+        ("alloc::string::String", "line one\nline two: invalid digit found in string")
+    );
     assert_eq!(kernel.execute("kept").await.result_text().as_deref(), Some("5"));
     let vars = kernel.execute(":vars").await.result_text().unwrap();
     assert!(vars.contains("kept") && !vars.contains("lost"), "{vars}");

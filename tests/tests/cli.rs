@@ -48,10 +48,7 @@ async fn a_port_in_use_is_reported() {
 #[test]
 fn install_writes_a_kernelspec() {
     let prefix = tempfile::tempdir().unwrap();
-    let output = Command::new(common::kernel_binary())
-        .args(["install", "--prefix", prefix.path().to_str().unwrap()])
-        .output()
-        .unwrap();
+    let output = Command::new(common::kernel_binary()).args(["install", "--prefix", prefix.path().to_str().unwrap()]).output().unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let dir = prefix.path().join("share/jupyter/kernels/vramlab");
     let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("kernel.json")).unwrap()).unwrap();

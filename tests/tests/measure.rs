@@ -96,12 +96,27 @@ fn the_simulated_budget_fails_where_oomcheck_says_it_will() {
     for batch in [12u32, 32] {
         let batch = batch.to_string();
         let check = Command::new(&binary)
-            .args(["oomcheck", "resnet18", "--batch", &batch, "--res", "64", "--opt", "sgd-momentum", "--classes", "10", "--gpu", CARD, "--json"])
+            .args([
+                "oomcheck",
+                "resnet18",
+                "--batch",
+                &batch,
+                "--res",
+                "64",
+                "--opt",
+                "sgd-momentum",
+                "--classes",
+                "10",
+                "--gpu",
+                CARD,
+                "--json",
+            ])
             .output()
             .unwrap();
         let report: serde_json::Value = serde_json::from_slice(&check.stdout).unwrap();
         let report = &report["report"];
-        let (peak, usable) = (report["ledger"]["peak"]["bytes"].as_f64().unwrap(), report["ledger"]["device"]["usable_bytes"].as_f64().unwrap());
+        let (peak, usable) =
+            (report["ledger"]["peak"]["bytes"].as_f64().unwrap(), report["ledger"]["device"]["usable_bytes"].as_f64().unwrap());
         assert!((peak - usable).abs() > 0.05 * usable, "batch {batch} is too close to the card to judge");
         let fits = report["verdict"] != "does_not_fit";
         let output = Command::new(&binary)
@@ -116,9 +131,15 @@ fn the_simulated_budget_fails_where_oomcheck_says_it_will() {
             assert_eq!(output.status.code(), Some(1), "an out-of-memory step is not a usage error");
             assert!(err.contains("out of memory (simulated device budget, CPU): tried to allocate"), "{err}");
             assert!(err.contains("budget 556 MiB, of which 300 MiB CUDA context"), "{err}");
-            assert!(!err.contains("stack backtrace") && !err.contains("candle_core::error"), "no Rust backtrace for an expected condition: {err}");
+            assert!(
+                !err.contains("stack backtrace") && !err.contains("candle_core::error"),
+                "no Rust backtrace for an expected condition: {err}"
+            );
             let report = String::from_utf8_lossy(&output.stdout);
-            assert!(report.contains("4. batch 1 (skipped)\n   skipped: the investigation's time for real steps was spent"), "no time, no real steps: {report}");
+            assert!(
+                report.contains("4. batch 1 (skipped)\n   skipped: the investigation's time for real steps was spent"),
+                "no time, no real steps: {report}"
+            );
             assert!(report.contains("7. ranked fixes, verified (skipped)"), "{report}");
         }
     }
@@ -136,15 +157,26 @@ fn every_fix_the_investigation_verifies_runs_under_the_budget() {
         ("resnet18", &["--batch", "16", "--res", "96", "--opt", "adam"], "640MiB"),
     ];
     for (model, flags, budget) in failing {
-        let output = Command::new(&binary).args(["measure", "--model", model]).args(flags).args(["--budget", budget, "--json"]).output().unwrap();
-        assert_eq!(output.status.code(), Some(1), "{model} {flags:?} should run out of memory on {budget}: {}", String::from_utf8_lossy(&output.stderr));
-        let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+        let output =
+            Command::new(&binary).args(["measure", "--model", model]).args(flags).args(["--budget", budget, "--json"]).output().unwrap();
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{model} {flags:?} should run out of memory on {budget}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let report: serde_json::Value =
+            serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
         let oom = &report["oom"];
         assert!(oom["requested_bytes"].as_u64().unwrap() > 0, "{oom}");
-        assert!(oom["phase"].as_str().is_some_and(|p| p.starts_with("forward") || p.starts_with("backward") || p.ends_with(" step")), "{oom}");
+        assert!(
+            oom["phase"].as_str().is_some_and(|p| p.starts_with("forward") || p.starts_with("backward") || p.ends_with(" step")),
+            "{oom}"
+        );
         assert_eq!(oom["steps"].as_array().unwrap().len(), 7, "{oom}");
         assert!(oom["steps"].as_array().unwrap().iter().all(|s| s["name"].is_string() && s["finding"].is_string()));
-        let verified: Vec<&str> = oom["fixes"].as_array().unwrap().iter().filter(|f| f["verified"] == true).filter_map(|f| f["flags"].as_str()).collect();
+        let verified: Vec<&str> =
+            oom["fixes"].as_array().unwrap().iter().filter(|f| f["verified"] == true).filter_map(|f| f["flags"].as_str()).collect();
         assert!(!verified.is_empty(), "{model} {flags:?}: no fix verified: {}", oom["fixes"]);
         for fix in verified {
             let rerun = Command::new(&binary)
@@ -153,7 +185,11 @@ fn every_fix_the_investigation_verifies_runs_under_the_budget() {
                 .args(["--budget", budget])
                 .output()
                 .unwrap();
-            assert!(rerun.status.success(), "{model} {fix} --budget {budget} was marked verified but fails: {}", String::from_utf8_lossy(&rerun.stderr));
+            assert!(
+                rerun.status.success(),
+                "{model} {fix} --budget {budget} was marked verified but fails: {}",
+                String::from_utf8_lossy(&rerun.stderr)
+            );
         }
     }
 }

@@ -49,7 +49,9 @@ async fn mem_follows_a_tensor_exactly_and_answers_without_running_a_cell() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_mem_cell_shows_its_peak_and_net_change() {
     let mut kernel = Kernel::start().await;
-    let run = kernel.execute("%%mem\nlet kept = vec![1u8; 8 << 20];\n{ let burst = std::hint::black_box(vec![1u8; 32 << 20]); burst.len() }").await;
+    let run = kernel
+        .execute("%%mem\nlet kept = vec![1u8; 8 << 20];\n{ let burst = std::hint::black_box(vec![1u8; 32 << 20]); burst.len() }")
+        .await;
     assert_eq!(run.reply.status, ReplyStatus::Ok, "{:?}", run.error());
     assert!(run.types().contains(&"display_data"), "the cell's own value is shown first: {:?}", run.types());
     let text = run.result_text().unwrap();

@@ -42,7 +42,15 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
     let report_at = types.iter().position(|t| *t == "display_data").unwrap_or_else(|| panic!("no report: {types:?}"));
     assert!(report_at > error_at, "the report comes under the error: {types:?}");
     let report = displayed_text(&failed).join("\n");
-    for step in ["1. the failed allocation", "2. who else holds the device", "3. memory summary", "4. batch 1", "5. mixed precision off", "6. host side", "7. ranked fixes, verified"] {
+    for step in [
+        "1. the failed allocation",
+        "2. who else holds the device",
+        "3. memory summary",
+        "4. batch 1",
+        "5. mixed precision off",
+        "6. host side",
+        "7. ranked fixes, verified",
+    ] {
         assert!(report.contains(step), "{step} missing:\n{report}");
     }
     assert!(report.contains("during forward") || report.contains("during backward"), "the phase:\n{report}");
@@ -51,9 +59,14 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
 
     let again = kernel.execute("%oomcheck --last-error").await;
     let again_text = again.result_text().unwrap_or_else(|| panic!("{:?}", again.error()));
-    assert!(again_text.starts_with("Out of memory: tried to allocate") && again_text.contains("\n7. ranked fixes, verified"), "{again_text}");
+    assert!(
+        again_text.starts_with("Out of memory: tried to allocate") && again_text.contains("\n7. ranked fixes, verified"),
+        "{again_text}"
+    );
     let html = again.outputs.iter().find_map(|m| match &m.content {
-        JupyterMessageContent::ExecuteResult(r) => serde_json::to_value(&r.data).ok().and_then(|v| v["text/html"].as_str().map(str::to_owned)),
+        JupyterMessageContent::ExecuteResult(r) => {
+            serde_json::to_value(&r.data).ok().and_then(|v| v["text/html"].as_str().map(str::to_owned))
+        }
         _ => None,
     });
     assert!(html.is_some_and(|h| h.contains("<table")), "the report shows as tables");

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use common::Kernel;
 use jupyter_protocol::{
-    CommInfoRequest, CompleteRequest, ExecuteRequest, HistoryEntry, HistoryRequest, InspectRequest,
-    IsCompleteReplyStatus, IsCompleteRequest, JupyterMessageContent, KernelInfoRequest, Payload, ReplyStatus,
-    UnknownMessage,
+    CommInfoRequest, CompleteRequest, ExecuteRequest, HistoryEntry, HistoryRequest, InspectRequest, IsCompleteReplyStatus,
+    IsCompleteRequest, JupyterMessageContent, KernelInfoRequest, Payload, ReplyStatus, UnknownMessage,
 };
 
 #[tokio::test(flavor = "multi_thread")]
@@ -34,9 +33,8 @@ async fn kernel_info_counts_history_and_queries() {
     });
     assert_eq!(input.map(|i| (i.code, i.execution_count.value())), Some(("1 + 1".to_owned(), 1)));
 
-    let silent = kernel
-        .execute_request(ExecuteRequest { silent: true, ..ExecuteRequest::new("2 + 2".into()) }, Duration::from_secs(120))
-        .await;
+    let silent =
+        kernel.execute_request(ExecuteRequest { silent: true, ..ExecuteRequest::new("2 + 2".into()) }, Duration::from_secs(120)).await;
     assert_eq!(silent.reply.execution_count.value(), 1, "silent cells do not count");
     assert!(silent.received.iter().all(|(_, m)| !matches!(m.message_type(), "execute_input" | "execute_result")));
     let unstored = kernel
@@ -57,9 +55,7 @@ async fn kernel_info_counts_history_and_queries() {
         })
         .collect();
     assert_eq!(stored, vec![(1, "1 + 1".into(), "2".into()), (2, "4 + 4".into(), "8".into())]);
-    let reply = kernel
-        .shell_request(HistoryRequest::Search { pattern: "4*".into(), unique: true, output: false, raw: true, n: 5 })
-        .await;
+    let reply = kernel.shell_request(HistoryRequest::Search { pattern: "4*".into(), unique: true, output: false, raw: true, n: 5 }).await;
     let JupyterMessageContent::HistoryReply(found) = reply.content else { panic!("expected history_reply") };
     assert_eq!(found.history.len(), 1);
 
@@ -166,7 +162,9 @@ async fn bad_messages_are_dropped_and_the_kernel_survives() {
         parts.iter().for_each(|p| ctx.update(p));
         data_encoding::HEXLOWER.encode(ctx.sign().as_ref())
     };
-    let header = |t: &str| format!(r#"{{"msg_id":"m-{t}","username":"u","session":"s","date":"2026-01-01T00:00:00Z","msg_type":"{t}","version":"5.3"}}"#);
+    let header = |t: &str| {
+        format!(r#"{{"msg_id":"m-{t}","username":"u","session":"s","date":"2026-01-01T00:00:00Z","msg_type":"{t}","version":"5.3"}}"#)
+    };
     let bad_json_header = header("execute_request");
     let bad_content_header = header("execute_request");
     let frames: Vec<Vec<Vec<u8>>> = vec![

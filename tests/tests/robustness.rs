@@ -52,8 +52,32 @@ impl Rng {
     /// multi-byte and bidirectional characters, a BOM.
     fn text(&mut self) -> String {
         const PIECES: &[&str] = &[
-            "a", "Z", "0", " ", "\n", "\t", "\"", "\\", "{", "}", "(", "]", ";", "%", ":", "é", "日本", "🦀", "\u{0}",
-            "\u{202e}", "\u{feff}", "\u{10ffff}", "let", "fn", "%lsmagic", "\u{7f}",
+            "a",
+            "Z",
+            "0",
+            " ",
+            "\n",
+            "\t",
+            "\"",
+            "\\",
+            "{",
+            "}",
+            "(",
+            "]",
+            ";",
+            "%",
+            ":",
+            "é",
+            "日本",
+            "🦀",
+            "\u{0}",
+            "\u{202e}",
+            "\u{feff}",
+            "\u{10ffff}",
+            "let",
+            "fn",
+            "%lsmagic",
+            "\u{7f}",
         ];
         (0..self.below(24)).map(|_| *self.pick(PIECES)).collect()
     }
@@ -66,14 +90,26 @@ impl Rng {
             2 => match self.below(4) {
                 0 => (self.next() as i64).into(),
                 1 => (-(self.below(1000) as i64)).into(),
-                2 => serde_json::json!(f64::from_bits(self.next()).is_finite().then_some(1e308).unwrap_or(-0.5)),
+                2 => serde_json::json!(if f64::from_bits(self.next()).is_finite() { 1e308 } else { -0.5 }),
                 _ => u64::MAX.into(),
             },
             3 | 4 => Value::String(self.text()),
             5 => Value::Array((0..self.below(4)).map(|_| self.json(depth - 1)).collect()),
             _ => {
                 // Never `restart`: a valid shutdown_request would end the test.
-                const KEYS: &[&str] = &["code", "cursor_pos", "silent", "store_history", "n", "hist_access_type", "detail_level", "value", "comm_id", "target_name", "x"];
+                const KEYS: &[&str] = &[
+                    "code",
+                    "cursor_pos",
+                    "silent",
+                    "store_history",
+                    "n",
+                    "hist_access_type",
+                    "detail_level",
+                    "value",
+                    "comm_id",
+                    "target_name",
+                    "x",
+                ];
                 Value::Object((0..self.below(4)).map(|_| ((*self.pick(KEYS)).to_owned(), self.json(depth - 1))).collect())
             }
         }
@@ -109,8 +145,14 @@ fn signed_with(key: &str, header: &str, content: &[u8]) -> zeromq::ZmqMessage {
 
 /// Fast cells only: magics the kernel answers itself and cells that do not parse.
 const CODES: &[&str] = &[
-    "%lsmagic", "%help oomcheck", "}}}", "let = ;", "%oomcheck resnet50 --batch 4294967296 --res 65535", "%nosuchmagic",
-    "%oomcheck resnet18 --batch 8 --res 64 --gpu 8GiB", "%summary resnet18 --depth 1 --input 1x3x64x64",
+    "%lsmagic",
+    "%help oomcheck",
+    "}}}",
+    "let = ;",
+    "%oomcheck resnet50 --batch 4294967296 --res 65535",
+    "%nosuchmagic",
+    "%oomcheck resnet18 --batch 8 --res 64 --gpu 8GiB",
+    "%summary resnet18 --depth 1 --input 1x3x64x64",
 ];
 
 #[derive(Default)]
@@ -134,8 +176,20 @@ struct Input {
 }
 
 const SHELL_TYPES: &[&str] = &[
-    "execute_request", "execute_request", "execute_request", "is_complete_request", "history_request", "comm_info_request",
-    "kernel_info_request", "comm_open", "comm_msg", "comm_close", "input_reply", "teleport_request", "execute_reply", "",
+    "execute_request",
+    "execute_request",
+    "execute_request",
+    "is_complete_request",
+    "history_request",
+    "comm_info_request",
+    "kernel_info_request",
+    "comm_open",
+    "comm_msg",
+    "comm_close",
+    "input_reply",
+    "teleport_request",
+    "execute_reply",
+    "",
 ];
 const CONTROL_TYPES: &[&str] = &["kernel_info_request", "interrupt_request", "shutdown_request", "debug_request", "execute_request"];
 
@@ -149,7 +203,17 @@ fn generate(rng: &mut Rng, ledger: &mut Ledger, sent: &mut Vec<zeromq::ZmqMessag
     let msg_id = uuid::Uuid::new_v4().to_string();
     let head = header(msg_type, &msg_id);
     let (family, message) = match rng.below(12) {
-        0 => ("random frames", message((0..1 + rng.below(8)).map(|_| { let n = rng.below(64); rng.bytes(n) }).collect())),
+        0 => (
+            "random frames",
+            message(
+                (0..1 + rng.below(8))
+                    .map(|_| {
+                        let n = rng.below(64);
+                        rng.bytes(n)
+                    })
+                    .collect(),
+            ),
+        ),
         1 => {
             let parts = rng.below(4);
             let mut frames = vec![b"<IDS|MSG>".to_vec(), b"00".to_vec()];
@@ -163,7 +227,14 @@ fn generate(rng: &mut Rng, ledger: &mut Ledger, sent: &mut Vec<zeromq::ZmqMessag
                 1 => String::new(),
                 _ => data_encoding::HEXLOWER.encode(&rng.bytes(32)),
             };
-            let frames = vec![b"<IDS|MSG>".to_vec(), signature.into_bytes(), head.clone().into_bytes(), b"{}".to_vec(), b"{}".to_vec(), b"{}".to_vec()];
+            let frames = vec![
+                b"<IDS|MSG>".to_vec(),
+                signature.into_bytes(),
+                head.clone().into_bytes(),
+                b"{}".to_vec(),
+                b"{}".to_vec(),
+                b"{}".to_vec(),
+            ];
             ("bad or missing signature", message(frames))
         }
         4 => {
@@ -178,7 +249,10 @@ fn generate(rng: &mut Rng, ledger: &mut Ledger, sent: &mut Vec<zeromq::ZmqMessag
             let mut parts: Vec<Vec<u8>> = vec![head.clone().into_bytes(), b"{}".to_vec(), b"{}".to_vec(), b"{}".to_vec()];
             parts[part] = match rng.below(3) {
                 0 => b"{not json".to_vec(),
-                1 => { let n = rng.below(40); rng.bytes(n) }
+                1 => {
+                    let n = rng.below(40);
+                    rng.bytes(n)
+                }
                 _ => rng.text().into_bytes(),
             };
             let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
@@ -268,8 +342,13 @@ async fn answers_within_2s(kernel: &mut Kernel, after: usize) {
         }
         loop {
             let left = Duration::from_secs(2).saturating_sub(started.elapsed());
-            let read = if on_control { tokio::time::timeout(left, kernel.control.read()).await } else { tokio::time::timeout(left, kernel.shell.read()).await };
-            let reply = read.unwrap_or_else(|_| panic!("no kernel_info_reply within 2 s after {after} inputs (control: {on_control})")).unwrap();
+            let read = if on_control {
+                tokio::time::timeout(left, kernel.control.read()).await
+            } else {
+                tokio::time::timeout(left, kernel.shell.read()).await
+            };
+            let reply =
+                read.unwrap_or_else(|_| panic!("no kernel_info_reply within 2 s after {after} inputs (control: {on_control})")).unwrap();
             if reply.parent_header.as_ref().map(|h| h.msg_id.as_str()) == Some(id.as_str()) {
                 assert!(matches!(reply.content, JupyterMessageContent::KernelInfoReply(_)));
                 break;
@@ -334,7 +413,12 @@ fn raw_inputs(rng: &mut Rng) -> Vec<(&'static str, Vec<u8>)> {
     over_cap.extend((CAP as u64 + 1).to_be_bytes());
     let mut random = greeting();
     random.extend(rng.bytes(512));
-    vec![("message frame of 2^62 bytes", message_frame), ("command frame of 2^62 bytes", command_frame), ("frame over the cap", over_cap), ("random bytes after the greeting", random)]
+    vec![
+        ("message frame of 2^62 bytes", message_frame),
+        ("command frame of 2^62 bytes", command_frame),
+        ("frame over the cap", over_cap),
+        ("random bytes after the greeting", random),
+    ]
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -402,7 +486,13 @@ async fn ten_thousand_malformed_inputs_leave_the_kernel_answering_and_running_no
 async fn frames_over_the_cap_drop_the_connection_not_the_kernel() {
     let mut kernel = Kernel::start_with(KEY, &["--max-message-size", "1MiB"], &[]).await;
     let mut rng = Rng(SEED ^ 1);
-    let ports = [("shell", kernel.info.shell_port), ("control", kernel.info.control_port), ("stdin", kernel.info.stdin_port), ("heartbeat", kernel.info.hb_port), ("iopub", kernel.info.iopub_port)];
+    let ports = [
+        ("shell", kernel.info.shell_port),
+        ("control", kernel.info.control_port),
+        ("stdin", kernel.info.stdin_port),
+        ("heartbeat", kernel.info.hb_port),
+        ("iopub", kernel.info.iopub_port),
+    ];
     let mut kept = Vec::new();
     for (socket, port) in ports {
         for (name, bytes) in raw_inputs(&mut rng) {
@@ -444,8 +534,10 @@ async fn a_kernel_whose_parent_dies_exits() {
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(parent.stdout.take().unwrap()), &mut line).unwrap();
     let kernel_pid: u32 = line.trim().parse().unwrap();
-    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ");
+    let alive = |pid: u32| {
+        std::path::Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z ")
+    };
     let mut heartbeat = jupyter_zmq_client::create_client_heartbeat_connection(&info).await.unwrap();
     let up = Instant::now();
     while tokio::time::timeout(Duration::from_secs(1), heartbeat.single_heartbeat()).await.is_err() {
@@ -453,7 +545,9 @@ async fn a_kernel_whose_parent_dies_exits() {
     }
     // The cell process evcxr starts must go too.
     let children = |pid: u32| -> Vec<u32> {
-        std::fs::read_dir("/proc").unwrap().filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
             .filter(|p| {
                 let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
                 stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok()) == Some(pid)

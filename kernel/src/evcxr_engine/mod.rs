@@ -24,8 +24,9 @@ use crate::slot::BuildSlot;
 use library::Library;
 use worker::Worker;
 
+// Boxed: an execution carries its request, many times larger than the others.
 enum Job {
-    Execute(ExecuteJob, oneshot::Sender<Outcome>),
+    Execute(Box<ExecuteJob>, oneshot::Sender<Outcome>),
     Complete(String, usize, oneshot::Sender<Result<Completion, String>>),
     Inspect(String, usize, oneshot::Sender<Result<Option<Bundle>, String>>),
 }
@@ -80,7 +81,7 @@ impl EvcxrEngine {
 
 impl Engine for EvcxrEngine {
     fn execute(&self, job: ExecuteJob) -> oneshot::Receiver<Outcome> {
-        self.submit(|tx| Job::Execute(job, tx))
+        self.submit(|tx| Job::Execute(Box::new(job), tx))
     }
 
     fn complete(&self, code: String, cursor: usize) -> oneshot::Receiver<Result<Completion, String>> {

@@ -13,10 +13,8 @@ pub(super) fn cell_process_command() -> Result<std::process::Command, evcxr::Err
     if !sysroot.status.success() {
         return Err(evcxr::Error::Message("`rustc --print sysroot` failed: is a Rust toolchain installed?".into()));
     }
-    let std_dir = PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim())
-        .join("lib/rustlib")
-        .join(env!("VRAMLAB_TARGET"))
-        .join("lib");
+    let std_dir =
+        PathBuf::from(String::from_utf8_lossy(&sysroot.stdout).trim()).join("lib/rustlib").join(env!("VRAMLAB_TARGET")).join("lib");
     let mut paths = vec![std_dir];
     paths.extend(std::env::var_os("LD_LIBRARY_PATH").iter().flat_map(std::env::split_paths));
     if let Ok(joined) = std::env::join_paths(paths) {

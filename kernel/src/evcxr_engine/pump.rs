@@ -17,8 +17,9 @@ const PANIC_PREFIX: &str = "\u{1e}vramlab:panic ";
 /// reported done: the cell's last stderr lines travel on their own pipe.
 const STDERR_SETTLE: Duration = Duration::from_millis(2);
 
+// Boxed: an output is many times larger than a detach.
 enum PumpCommand {
-    Attach(Output),
+    Attach(Box<Output>),
     Detach(Sender<PumpReport>),
 }
 
@@ -43,7 +44,7 @@ impl Pump {
     }
 
     pub(super) fn attach(&self, output: Output) {
-        let _ = self.commands.send(PumpCommand::Attach(output));
+        let _ = self.commands.send(PumpCommand::Attach(Box::new(output)));
     }
 
     /// Waits until everything the cell printed has been published.
@@ -76,7 +77,7 @@ impl PumpState {
                 },
                 recv(commands) -> command => match command {
                     Ok(PumpCommand::Attach(output)) => {
-                        self.output = Some(output);
+                        self.output = Some(*output);
                         self.panic = None;
                     }
                     Ok(PumpCommand::Detach(reply)) => {

@@ -131,8 +131,21 @@ impl PanicReport {
 /// library or evcxr's machinery.
 fn user_frames(backtrace: &str) -> Vec<String> {
     let machinery = [
-        "std::", "core::", "alloc::", "evcxr", "__rust", "rust_begin_unwind", "<alloc::", "<core::", "<std::", "_start",
-        "__libc", "vramlab_kernel::", "main", "run_user_code", "ctx::run_user_code",
+        "std::",
+        "core::",
+        "alloc::",
+        "evcxr",
+        "__rust",
+        "rust_begin_unwind",
+        "<alloc::",
+        "<core::",
+        "<std::",
+        "_start",
+        "__libc",
+        "vramlab_kernel::",
+        "main",
+        "run_user_code",
+        "ctx::run_user_code",
     ];
     backtrace
         .lines()

@@ -72,7 +72,7 @@ impl Worker {
 
     fn handle(&mut self, job: Job) {
         // evcxr's own invariants may panic; one bad request must not end the engine.
-        let guarded = |f: &mut dyn FnMut() -> ()| {
+        let guarded = |f: &mut dyn FnMut()| {
             if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(f)) {
                 log::error!("internal error in the Rust engine: {}", panic_text(&*panic));
             }
@@ -233,10 +233,7 @@ fn timing_line(outputs: &evcxr::EvalOutputs) -> String {
 
 fn identifier_end(code: &str, cursor: usize) -> usize {
     let cursor = cursor.min(code.len());
-    code[cursor..]
-        .char_indices()
-        .find(|(_, c)| !(c.is_alphanumeric() || *c == '_'))
-        .map_or(code.len(), |(i, _)| cursor + i)
+    code[cursor..].char_indices().find(|(_, c)| !(c.is_alphanumeric() || *c == '_')).map_or(code.len(), |(i, _)| cursor + i)
 }
 
 #[cfg(test)]

@@ -12,10 +12,7 @@ pub const MAGIC: Magic = Magic {
             return Err(format!("%help takes one magic name; magics: {}", names()));
         };
         let name = name.trim_start_matches('%');
-        let magic = MAGICS
-            .iter()
-            .find(|m| m.name == name)
-            .ok_or_else(|| format!("no magic named %{name}; magics: {}", names()))?;
+        let magic = MAGICS.iter().find(|m| m.name == name).ok_or_else(|| format!("no magic named %{name}; magics: {}", names()))?;
         let text = format!("%{}: {}\nusage: {}", magic.name, magic.summary, magic.usage);
         let html = format!(
             "<p><code>%{}</code>: {}</p><pre>{}</pre>",

@@ -23,9 +23,7 @@ fn table() -> Table {
         };
         table.push_row([format!("%{}", magic.name), kind.to_owned(), magic.summary.to_owned()]);
     }
-    table
-        .note("Lines starting with `:` are evcxr commands (`:dep`, `:vars`, `:help`).")
-        .note("%help NAME shows how to call a magic.")
+    table.note("Lines starting with `:` are evcxr commands (`:dep`, `:vars`, `:help`).").note("%help NAME shows how to call a magic.")
 }
 
 #[cfg(test)]

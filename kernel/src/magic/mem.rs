@@ -31,11 +31,8 @@ fn run(context: &Context<'_>, argv: &[String]) -> Result<Invocation, String> {
         return Ok(Invocation::Show(usage.bundle()));
     }
     let report = probe.report(args.reset_peak, args.empty_cache).map_err(|e| e.to_string())?;
-    let bundle = if args.plot {
-        Composer::new().part(&report.bundle()).part(&plot(report.snapshot.as_ref())).finish()
-    } else {
-        report.bundle()
-    };
+    let bundle =
+        if args.plot { Composer::new().part(&report.bundle()).part(&plot(report.snapshot.as_ref())).finish() } else { report.bundle() };
     Ok(Invocation::Show(bundle))
 }
 

@@ -57,7 +57,10 @@ mod tests {
 
     #[test]
     fn the_last_error_is_asked_of_the_cell_process_and_takes_nothing_else() {
-        assert_eq!((MAGIC.run)(&Context::default(), &[LAST_ERROR.into()]), Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".into())));
+        assert_eq!(
+            (MAGIC.run)(&Context::default(), &[LAST_ERROR.into()]),
+            Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".into()))
+        );
         let err = (MAGIC.run)(&Context::default(), &["resnet18".into(), LAST_ERROR.into()]).unwrap_err();
         assert!(err.contains("takes no other argument"), "{err}");
     }
@@ -68,7 +71,8 @@ mod tests {
         let Ok(Invocation::Show(bundle)) = (MAGIC.run)(&Context::default(), &argv) else { panic!("expected a report") };
         assert!(bundle.text().contains("DOES NOT FIT"), "{}", bundle.text());
         assert!(bundle.get("text/html").and_then(|h| h.as_str()).is_some_and(|h| h.contains("<svg")));
-        let err = (MAGIC.run)(&Context::default(), &["resnet50".into(), "--batch".into(), "0".into(), "--res".into(), "224".into()]).unwrap_err();
+        let err =
+            (MAGIC.run)(&Context::default(), &["resnet50".into(), "--batch".into(), "0".into(), "--res".into(), "224".into()]).unwrap_err();
         assert!(err.lines().count() <= 6 && !err.contains("panicked"), "{err}");
     }
 }

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 use clap::{Args, ColorChoice, Parser, Subcommand};
 use serde::Serialize;
 use vramlab::cli::{
-    run_oomcheck, run_summary, BenchLoaderArgs, FitArgs, MeasureArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs,
-    TrainRunArgs, TrainSetup, UsageError,
+    run_oomcheck, run_summary, BenchLoaderArgs, FitArgs, MeasureArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs, TrainRunArgs,
+    TrainSetup, UsageError,
 };
 use vramlab::data::{bench_loader, preprocess};
 use vramlab::learn::{fit_folder, LearnError, LearnReport};
@@ -70,41 +70,31 @@ fn main() -> ExitCode {
         Err(err) => {
             // Help and version go to stdout with success; usage errors to stderr.
             let _ = err.print();
-            return if err.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
+            return if err.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
     let printed = match &cli.command {
-        Command::Summary(cmd) => run_summary(&cmd.args).and_then(|summary| {
-            emit(cmd.json, &summary, || {
-                summary.table(cmd.args.depth).to_string()
-            })
-        }),
-        Command::Oomcheck(cmd) => run_oomcheck(&cmd.args)
-            .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
+        Command::Summary(cmd) => {
+            run_summary(&cmd.args).and_then(|summary| emit(cmd.json, &summary, || summary.table(cmd.args.depth).to_string()))
+        }
+        Command::Oomcheck(cmd) => run_oomcheck(&cmd.args).and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
         Command::Measure(cmd) => match measure(&cmd.args) {
             Ok(comparison) => emit(cmd.json, &comparison, || comparison.table().to_string()),
             Err(Measured::OutOfMemory(error)) => return out_of_memory(&error, cmd.json),
             Err(Measured::Usage(error)) => Err(error),
         },
-        Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args)
-            .and_then(|report| emit(cmd.json, &report, || report_text(&report))),
+        Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args).and_then(|report| emit(cmd.json, &report, || report_text(&report))),
         Command::Synth(cmd) => data_error(cmd.args.generator().generate(&cmd.args.out)).and_then(|manifest| {
-            emit(cmd.json, &manifest, || {
-                format!("wrote {}\n{}\n{}", cmd.args.out.display(), manifest.table(), manifest.size_table())
-            })
+            emit(cmd.json, &manifest, || format!("wrote {}\n{}\n{}", cmd.args.out.display(), manifest.table(), manifest.size_table()))
         }),
         Command::Preprocess(cmd) => {
             let a = &cmd.args;
             data_error(preprocess(&a.src, &a.out, a.short_side, a.quality))
                 .and_then(|report| emit(cmd.json, &report, || report.bundle().text().to_owned()))
         }
-        Command::Train(cmd) => train(&cmd.args).map_err(|e| UsageError(e.to_string())).and_then(|report| {
-            emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))
-        }),
+        Command::Train(cmd) => train(&cmd.args)
+            .map_err(|e| UsageError(e.to_string()))
+            .and_then(|report| emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))),
         Command::Bench(Bench::Loader(cmd)) => data_error(bench_loader(&cmd.args.root, &cmd.args.config()))
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
         #[cfg(feature = "cuda")]
@@ -152,14 +142,9 @@ fn train(args: &FitArgs) -> Result<LearnReport, LearnError> {
     report
 }
 
-fn emit<T: Serialize>(
-    json: bool,
-    value: &T,
-    text: impl FnOnce() -> String,
-) -> Result<(), UsageError> {
+fn emit<T: Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) -> Result<(), UsageError> {
     if json {
-        let out = serde_json::to_string_pretty(value)
-            .map_err(|e| UsageError(format!("cannot write JSON: {e}")))?;
+        let out = serde_json::to_string_pretty(value).map_err(|e| UsageError(format!("cannot write JSON: {e}")))?;
         println!("{out}");
     } else {
         print!("{}", text());

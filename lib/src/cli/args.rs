@@ -127,11 +127,7 @@ impl OomcheckArgs {
             optimizer: self.opt,
             accumulation: self.accum,
             checkpointing: self.ckpt.clone(),
-            mode: if self.eval {
-                Mode::Inference
-            } else {
-                Mode::Training
-            },
+            mode: if self.eval { Mode::Inference } else { Mode::Training },
         }
     }
 }
@@ -171,8 +167,7 @@ pub(crate) fn amp_parser() -> impl clap::builder::TypedValueParser<Value = Preci
 }
 
 pub(crate) fn parse_model(text: &str) -> Result<ModelName, String> {
-    text.parse()
-        .map_err(|e: crate::models::ModelError| e.to_string())
+    text.parse().map_err(|e: crate::models::ModelError| e.to_string())
 }
 
 pub(crate) fn positive(text: &str) -> Result<usize, String> {
@@ -197,14 +192,8 @@ fn parse_input(text: &str) -> Result<InputShape, String> {
         .collect::<Option<_>>()
         .ok_or("expected BATCHxCxHxW such as 32x3x224x224")?;
     match dims[..] {
-        [batch, c, h, w] => Ok(InputShape {
-            batch,
-            sample: Shape::map(c, h, w),
-        }),
-        [c, h, w] => Ok(InputShape {
-            batch: 1,
-            sample: Shape::map(c, h, w),
-        }),
+        [batch, c, h, w] => Ok(InputShape { batch, sample: Shape::map(c, h, w) }),
+        [c, h, w] => Ok(InputShape { batch: 1, sample: Shape::map(c, h, w) }),
         _ => Err("expected BATCHxCxHxW such as 32x3x224x224".to_owned()),
     }
 }
@@ -214,11 +203,7 @@ pub(crate) fn parse_checkpointing(text: &str) -> Result<Checkpointing, String> {
         "none" | "off" => Ok(Checkpointing::None),
         "stages" | "all" => Ok(Checkpointing::Stages),
         names => {
-            let names: Vec<String> = names
-                .split(',')
-                .map(|n| n.trim().to_owned())
-                .filter(|n| !n.is_empty())
-                .collect();
+            let names: Vec<String> = names.split(',').map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()).collect();
             if names.is_empty() {
                 Err("expected none, stages, or stage names such as layer3,layer4".to_owned())
             } else {
@@ -233,8 +218,7 @@ fn parse_device(text: &str) -> Result<Card, String> {
 }
 
 fn parse_sweep(text: &str) -> Result<SweepSpec, String> {
-    text.parse()
-        .map_err(|e: crate::oom::SweepParseError| e.to_string())
+    text.parse().map_err(|e: crate::oom::SweepParseError| e.to_string())
 }
 
 /// `WIDTHxHEIGHT`, both at least 1.

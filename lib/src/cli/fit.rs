@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use clap::{ColorChoice, Parser};
 
 use super::args::{parse_model, positive};
-use crate::ledger::OptimizerKind;
 use crate::data::{group_split, ImageFolder, OnError, Split};
 use crate::learn::LearnConfig;
+use crate::ledger::OptimizerKind;
 use crate::models::ModelName;
 use crate::train::OptimizerConfig;
 

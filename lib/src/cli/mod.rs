@@ -9,9 +9,9 @@ mod report;
 mod train;
 
 pub use args::{InputShape, MemArgs, OomcheckArgs, SummaryArgs, SummaryOfArgs};
-pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
+pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 pub use fit::FitArgs;
 pub use flags::{measure_flags, oomcheck_flags};
 pub use report::Oomcheck;
@@ -35,14 +35,7 @@ pub struct UsageError(pub String);
 pub fn parse<T: Parser>(command: &str, argv: &[String]) -> Result<Result<T, String>, UsageError> {
     match T::try_parse_from(std::iter::once(command.to_owned()).chain(argv.iter().cloned())) {
         Ok(args) => Ok(Ok(args)),
-        Err(err)
-            if matches!(
-                err.kind(),
-                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
-            ) =>
-        {
-            Ok(Err(err.render().to_string()))
-        }
+        Err(err) if matches!(err.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => Ok(Err(err.render().to_string())),
         Err(err) => Err(UsageError(err.render().to_string().trim_end().to_owned())),
     }
 }
@@ -50,14 +43,7 @@ pub fn parse<T: Parser>(command: &str, argv: &[String]) -> Result<Result<T, Stri
 /// The summary a [`SummaryArgs`] asks for.
 pub fn run_summary(args: &SummaryArgs) -> Result<Summary, UsageError> {
     let spec = args.model.spec(args.classes);
-    Summary::new(
-        &spec,
-        args.input.batch,
-        args.input.sample,
-        args.dtype,
-        !args.eval,
-    )
-    .map_err(|e| UsageError(e.to_string()))
+    Summary::new(&spec, args.input.batch, args.input.sample, args.dtype, !args.eval).map_err(|e| UsageError(e.to_string()))
 }
 
 /// The fit report (and sweep) an [`OomcheckArgs`] asks for.
@@ -66,12 +52,7 @@ pub fn run_oomcheck(args: &OomcheckArgs) -> Result<Oomcheck, UsageError> {
     let config = args.step_config();
     let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
     let report = check(&spec, &config, &args.gpu).map_err(usage)?;
-    let sweep = args
-        .sweep
-        .as_ref()
-        .map(|plan| sweep(&spec, &config, &args.gpu, plan))
-        .transpose()
-        .map_err(usage)?;
+    let sweep = args.sweep.as_ref().map(|plan| sweep(&spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
     let host = args.loader_shape().map(|shape| host_check(shape, args.host_ram));
     Ok(Oomcheck { report, sweep, host })
 }

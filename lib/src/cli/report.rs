@@ -2,9 +2,9 @@
 
 use serde::Serialize;
 
-use crate::units::{human, percent};
 use crate::oom::{FitReport, HostReport, Sweep, Verdict};
 use crate::render::{Bundle, Render, Table};
+use crate::units::{human, percent};
 
 use crate::render::Composer;
 
@@ -21,30 +21,14 @@ impl FitReport {
     /// The ranked fixes as a table.
     pub fn fixes_table(&self) -> Table {
         let card = self.ledger.device.usable_bytes;
-        let mut table = Table::new([
-            "#",
-            "fix",
-            "peak",
-            "% of card",
-            "extra time",
-            "accuracy risk",
-            "effective batch",
-            "flags",
-        ])
-        .title(format!(
-            "fixes that peak under {} (90% of the card), cheapest first",
-            human(self.target_bytes)
-        ))
-        .right_align(&[0, 2, 3, 4]);
+        let mut table = Table::new(["#", "fix", "peak", "% of card", "extra time", "accuracy risk", "effective batch", "flags"])
+            .title(format!("fixes that peak under {} (90% of the card), cheapest first", human(self.target_bytes)))
+            .right_align(&[0, 2, 3, 4]);
         for (i, fix) in self.fixes.iter().enumerate() {
             let batch = if fix.cost.effective_batch_kept {
                 format!("{} (kept)", fix.cost.effective_batch)
             } else {
-                format!(
-                    "{} (was {})",
-                    fix.cost.effective_batch,
-                    self.ledger.config.effective_batch()
-                )
+                format!("{} (was {})", fix.cost.effective_batch, self.ledger.config.effective_batch())
             };
             table.push_row([
                 (i + 1).to_string(),
@@ -58,9 +42,7 @@ impl FitReport {
             ]);
         }
         if self.fixes.is_empty() {
-            table = table.note(
-                "No single change or combination fits: a smaller model or a larger card is needed.",
-            );
+            table = table.note("No single change or combination fits: a smaller model or a larger card is needed.");
         }
         table
     }
@@ -81,15 +63,11 @@ impl Render for Oomcheck {
             .part(&report.ledger.table().bundle())
             .html_only(&report.ledger.chart().bundle())
             .part(&report.ledger.timeline_table().bundle());
-        if report.verdict != Verdict::Fits
-            && report.ledger.config.mode == crate::ledger::Mode::Training
-        {
+        if report.verdict != Verdict::Fits && report.ledger.config.mode == crate::ledger::Mode::Training {
             composer = composer.part(&report.fixes_table().bundle());
         }
         if let Some(sweep) = &self.sweep {
-            composer = composer
-                .html_only(&sweep.chart().bundle())
-                .part(&sweep.table().bundle());
+            composer = composer.html_only(&sweep.chart().bundle()).part(&sweep.table().bundle());
         }
         if let Some(host) = &self.host {
             let color = if host.too_large() { "#b22222" } else { "#2a7d2a" };

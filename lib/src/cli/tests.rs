@@ -6,10 +6,7 @@ fn words(line: &str) -> Vec<String> {
 
 fn assert_short_and_plain(message: &str) {
     assert!(!message.contains('\u{1b}'), "colour codes in {message:?}");
-    assert!(
-        !message.contains("backtrace") && !message.contains("panicked"),
-        "{message}"
-    );
+    assert!(!message.contains("backtrace") && !message.contains("panicked"), "{message}");
     assert!(message.lines().count() <= 6, "too long: {message}");
 }
 
@@ -21,11 +18,7 @@ fn summary_renders_a_table_in_html_and_text() {
     let text = bundle.text();
     assert!(text.contains("25,557,032"), "{text}");
     // conv1 at batch 32: 32 x 3,211,264 bytes kept.
-    assert!(
-        text.lines()
-            .any(|l| l.trim_start().starts_with("conv1 ") && l.contains("102,760,448")),
-        "{text}"
-    );
+    assert!(text.lines().any(|l| l.trim_start().starts_with("conv1 ") && l.contains("102,760,448")), "{text}");
 }
 
 #[test]
@@ -43,14 +36,9 @@ fn oomcheck_reports_verdict_bills_chart_and_fixes() {
     let bundle = oomcheck(&words("resnet50 --batch 64 --res 224 --gpu rtx4060-laptop")).unwrap();
     let text = bundle.text();
     assert!(text.starts_with("DOES NOT FIT"), "{text}");
-    for bill in [
-        "1. parameters",
-        "2. optimizer state",
-        "3. activations",
-        "4. input batch",
-        "5. context and workspace",
-        "fixes that peak under",
-    ] {
+    for bill in
+        ["1. parameters", "2. optimizer state", "3. activations", "4. input batch", "5. context and workspace", "fixes that peak under"]
+    {
         assert!(text.contains(bill), "{bill} missing");
     }
     let html = bundle.get("text/html").and_then(|v| v.as_str()).unwrap();
@@ -59,10 +47,7 @@ fn oomcheck_reports_verdict_bills_chart_and_fixes() {
 
 #[test]
 fn oomcheck_with_a_sweep_draws_peak_against_batch() {
-    let bundle = oomcheck(&words(
-        "resnet18 --batch 16 --res 224 --gpu 4090 --sweep batch=8..64:8",
-    ))
-    .unwrap();
+    let bundle = oomcheck(&words("resnet18 --batch 16 --res 224 --gpu 4090 --sweep batch=8..64:8")).unwrap();
     let html = bundle.get("text/html").and_then(|v| v.as_str()).unwrap();
     assert!(html.contains("peak memory vs batch"));
     assert!(bundle.text().contains("sweep on"));
@@ -77,31 +62,18 @@ fn unknown_models_list_the_valid_ones() {
 
 #[test]
 fn bad_choices_name_the_valid_choices() {
-    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --opt lion"))
-        .unwrap_err()
-        .to_string();
+    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --opt lion")).unwrap_err().to_string();
     assert_short_and_plain(&err);
-    assert!(
-        err.contains("lion") && err.contains("sgd-momentum") && err.contains("adam8bit"),
-        "{err}"
-    );
-    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --gpu rtx4091"))
-        .unwrap_err()
-        .to_string();
+    assert!(err.contains("lion") && err.contains("sgd-momentum") && err.contains("adam8bit"), "{err}");
+    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --gpu rtx4091")).unwrap_err().to_string();
     assert_short_and_plain(&err);
     assert!(err.contains("closest: rtx4090"), "{err}");
-    let err = oomcheck(&words("resnet50 --res 224"))
-        .unwrap_err()
-        .to_string();
+    let err = oomcheck(&words("resnet50 --res 224")).unwrap_err().to_string();
     assert_short_and_plain(&err);
     assert!(err.contains("--batch"), "{err}");
-    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --ckpt layer9"))
-        .unwrap_err()
-        .to_string();
+    let err = oomcheck(&words("resnet50 --batch 32 --res 224 --ckpt layer9")).unwrap_err().to_string();
     assert_eq!(err, "cannot checkpoint `layer9`: no such stage; stages: stem, layer1, layer2, layer3, layer4, head");
-    let err = oomcheck(&words("resnet50 --batch 0 --res 224"))
-        .unwrap_err()
-        .to_string();
+    let err = oomcheck(&words("resnet50 --batch 0 --res 224")).unwrap_err().to_string();
     assert!(err.contains("at least 1"), "{err}");
 }
 
@@ -194,7 +166,11 @@ fn measure_flags_parse_back_to_the_step_they_describe() {
     let configs = [
         base.clone(),
         crate::ledger::StepConfig { precision: crate::models::Precision::F16Amp, accumulation: 3, ..base.clone() },
-        crate::ledger::StepConfig { optimizer: crate::ledger::OptimizerKind::Adam8bit, checkpointing: crate::ledger::Checkpointing::Segments(vec!["layer2".into(), "layer3".into()]), ..base.clone() },
+        crate::ledger::StepConfig {
+            optimizer: crate::ledger::OptimizerKind::Adam8bit,
+            checkpointing: crate::ledger::Checkpointing::Segments(vec!["layer2".into(), "layer3".into()]),
+            ..base.clone()
+        },
     ];
     for config in configs {
         let flags = measure_flags(&config, 7).unwrap();
@@ -202,7 +178,11 @@ fn measure_flags_parse_back_to_the_step_they_describe() {
         let args = MeasureArgs::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}"));
         let setup = &args.setup;
         assert_eq!((setup.batch, setup.res, setup.classes), (48, 96, 7), "{line}");
-        assert_eq!((setup.precision(), setup.opt, setup.accum, &setup.ckpt), (config.precision, config.optimizer, config.accumulation, &config.checkpointing), "{line}");
+        assert_eq!(
+            (setup.precision(), setup.opt, setup.accum, &setup.ckpt),
+            (config.precision, config.optimizer, config.accumulation, &config.checkpointing),
+            "{line}"
+        );
     }
     let grey = crate::ledger::StepConfig { input: crate::models::Shape::map(1, 96, 96), ..base.clone() };
     assert_eq!(measure_flags(&grey, 7), None, "measure reads RGB only");

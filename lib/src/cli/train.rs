@@ -4,8 +4,8 @@
 use clap::{Args, ColorChoice, Parser};
 
 use super::args::{amp_parser, parse_checkpointing, parse_model, positive};
-use crate::ledger::OptimizerKind;
 use crate::ledger::Checkpointing;
+use crate::ledger::OptimizerKind;
 use crate::models::{ModelName, Precision};
 use crate::train::{OptimizerConfig, TrainConfig};
 

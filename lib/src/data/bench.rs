@@ -51,10 +51,8 @@ pub struct LoaderBench {
 pub fn bench_loader(root: &Path, config: &LoaderBenchConfig) -> Result<LoaderBench, DataError> {
     let folder = ImageFolder::open(root, OnError::Fail)?;
     let count = config.limit.unwrap_or(folder.items.len()).min(folder.items.len());
-    let transforms = Transforms::new(vec![
-        Transform::Resize { width: config.res, height: config.res },
-        Transform::HorizontalFlip { p: 0.5 },
-    ]);
+    let transforms =
+        Transforms::new(vec![Transform::Resize { width: config.res, height: config.res }, Transform::HorizontalFlip { p: 0.5 }]);
     let indices: Vec<usize> = (0..count).collect();
     let dataset = folder.dataset(&indices, transforms).with_decoder(config.decoder);
     let loader = DataLoader::new(

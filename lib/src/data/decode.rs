@@ -27,10 +27,7 @@ impl RgbImage {
     pub fn new(width: u32, height: u32, pixels: Vec<u8>) -> Result<Self, DataError> {
         let expected = width as usize * height as usize * 3;
         if width == 0 || height == 0 || pixels.len() != expected {
-            return Err(DataError::invalid(
-                "RgbImage::new",
-                format!("{width}x{height} RGB needs {expected} bytes, got {}", pixels.len()),
-            ));
+            return Err(DataError::invalid("RgbImage::new", format!("{width}x{height} RGB needs {expected} bytes, got {}", pixels.len())));
         }
         Ok(RgbImage { width, height, pixels })
     }
@@ -117,9 +114,8 @@ impl RgbImage {
 
     /// The image as it should be shown, given an EXIF orientation tag (1-8).
     pub fn oriented(self, orientation: u8) -> Result<Self, DataError> {
-        let orientation = Orientation::from_exif(orientation).ok_or_else(|| {
-            DataError::invalid("RgbImage::oriented", format!("EXIF orientation {orientation} is not in 1..=8"))
-        })?;
+        let orientation = Orientation::from_exif(orientation)
+            .ok_or_else(|| DataError::invalid("RgbImage::oriented", format!("EXIF orientation {orientation} is not in 1..=8")))?;
         if orientation == Orientation::NoTransforms {
             return Ok(self);
         }
@@ -131,22 +127,13 @@ impl RgbImage {
     /// Resizes the region `crop` (x, y, width, height in source pixels) to
     /// `width` x `height` with a SIMD bilinear filter.
     pub fn resize_region(&self, crop: (f64, f64, f64, f64), width: u32, height: u32) -> Result<RgbImage, DataError> {
-        let err = |message: String| DataError::Resize {
-            from_w: self.width,
-            from_h: self.height,
-            to_w: width,
-            to_h: height,
-            message,
-        };
+        let err = |message: String| DataError::Resize { from_w: self.width, from_h: self.height, to_w: width, to_h: height, message };
         if width == 0 || height == 0 {
             return Err(err("target size must be at least 1x1".into()));
         }
-        let src = ImageRef::new(self.width, self.height, &self.pixels, PixelType::U8x3)
-            .map_err(|e| err(e.to_string()))?;
+        let src = ImageRef::new(self.width, self.height, &self.pixels, PixelType::U8x3).map_err(|e| err(e.to_string()))?;
         let mut dst = Image::new(width, height, PixelType::U8x3);
-        let options = ResizeOptions::new()
-            .resize_alg(ResizeAlg::Convolution(FilterType::Bilinear))
-            .crop(crop.0, crop.1, crop.2, crop.3);
+        let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear)).crop(crop.0, crop.1, crop.2, crop.3);
         Resizer::new().resize(&src, &mut dst, &options).map_err(|e| err(e.to_string()))?;
         RgbImage::new(width, height, dst.into_vec())
     }

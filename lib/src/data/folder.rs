@@ -86,8 +86,7 @@ impl ImageFolder {
     }
 
     fn attach_groups(&mut self, manifest: &Manifest) {
-        let groups: std::collections::HashMap<&Path, u64> =
-            manifest.entries.iter().map(|e| (e.path.as_path(), e.group)).collect();
+        let groups: std::collections::HashMap<&Path, u64> = manifest.entries.iter().map(|e| (e.path.as_path(), e.group)).collect();
         for item in &mut self.items {
             let relative = item.path.strip_prefix(&self.root).unwrap_or(&item.path);
             item.group = groups.get(relative).copied();

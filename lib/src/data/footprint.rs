@@ -48,9 +48,7 @@ impl LoaderShape {
             batch_bytes,
             batches_in_flight,
             decode_bytes_per_worker,
-            total_bytes: batches_in_flight
-                .saturating_mul(batch_bytes)
-                .saturating_add(builders.saturating_mul(decode_bytes_per_worker)),
+            total_bytes: batches_in_flight.saturating_mul(batch_bytes).saturating_add(builders.saturating_mul(decode_bytes_per_worker)),
         }
     }
 }

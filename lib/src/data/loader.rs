@@ -212,9 +212,8 @@ impl Batch {
 
     /// Copies images and labels to `device` (the host copy is released when this batch drops).
     pub fn to_device(&self, device: &Device) -> Result<(Tensor, Tensor), DataError> {
-        let move_to = |t: &Tensor| {
-            t.to_device(device).map_err(|source| DataError::Tensor { op: "to_device", shape: t.dims().to_vec(), source })
-        };
+        let move_to =
+            |t: &Tensor| t.to_device(device).map_err(|source| DataError::Tensor { op: "to_device", shape: t.dims().to_vec(), source });
         Ok((move_to(&self.images)?, move_to(&self.labels)?))
     }
 }
@@ -261,10 +260,7 @@ impl<D: Dataset> DataLoader<D> {
         }
         if let Sampler::Weighted { weights, .. } = &config.sampler {
             if weights.len() != dataset.len() {
-                return Err(DataError::invalid(
-                    "DataLoader",
-                    format!("{} sampler weights for {} samples", weights.len(), dataset.len()),
-                ));
+                return Err(DataError::invalid("DataLoader", format!("{} sampler weights for {} samples", weights.len(), dataset.len())));
             }
             WeightedIndex::new(weights).map_err(|e| DataError::invalid("weighted sampler", e.to_string()))?;
         }
@@ -465,10 +461,16 @@ impl EpochPlan {
         }
         let [c, h, w] = shape.unwrap_or([3, 1, 1]);
         let dims = (kept.len(), c, h, w);
-        let images = Tensor::from_vec(pixels, dims, &Device::Cpu)
-            .map_err(|source| DataError::Tensor { op: "collate images", shape: vec![dims.0, c, h, w], source })?;
-        let labels = Tensor::from_vec(labels, kept.len(), &Device::Cpu)
-            .map_err(|source| DataError::Tensor { op: "collate labels", shape: vec![kept.len()], source })?;
+        let images = Tensor::from_vec(pixels, dims, &Device::Cpu).map_err(|source| DataError::Tensor {
+            op: "collate images",
+            shape: vec![dims.0, c, h, w],
+            source,
+        })?;
+        let labels = Tensor::from_vec(labels, kept.len(), &Device::Cpu).map_err(|source| DataError::Tensor {
+            op: "collate labels",
+            shape: vec![kept.len()],
+            source,
+        })?;
         Ok(Batch { images, labels, indices: kept, position, timing, skipped, _lease: lease })
     }
 }

@@ -101,11 +101,7 @@ mod tests {
     use crate::data::rng_for;
 
     fn row_sums(targets: &Tensor) -> Result<Vec<f32>, DataError> {
-        targets
-            .to_dtype(DType::F32)
-            .and_then(|t| t.sum(1))
-            .and_then(|t| t.to_vec1::<f32>())
-            .map_err(tensor_err("row sums", targets))
+        targets.to_dtype(DType::F32).and_then(|t| t.sum(1)).and_then(|t| t.to_vec1::<f32>()).map_err(tensor_err("row sums", targets))
     }
 
     fn batch() -> (Tensor, Tensor) {

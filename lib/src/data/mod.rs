@@ -17,15 +17,15 @@ mod transform;
 
 pub use baseline::{colour_histogram, histogram_baseline, BaselineReport, HISTOGRAM_BINS};
 pub use bench::{bench_decoders, bench_loader, DecoderBench, LoaderBench, LoaderBenchConfig};
-pub use decode::{decode_bytes, decode_file, Decoded, DecodeOptions, Decoder, RgbImage};
+pub use decode::{decode_bytes, decode_file, DecodeOptions, Decoded, Decoder, RgbImage};
 pub use folder::{ImageDataset, ImageFolder, ImageItem, OnError, IMAGE_EXTENSIONS};
 pub use footprint::{HostFootprint, LoaderShape};
 pub use loader::{loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 pub use mix::{cutmix, mixup, one_hot, Mixed};
+pub use pinned::Pinning;
 #[cfg(feature = "cuda")]
 pub use pinned::{bench_h2d, H2dBench};
-pub use pinned::Pinning;
 pub use preprocess::{preprocess, PreprocessReport};
 pub use report::{contact_sheet, decoder_table, loader_bench_table};
 pub use split::{group_split, stratified_group_kfold, stratified_split, Split};

@@ -59,10 +59,11 @@ impl<D: Dataset> DataLoader<D> {
         #[cfg(feature = "cuda")]
         if let (Pinning::PageLocked, Device::Cuda(cuda)) = (self.config().pinning(device), device) {
             let images = staging::copy(&batch.images, cuda)?;
-            let labels = batch
-                .labels
-                .to_device(device)
-                .map_err(|source| DataError::Tensor { op: "to_device", shape: batch.labels.dims().to_vec(), source })?;
+            let labels = batch.labels.to_device(device).map_err(|source| DataError::Tensor {
+                op: "to_device",
+                shape: batch.labels.dims().to_vec(),
+                source,
+            })?;
             return Ok((images, labels));
         }
         batch.to_device(device)
@@ -227,7 +228,8 @@ mod tests {
 
     #[test]
     fn pin_memory_is_accepted_and_changes_nothing_on_the_cpu() {
-        let config = |pin_memory| LoaderConfig { batch_size: 4, shuffle: true, seed: 5, num_workers: 2, pin_memory, ..LoaderConfig::default() };
+        let config =
+            |pin_memory| LoaderConfig { batch_size: 4, shuffle: true, seed: 5, num_workers: 2, pin_memory, ..LoaderConfig::default() };
         let plain = DataLoader::new(Ramp, config(false)).unwrap();
         let pinned = DataLoader::new(Ramp, config(true)).unwrap();
         assert_eq!(pinned.config().pinning(&Device::Cpu), Pinning::NoOp);
@@ -240,7 +242,10 @@ mod tests {
             let (b_images, b_labels) = pinned.to_device(&b, &Device::Cpu).unwrap();
             assert_eq!(a.indices, b.indices);
             assert_eq!(a_images.dims(), b_images.dims());
-            assert_eq!(a_images.flatten_all().unwrap().to_vec1::<f32>().unwrap(), b_images.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+            assert_eq!(
+                a_images.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+                b_images.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+            );
             assert_eq!(a_labels.to_vec1::<u32>().unwrap(), b_labels.to_vec1::<u32>().unwrap());
             batches += 1;
         }

@@ -32,7 +32,10 @@ pub struct PreprocessReport {
 /// manifest over with the new sizes.
 pub fn preprocess(src: &Path, out: &Path, short_side: u32, quality: u8) -> Result<PreprocessReport, DataError> {
     if short_side == 0 || !(1..=100).contains(&quality) {
-        return Err(DataError::invalid("preprocess", format!("short side {short_side} and quality {quality}: need at least 1 and 1..=100")));
+        return Err(DataError::invalid(
+            "preprocess",
+            format!("short side {short_side} and quality {quality}: need at least 1 and 1..=100"),
+        ));
     }
     let started = Instant::now();
     let folder = ImageFolder::open(src, OnError::Fail)?;

@@ -2,15 +2,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::units::human;
 use crate::render::{Bundle, Render, Table};
+use crate::units::human;
 
 use super::baseline::BaselineReport;
 use super::bench::{DecoderBench, LoaderBench};
 use super::decode::RgbImage;
-use super::DataError;
 use super::manifest::Manifest;
 use super::preprocess::PreprocessReport;
+use super::DataError;
 
 impl Manifest {
     /// Per class: photos, plants, share, and the sizes on disk.
@@ -24,7 +24,12 @@ impl Manifest {
         }
         let total = self.entries.len().max(1);
         let mut table = Table::new(["class", "photos", "plants", "share", "on disk"])
-            .title(format!("{} photos of {} plants, {}", self.entries.len(), self.entries.iter().map(|e| e.group).collect::<BTreeSet<_>>().len(), human(self.total_bytes())))
+            .title(format!(
+                "{} photos of {} plants, {}",
+                self.entries.len(),
+                self.entries.iter().map(|e| e.group).collect::<BTreeSet<_>>().len(),
+                human(self.total_bytes())
+            ))
             .right_align(&[1, 2, 3, 4]);
         for (class, (photos, plants, bytes)) in by_class {
             table.push_row([
@@ -95,9 +100,15 @@ impl LoaderBench {
 
 /// Decoders side by side.
 pub fn decoder_table(runs: &[DecoderBench]) -> Table {
-    let mut table = Table::new(["decoder", "images/s", "MB/s (one core)", "megapixels out"]).title("decoding the same JPEGs").right_align(&[1, 2, 3]);
+    let mut table =
+        Table::new(["decoder", "images/s", "MB/s (one core)", "megapixels out"]).title("decoding the same JPEGs").right_align(&[1, 2, 3]);
     for run in runs {
-        table.push_row([run.label.clone(), format!("{:.1}", run.images_per_s), format!("{:.1}", run.mb_per_s), format!("{:.1}", run.megapixels_out)]);
+        table.push_row([
+            run.label.clone(),
+            format!("{:.1}", run.images_per_s),
+            format!("{:.1}", run.mb_per_s),
+            format!("{:.1}", run.megapixels_out),
+        ]);
     }
     table
 }

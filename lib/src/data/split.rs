@@ -70,7 +70,10 @@ pub fn stratified_group_kfold(labels: &[u32], groups: &[u64], k: usize, seed: u6
         members.entry(g).or_default().push(i);
     }
     if k < 2 || members.len() < k {
-        return Err(DataError::invalid("split", format!("{k} folds need at least 2 folds and {k} groups; there are {} groups", members.len())));
+        return Err(DataError::invalid(
+            "split",
+            format!("{k} folds need at least 2 folds and {k} groups; there are {} groups", members.len()),
+        ));
     }
     let mut class_totals = vec![0f64; classes];
     for &l in labels {

@@ -149,7 +149,9 @@ impl LeafDiseaseSynth {
         if self.images < CLASSES.len() {
             return bad(format!("{} images cannot cover {} classes", self.images, CLASSES.len()));
         }
-        if self.sizes.is_empty() || self.sizes.iter().any(|s| s.width < 16 || s.height < 16 || s.width > 65_000 || s.height > 65_000 || s.share < 0.0) {
+        if self.sizes.is_empty()
+            || self.sizes.iter().any(|s| s.width < 16 || s.height < 16 || s.width > 65_000 || s.height > 65_000 || s.share < 0.0)
+        {
             return bad("sizes must be 16 to 65000 pixels a side with shares of at least 0".into());
         }
         if self.sizes.iter().map(|s| s.share).sum::<f64>() <= 0.0 {
@@ -195,10 +197,14 @@ impl LeafDiseaseSynth {
                 let photos = (rng.random_range(self.photos_per_plant.0..=self.photos_per_plant.1) as usize).min(left);
                 for photo in 0..photos {
                     let mut pick = rng.random::<f64>() * total_share;
-                    let size = *self.sizes.iter().find(|s| {
-                        pick -= s.share;
-                        pick < 0.0
-                    }).unwrap_or(&self.sizes[self.sizes.len() - 1]);
+                    let size = *self
+                        .sizes
+                        .iter()
+                        .find(|s| {
+                            pick -= s.share;
+                            pick < 0.0
+                        })
+                        .unwrap_or(&self.sizes[self.sizes.len() - 1]);
                     let orientation = match rng.random_range(0..100) {
                         0..=79 => 1,
                         80..=89 => 6,

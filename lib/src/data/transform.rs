@@ -34,17 +34,34 @@ pub struct ColorJitter {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Transform {
     /// To exactly width x height (aspect not kept): the lesson's `Resize((224, 224))`.
-    Resize { width: u32, height: u32 },
+    Resize {
+        width: u32,
+        height: u32,
+    },
     /// Shorter side to `size`, aspect kept.
-    ResizeShortSide { size: u32 },
+    ResizeShortSide {
+        size: u32,
+    },
     /// A random region of `scale` (area share) and `ratio` (aspect) resized to size x size.
-    RandomResizedCrop { size: u32, scale: (f64, f64), ratio: (f64, f64) },
-    CenterCrop { size: u32 },
-    HorizontalFlip { p: f64 },
-    VerticalFlip { p: f64 },
+    RandomResizedCrop {
+        size: u32,
+        scale: (f64, f64),
+        ratio: (f64, f64),
+    },
+    CenterCrop {
+        size: u32,
+    },
+    HorizontalFlip {
+        p: f64,
+    },
+    VerticalFlip {
+        p: f64,
+    },
     /// A rotation by an angle drawn in [-max_degrees, max_degrees]; corners filled black.
     /// Keep it small: large turns move lesions off the leaf.
-    Rotation { max_degrees: f32 },
+    Rotation {
+        max_degrees: f32,
+    },
     ColorJitter(ColorJitter),
 }
 
@@ -188,7 +205,9 @@ pub fn to_image(tensor: &candle_core::Tensor, normalize: &Normalize) -> Result<R
     let values = tensor.to_dtype(candle_core::DType::F32).and_then(|t| t.flatten_all()).and_then(|t| t.to_vec1::<f32>()).map_err(err)?;
     let plane = h * w;
     let pixels = (0..plane)
-        .flat_map(|i| [0, 1, 2].map(|ch| ((values[ch * plane + i] * normalize.std[ch] + normalize.mean[ch]) * 255.0).round().clamp(0.0, 255.0) as u8))
+        .flat_map(|i| {
+            [0, 1, 2].map(|ch| ((values[ch * plane + i] * normalize.std[ch] + normalize.mean[ch]) * 255.0).round().clamp(0.0, 255.0) as u8)
+        })
         .collect();
     RgbImage::new(w as u32, h as u32, pixels)
 }
@@ -324,11 +343,7 @@ mod tests {
     fn resize_crop_and_random_resized_crop_give_the_asked_size() {
         let mut rng = rng_for(1, 0, 0);
         let image = gradient(64, 40);
-        for t in [
-            Transform::Resize { width: 24, height: 24 },
-            Transform::random_resized_crop(24),
-            Transform::CenterCrop { size: 24 },
-        ] {
+        for t in [Transform::Resize { width: 24, height: 24 }, Transform::random_resized_crop(24), Transform::CenterCrop { size: 24 }] {
             let out = t.apply(image.clone(), &mut rng).unwrap();
             assert_eq!((out.width(), out.height()), (24, 24), "{t:?}");
         }

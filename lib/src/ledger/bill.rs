@@ -14,13 +14,8 @@ pub enum BillKind {
 }
 
 impl BillKind {
-    pub const ALL: [BillKind; 5] = [
-        BillKind::Parameters,
-        BillKind::OptimizerState,
-        BillKind::Activations,
-        BillKind::InputBatch,
-        BillKind::ContextAndWorkspace,
-    ];
+    pub const ALL: [BillKind; 5] =
+        [BillKind::Parameters, BillKind::OptimizerState, BillKind::Activations, BillKind::InputBatch, BillKind::ContextAndWorkspace];
 
     pub fn title(self) -> &'static str {
         match self {
@@ -58,17 +53,10 @@ pub struct Bill {
 impl Bill {
     pub(crate) fn new(kind: BillKind, lines: Vec<Line>) -> Self {
         let lines: Vec<Line> = lines.into_iter().filter(|l| l.bytes > 0).collect();
-        Bill {
-            kind,
-            bytes: lines.iter().map(|l| l.bytes).sum(),
-            lines,
-        }
+        Bill { kind, bytes: lines.iter().map(|l| l.bytes).sum(), lines }
     }
 }
 
 pub(crate) fn line(label: impl Into<String>, bytes: u64) -> Line {
-    Line {
-        label: label.into(),
-        bytes,
-    }
+    Line { label: label.into(), bytes }
 }

@@ -50,10 +50,7 @@ impl StepConfig {
 
     pub fn with_resolution(&self, resolution: usize) -> Self {
         let c = self.input.channels();
-        StepConfig {
-            input: Shape::map(c, resolution, resolution),
-            ..self.clone()
-        }
+        StepConfig { input: Shape::map(c, resolution, resolution), ..self.clone() }
     }
 }
 
@@ -170,12 +167,10 @@ impl Checkpointing {
             Checkpointing::Segments(names) => {
                 let mut chosen = vec![false; stages.len()];
                 for name in names {
-                    let index = stages.iter().position(|s| s == name).ok_or_else(|| {
-                        LedgerError::UnknownStage {
-                            name: name.clone(),
-                            valid: stages.join(", "),
-                        }
-                    })?;
+                    let index = stages
+                        .iter()
+                        .position(|s| s == name)
+                        .ok_or_else(|| LedgerError::UnknownStage { name: name.clone(), valid: stages.join(", ") })?;
                     chosen[index] = true;
                 }
                 Ok(chosen)

@@ -49,15 +49,8 @@ impl Ledger {
 }
 
 /// Costs one step of `spec` with `config` on `device`.
-pub fn estimate(
-    spec: &ModelSpec,
-    config: &StepConfig,
-    device: &Card,
-) -> Result<Ledger, LedgerError> {
-    for (what, value) in [
-        ("batch", config.batch),
-        ("accumulation steps", config.accumulation),
-    ] {
+pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<Ledger, LedgerError> {
+    for (what, value) in [("batch", config.batch), ("accumulation steps", config.accumulation)] {
         if value == 0 {
             return Err(LedgerError::Zero { what });
         }
@@ -68,13 +61,7 @@ pub fn estimate(
     let cost = analyze(spec, config.input, config.precision)?;
     let stage_names: Vec<&str> = cost.stages.iter().map(|s| s.name.as_str()).collect();
     let plan = StepPlan::of(&stage_names, config)?;
-    let step = Step {
-        cost: &cost,
-        config,
-        device,
-        plan: &plan,
-        batch: config.batch as u64,
-    };
+    let step = Step { cost: &cost, config, device, plan: &plan, batch: config.batch as u64 };
     let (bills, recorder) = match config.mode {
         Mode::Training => (step.training_bills(), step.walk_training()),
         Mode::Inference => (step.inference_bills(), step.walk_inference()),
@@ -122,10 +109,7 @@ impl Step<'_> {
             OptimizerKind::Sgd => vec![],
             OptimizerKind::SgdMomentum => vec![line("momentum buffer (f32)", params * F32_BYTES)],
             OptimizerKind::Adam | OptimizerKind::AdamW => {
-                vec![
-                    line("first moment m (f32)", params * F32_BYTES),
-                    line("second moment v (f32)", params * F32_BYTES),
-                ]
+                vec![line("first moment m (f32)", params * F32_BYTES), line("second moment v (f32)", params * F32_BYTES)]
             }
             OptimizerKind::Adam8bit => {
                 let small = self.cost.total.small_tensor_params;
@@ -133,10 +117,7 @@ impl Step<'_> {
                 let blocks = large / BLOCK + self.cost.total.large_tensors;
                 vec![
                     line("m and v, 8-bit (1 B each)", 2 * large),
-                    line(
-                        "block scales (f32, per 2048 values)",
-                        2 * blocks * F32_BYTES,
-                    ),
+                    line("block scales (f32, per 2048 values)", 2 * blocks * F32_BYTES),
                     line("m and v of small tensors (f32)", 2 * small * F32_BYTES),
                 ]
             }
@@ -144,18 +125,14 @@ impl Step<'_> {
     }
 
     fn optimizer_temporaries(&self) -> u64 {
-        self.config.optimizer.step_temporary_bytes(self.device.is_cpu())
-            * self.cost.total.largest_param_elems
+        self.config.optimizer.step_temporary_bytes(self.device.is_cpu()) * self.cost.total.largest_param_elems
     }
 
     fn context_line(&self) -> Line {
         if self.device.is_cpu() {
             line("no CUDA context on the host", 0)
         } else {
-            line(
-                "CUDA context, kernels, cuBLAS (typical)",
-                self.device.context_bytes,
-            )
+            line("CUDA context, kernels, cuBLAS (typical)", self.device.context_bytes)
         }
     }
 
@@ -231,21 +208,11 @@ impl Step<'_> {
         let half = c.precision.flag();
         let params = vec![
             line("weights (f32 master copy)", self.weights()),
-            line(
-                "batch-norm running statistics",
-                self.cost.total.buffers * F32_BYTES,
-            ),
+            line("batch-norm running statistics", self.cost.total.buffers * F32_BYTES),
             line("gradients (f32)", self.weights()),
             line(
-                format!(
-                    "accumulated gradients (f32, {} micro-batches)",
-                    c.accumulation
-                ),
-                if c.accumulation > 1 {
-                    self.weights()
-                } else {
-                    0
-                },
+                format!("accumulated gradients (f32, {} micro-batches)", c.accumulation),
+                if c.accumulation > 1 { self.weights() } else { 0 },
             ),
         ];
         let mut activations: Vec<Line> = self
@@ -268,10 +235,7 @@ impl Step<'_> {
             format!("{half} copies of conv/linear weights, kept by the graph (AMP)"),
             self.amp_copies(self.cost.total.amp_copy_params),
         ));
-        activations.push(line(
-            "recompute of the largest checkpointed stage",
-            self.largest_recompute(),
-        ));
+        activations.push(line("recompute of the largest checkpointed stage", self.largest_recompute()));
         vec![
             Bill::new(BillKind::Parameters, params),
             Bill::new(BillKind::OptimizerState, self.optimizer_state()),
@@ -281,14 +245,8 @@ impl Step<'_> {
                 BillKind::ContextAndWorkspace,
                 vec![
                     self.context_line(),
-                    line(
-                        "conv workspace (largest im2col + gemm output)",
-                        self.workspace(&self.cost.total),
-                    ),
-                    line(
-                        "backward temporaries (the largest layer's gradients and scratch)",
-                        self.backward_temporaries(),
-                    ),
+                    line("conv workspace (largest im2col + gemm output)", self.workspace(&self.cost.total)),
+                    line("backward temporaries (the largest layer's gradients and scratch)", self.backward_temporaries()),
                     line(
                         format!("{} step temporaries (or AMP's unscaling, the larger)", c.optimizer),
                         self.optimizer_temporaries().max(self.unscale_temporaries()),
@@ -300,10 +258,7 @@ impl Step<'_> {
 
     fn input_lines(&self, training: bool) -> Vec<Line> {
         let input = self.cost.input;
-        let mut lines = vec![line(
-            format!("images (f32, {} x {input})", self.batch),
-            self.images(),
-        )];
+        let mut lines = vec![line(format!("images (f32, {} x {input})", self.batch), self.images())];
         if training {
             lines.push(line("labels (u32)", self.batch * LABEL_BYTES));
             let more = self.config.accumulation as u64 - 1;
@@ -320,13 +275,7 @@ impl Step<'_> {
         vec![
             Bill::new(
                 BillKind::Parameters,
-                vec![
-                    line("weights (f32)", self.weights()),
-                    line(
-                        "batch-norm running statistics",
-                        self.cost.total.buffers * F32_BYTES,
-                    ),
-                ],
+                vec![line("weights (f32)", self.weights()), line("batch-norm running statistics", self.cost.total.buffers * F32_BYTES)],
             ),
             Bill::new(BillKind::OptimizerState, vec![]),
             Bill::new(
@@ -334,11 +283,7 @@ impl Step<'_> {
                 vec![line(
                     format!(
                         "largest live set: one layer's input, output, temporaries ({})",
-                        if precision == Precision::F32 {
-                            "f32"
-                        } else {
-                            precision.flag()
-                        }
+                        if precision == Precision::F32 { "f32" } else { precision.flag() }
                     ),
                     self.batch * self.cost.total.eval_live_bytes,
                 )],
@@ -346,13 +291,7 @@ impl Step<'_> {
             Bill::new(BillKind::InputBatch, self.input_lines(false)),
             Bill::new(
                 BillKind::ContextAndWorkspace,
-                vec![
-                    self.context_line(),
-                    line(
-                        "largest weight cast (AMP)",
-                        self.amp_copies(self.cost.total.largest_param_elems),
-                    ),
-                ],
+                vec![self.context_line(), line("largest weight cast (AMP)", self.amp_copies(self.cost.total.largest_param_elems))],
             ),
         ]
     }
@@ -373,10 +312,7 @@ impl Step<'_> {
         live.set(Part::Context, self.context_line().bytes);
         live.set(Part::Weights, self.weights());
         live.set(Part::Buffers, self.cost.total.buffers * F32_BYTES);
-        live.set(
-            Part::OptimizerState,
-            self.optimizer_state().iter().map(|l| l.bytes).sum(),
-        );
+        live.set(Part::OptimizerState, self.optimizer_state().iter().map(|l| l.bytes).sum());
         if c.accumulation > 1 {
             live.set(Part::AccumulatedGradients, self.weights());
         }
@@ -394,11 +330,7 @@ impl Step<'_> {
             live.add(Part::Activations, self.held(i));
             // A checkpointed stage's graph lives until its output is detached,
             // just after the phase ends.
-            let graph = if self.plan.is_checkpointed(i) {
-                self.batch * stage.cost.saved_bytes - self.held(i)
-            } else {
-                0
-            };
+            let graph = if self.plan.is_checkpointed(i) { self.batch * stage.cost.saved_bytes - self.held(i) } else { 0 };
             live.add(Part::Recompute, graph);
             rec.phase(StepPhase::Forward { stage: i }, &live, &transient);
             live.remove(Part::Recompute, graph);
@@ -416,21 +348,13 @@ impl Step<'_> {
             // segment's output and the gradient that reached it: that
             // product, its sum's gradient, zeros and their sum stay until
             // the segment is done.
-            let root = if segment.end == stages.len() {
-                0
-            } else {
-                4 * self.batch * stages[segment.end - 1].boundary_bytes
-            };
+            let root = if segment.end == stages.len() { 0 } else { 4 * self.batch * stages[segment.end - 1].boundary_bytes };
             for i in segment.stages().rev() {
                 let stage = &stages[i];
                 if self.plan.is_checkpointed(i) {
                     // Recomputed from the segment's input (a Var copy when the
                     // stage before kept a graph), alive while its backward runs.
-                    let input_copy = if i > 0 && !self.plan.is_checkpointed(i - 1) {
-                        self.batch * stages[i - 1].boundary_bytes
-                    } else {
-                        0
-                    };
+                    let input_copy = if i > 0 && !self.plan.is_checkpointed(i - 1) { self.batch * stages[i - 1].boundary_bytes } else { 0 };
                     live.set(Part::Recompute, self.batch * stage.cost.saved_bytes + input_copy);
                     live.add(Part::AmpWeightCopies, self.amp_copies(stage.cost.amp_copy_params));
                 }
@@ -442,10 +366,7 @@ impl Step<'_> {
                 // gradients of the layers that precede it.
                 let mut at_largest_weight = live;
                 at_largest_weight.remove(Part::Gradients, stage.cost.params_before_largest * F32_BYTES);
-                at_largest_weight.add(
-                    Part::BackwardTemporaries,
-                    stage.cost.largest_param_elems * self.weight_gradient_temporary_bytes(),
-                );
+                at_largest_weight.add(Part::BackwardTemporaries, stage.cost.largest_param_elems * self.weight_gradient_temporary_bytes());
                 for during in [at_largest_weight, live.plus(&transient)] {
                     if during.total() > highest.total() {
                         highest = during;
@@ -481,25 +402,14 @@ impl Step<'_> {
 
         if c.accumulation > 1 {
             let mut transient = Parts::default();
-            transient.set(
-                Part::OptimizerTemporaries,
-                self.cost.total.largest_param_elems * F32_BYTES,
-            );
+            transient.set(Part::OptimizerTemporaries, self.cost.total.largest_param_elems * F32_BYTES);
             live.set(Part::Gradients, 0);
             rec.phase(StepPhase::Accumulated, &live, &transient);
         }
         let mut transient = Parts::default();
-        transient.set(
-            Part::OptimizerTemporaries,
-            self.optimizer_temporaries().max(self.unscale_temporaries()),
-        );
+        transient.set(Part::OptimizerTemporaries, self.optimizer_temporaries().max(self.unscale_temporaries()));
         rec.phase(StepPhase::OptimizerStep, &live, &transient);
-        for part in [
-            Part::Gradients,
-            Part::AccumulatedGradients,
-            Part::Images,
-            Part::Labels,
-        ] {
+        for part in [Part::Gradients, Part::AccumulatedGradients, Part::Images, Part::Labels] {
             live.set(part, 0);
         }
         rec.phase(StepPhase::StepDone, &live, &none);
@@ -522,10 +432,7 @@ impl Step<'_> {
             // The live set includes the stage's input, so the previous boundary is not added again.
             let mut during = live;
             during.set(Part::Activations, self.batch * stage.cost.eval_live_bytes);
-            during.set(
-                Part::AmpWeightCopies,
-                self.amp_copies(stage.cost.largest_param_elems),
-            );
+            during.set(Part::AmpWeightCopies, self.amp_copies(stage.cost.largest_param_elems));
             live.set(Part::Activations, self.batch * stage.boundary_bytes);
             rec.phase_during(StepPhase::Forward { stage: index }, &live, during);
         }

@@ -18,11 +18,17 @@ pub enum StepPhase {
     Loaded,
     InputCopied,
     /// Stage `stage`'s forward; the last stage's includes the loss.
-    Forward { stage: usize },
+    Forward {
+        stage: usize,
+    },
     /// A checkpointed stage run again during its segment's backward.
-    Recompute { stage: usize },
+    Recompute {
+        stage: usize,
+    },
     /// The backward of segment `segment` (see [`StepPlan::segments`]).
-    Backward { segment: usize },
+    Backward {
+        segment: usize,
+    },
     GraphDropped,
     /// The micro-batch's gradients added into the accumulated ones.
     Accumulated,

@@ -7,22 +7,11 @@ fn laptop() -> Card {
 }
 
 fn resnet50_at(batch: usize) -> Ledger {
-    estimate(
-        &resnet50(1000),
-        &StepConfig::training(batch, 224),
-        &laptop(),
-    )
-    .unwrap()
+    estimate(&resnet50(1000), &StepConfig::training(batch, 224), &laptop()).unwrap()
 }
 
 fn line(ledger: &Ledger, kind: BillKind, label_start: &str) -> u64 {
-    ledger
-        .bill(kind)
-        .lines
-        .iter()
-        .find(|l| l.label.starts_with(label_start))
-        .map(|l| l.bytes)
-        .unwrap_or(0)
+    ledger.bill(kind).lines.iter().find(|l| l.label.starts_with(label_start)).map(|l| l.bytes).unwrap_or(0)
 }
 
 #[test]
@@ -39,10 +28,7 @@ fn resnet50_weights_are_about_102_mb_and_adam_doubles_them() {
     let ledger = resnet50_at(32);
     assert_eq!(line(&ledger, BillKind::Parameters, "weights"), 102_228_128);
     assert_eq!(ledger.bill(BillKind::OptimizerState).bytes, 2 * 102_228_128);
-    assert_eq!(
-        line(&ledger, BillKind::Parameters, "gradients"),
-        102_228_128
-    );
+    assert_eq!(line(&ledger, BillKind::Parameters, "gradients"), 102_228_128);
 }
 
 #[test]
@@ -58,25 +44,14 @@ fn halving_the_batch_halves_activations_and_saves_about_10_mb_of_input() {
 
 #[test]
 fn optimizers_bill_what_they_keep() {
-    let config = |optimizer| StepConfig {
-        optimizer,
-        ..StepConfig::training(8, 224)
-    };
-    let state = |optimizer| {
-        estimate(&resnet50(1000), &config(optimizer), &laptop())
-            .unwrap()
-            .bill(BillKind::OptimizerState)
-            .bytes
-    };
+    let config = |optimizer| StepConfig { optimizer, ..StepConfig::training(8, 224) };
+    let state = |optimizer| estimate(&resnet50(1000), &config(optimizer), &laptop()).unwrap().bill(BillKind::OptimizerState).bytes;
     let weights = 102_228_128;
     assert_eq!(state(OptimizerKind::Sgd), 0);
     assert_eq!(state(OptimizerKind::SgdMomentum), weights);
     assert_eq!(state(OptimizerKind::AdamW), 2 * weights);
     let eight_bit = state(OptimizerKind::Adam8bit);
-    assert!(
-        eight_bit > weights / 2 && eight_bit < weights * 6 / 10,
-        "{eight_bit}"
-    );
+    assert!(eight_bit > weights / 2 && eight_bit < weights * 6 / 10, "{eight_bit}");
 }
 
 #[test]
@@ -100,77 +75,40 @@ fn the_peak_is_walked_not_summed() {
 
 #[test]
 fn mixed_precision_adds_half_weight_copies_and_shrinks_conv_outputs() {
-    let amp = StepConfig {
-        precision: Precision::F16Amp,
-        ..StepConfig::training(32, 224)
-    };
+    let amp = StepConfig { precision: Precision::F16Amp, ..StepConfig::training(32, 224) };
     let ledger = estimate(&resnet50(1000), &amp, &laptop()).unwrap();
     let copies = line(&ledger, BillKind::Activations, "f16 copies");
     assert!(copies > 0 && copies < 25_557_032 * 2);
-    assert_eq!(
-        line(&resnet50_at(32), BillKind::Activations, "f16 copies"),
-        0
-    );
+    assert_eq!(line(&resnet50_at(32), BillKind::Activations, "f16 copies"), 0);
 }
 
 #[test]
 fn accumulation_adds_an_accumulator_and_shrinks_activations() {
     let plain = resnet50_at(32);
-    let accum = StepConfig {
-        batch: 8,
-        accumulation: 4,
-        ..StepConfig::training(32, 224)
-    };
+    let accum = StepConfig { batch: 8, accumulation: 4, ..StepConfig::training(32, 224) };
     let ledger = estimate(&resnet50(1000), &accum, &laptop()).unwrap();
-    assert_eq!(
-        line(&ledger, BillKind::Parameters, "accumulated"),
-        102_228_128
-    );
-    assert_eq!(
-        ledger.bill(BillKind::Activations).bytes * 4,
-        plain.bill(BillKind::Activations).bytes
-    );
+    assert_eq!(line(&ledger, BillKind::Parameters, "accumulated"), 102_228_128);
+    assert_eq!(ledger.bill(BillKind::Activations).bytes * 4, plain.bill(BillKind::Activations).bytes);
     assert!(ledger.peak.bytes < plain.peak.bytes);
 }
 
 #[test]
 fn checkpointing_lowers_the_peak_and_names_unknown_stages() {
     let plain = resnet50_at(32);
-    let ckpt = StepConfig {
-        checkpointing: Checkpointing::Stages,
-        ..StepConfig::training(32, 224)
-    };
+    let ckpt = StepConfig { checkpointing: Checkpointing::Stages, ..StepConfig::training(32, 224) };
     let ledger = estimate(&resnet50(1000), &ckpt, &laptop()).unwrap();
     // Forward keeps only the stage boundaries, a tenth of the activations;
     // the peak falls less, as a stage's recomputation and its backward come back.
-    assert!(
-        ledger.kept_by_forward() * 10 < plain.kept_by_forward(),
-        "{} vs {}",
-        ledger.kept_by_forward(),
-        plain.kept_by_forward()
-    );
-    assert!(
-        ledger.peak.bytes * 10 < plain.peak.bytes * 7,
-        "{} vs {}",
-        ledger.peak.bytes,
-        plain.peak.bytes
-    );
-    let bad = StepConfig {
-        checkpointing: Checkpointing::Segments(vec!["layer9".into()]),
-        ..StepConfig::training(32, 224)
-    };
-    let err = estimate(&resnet50(1000), &bad, &laptop())
-        .unwrap_err()
-        .to_string();
+    assert!(ledger.kept_by_forward() * 10 < plain.kept_by_forward(), "{} vs {}", ledger.kept_by_forward(), plain.kept_by_forward());
+    assert!(ledger.peak.bytes * 10 < plain.peak.bytes * 7, "{} vs {}", ledger.peak.bytes, plain.peak.bytes);
+    let bad = StepConfig { checkpointing: Checkpointing::Segments(vec!["layer9".into()]), ..StepConfig::training(32, 224) };
+    let err = estimate(&resnet50(1000), &bad, &laptop()).unwrap_err().to_string();
     assert_eq!(err, "cannot checkpoint `layer9`: no such stage; stages: stem, layer1, layer2, layer3, layer4, head");
 }
 
 #[test]
 fn inference_keeps_no_graph_gradients_or_state() {
-    let eval = StepConfig {
-        mode: Mode::Inference,
-        ..StepConfig::training(32, 224)
-    };
+    let eval = StepConfig { mode: Mode::Inference, ..StepConfig::training(32, 224) };
     let ledger = estimate(&resnet50(1000), &eval, &laptop()).unwrap();
     assert_eq!(ledger.bill(BillKind::OptimizerState).bytes, 0);
     assert_eq!(line(&ledger, BillKind::Parameters, "gradients"), 0);
@@ -179,44 +117,18 @@ fn inference_keeps_no_graph_gradients_or_state() {
 
 #[test]
 fn context_comes_from_the_device() {
-    let cpu = estimate(
-        &small_cnn(10),
-        &StepConfig::training(8, 32),
-        &Card::parse("cpu").unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        cpu.peak.breakdown.iter().find(|l| l.part == Part::Context),
-        None
-    );
-    let gpu = estimate(
-        &resnet18(10),
-        &StepConfig::training(8, 64),
-        &Card::parse("8GiB").unwrap(),
-    )
-    .unwrap();
-    assert_eq!(
-        line(&gpu, BillKind::ContextAndWorkspace, "CUDA context"),
-        crate::gpus::GENERIC_CONTEXT_BYTES
-    );
+    let cpu = estimate(&small_cnn(10), &StepConfig::training(8, 32), &Card::parse("cpu").unwrap()).unwrap();
+    assert_eq!(cpu.peak.breakdown.iter().find(|l| l.part == Part::Context), None);
+    let gpu = estimate(&resnet18(10), &StepConfig::training(8, 64), &Card::parse("8GiB").unwrap()).unwrap();
+    assert_eq!(line(&gpu, BillKind::ContextAndWorkspace, "CUDA context"), crate::gpus::GENERIC_CONTEXT_BYTES);
 }
 
 #[test]
 fn zero_batch_and_non_square_inputs() {
     let zero = estimate(&resnet18(10), &StepConfig::training(0, 64), &laptop()).unwrap_err();
     assert_eq!(zero.to_string(), "batch must be at least 1");
-    let wide = StepConfig {
-        input: Shape::map(3, 64, 128),
-        ..StepConfig::training(2, 64)
-    };
-    assert_eq!(
-        line(
-            &estimate(&resnet18(10), &wide, &laptop()).unwrap(),
-            BillKind::InputBatch,
-            "images"
-        ),
-        2 * 3 * 64 * 128 * 4
-    );
+    let wide = StepConfig { input: Shape::map(3, 64, 128), ..StepConfig::training(2, 64) };
+    assert_eq!(line(&estimate(&resnet18(10), &wide, &laptop()).unwrap(), BillKind::InputBatch, "images"), 2 * 3 * 64 * 128 * 4);
 }
 
 #[test]

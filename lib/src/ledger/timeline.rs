@@ -48,19 +48,11 @@ impl Part {
 
     pub fn bill(self) -> BillKind {
         match self {
-            Part::Weights
-            | Part::Buffers
-            | Part::Gradients
-            | Part::AccumulatedGradients => BillKind::Parameters,
+            Part::Weights | Part::Buffers | Part::Gradients | Part::AccumulatedGradients => BillKind::Parameters,
             Part::OptimizerState => BillKind::OptimizerState,
-            Part::Activations | Part::AmpWeightCopies | Part::Recompute | Part::PassedGradient => {
-                BillKind::Activations
-            }
+            Part::Activations | Part::AmpWeightCopies | Part::Recompute | Part::PassedGradient => BillKind::Activations,
             Part::Images | Part::Labels => BillKind::InputBatch,
-            Part::Context
-            | Part::Workspace
-            | Part::BackwardTemporaries
-            | Part::OptimizerTemporaries => BillKind::ContextAndWorkspace,
+            Part::Context | Part::Workspace | Part::BackwardTemporaries | Part::OptimizerTemporaries => BillKind::ContextAndWorkspace,
         }
     }
 
@@ -122,12 +114,7 @@ impl Parts {
         Part::ALL
             .iter()
             .filter(|&&p| self.get(p) > 0)
-            .map(|&p| PeakLine {
-                part: p,
-                bill: p.bill(),
-                label: p.label(),
-                bytes: self.get(p),
-            })
+            .map(|&p| PeakLine { part: p, bill: p.bill(), label: p.label(), bytes: self.get(p) })
             .collect()
     }
 }
@@ -214,15 +201,6 @@ impl<'a> Recorder<'a> {
 
     pub fn finish(self) -> (Vec<Phase>, Peak) {
         let (bytes, during, at_peak, resident) = self.peak.unwrap_or((0, StepPhase::Loaded, Parts::default(), Parts::default()));
-        (
-            self.phases,
-            Peak {
-                bytes,
-                phase: self.plan.name(during),
-                during,
-                breakdown: at_peak.lines(),
-                resident: resident.lines(),
-            },
-        )
+        (self.phases, Peak { bytes, phase: self.plan.name(during), during, breakdown: at_peak.lines(), resident: resident.lines() })
     }
 }

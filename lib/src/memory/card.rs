@@ -108,7 +108,13 @@ fn steps_table(title: String, steps: &[(String, PoolStats)]) -> crate::render::T
         .title(title)
         .right_align(&[1, 2, 3, 4]);
     for (label, stats) in steps {
-        table.push_row([label.clone(), human(stats.allocated), human(stats.reserved), human(stats.largest_free_block), human(stats.device_free)]);
+        table.push_row([
+            label.clone(),
+            human(stats.allocated),
+            human(stats.reserved),
+            human(stats.largest_free_block),
+            human(stats.device_free),
+        ]);
     }
     table
 }
@@ -122,7 +128,11 @@ impl super::pool::FragmentationDemo {
             "{failed} empty_cache() then released {}; {}; {}.",
             human(self.released_by_empty_cache),
             if self.oom_after_empty_cache.is_some() { "the same request failed again" } else { "the request then fit" },
-            if self.fits_after_freeing_tensors { "freeing the tensors that pinned the segments made it fit" } else { "freeing the pinning tensors did not make it fit" }
+            if self.fits_after_freeing_tensors {
+                "freeing the tensors that pinned the segments made it fit"
+            } else {
+                "freeing the pinning tensors did not make it fit"
+            }
         ))
     }
 

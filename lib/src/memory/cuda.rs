@@ -16,8 +16,8 @@ use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, Driver
 use super::answer::{Answer, DeviceAnswer};
 use super::region::Request;
 use super::MemoryError;
-use crate::units::{grouped, human};
 use crate::render::Table;
+use crate::units::{grouped, human};
 
 /// One reading of the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -77,8 +77,7 @@ impl CudaProbe {
     /// The probe of the device behind a candle `Device::Cuda`; measures the
     /// context's size once, now.
     pub fn new(device: &candle_core::Device) -> Result<CudaProbe, MemoryError> {
-        let cuda_device =
-            device.as_cuda_device().map_err(|e| MemoryError::Cuda { what: "the device", reason: e.to_string() })?;
+        let cuda_device = device.as_cuda_device().map_err(|e| MemoryError::Cuda { what: "the device", reason: e.to_string() })?;
         CudaProbe::for_context(Arc::clone(cuda_device.cuda_stream().context()))
     }
 
@@ -87,9 +86,7 @@ impl CudaProbe {
         context.bind_to_thread().map_err(cuda("binding the context"))?;
         let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: writes the device's default pool handle into `pool`.
-        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, context.cu_device()) }
-            .result()
-            .map_err(cuda("cuDeviceGetDefaultMemPool"))?;
+        unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, context.cu_device()) }.result().map_err(cuda("cuDeviceGetDefaultMemPool"))?;
         let mut probe = CudaProbe { context, pool, context_bytes: 0 };
         let first = probe.sample()?;
         probe.context_bytes = first.total.saturating_sub(first.free).saturating_sub(first.reserved);
@@ -299,7 +296,15 @@ mod tests {
 
     #[test]
     fn a_reading_survives_the_answer_slots_and_renders_as_the_pool_table() {
-        let after = CudaMemory { used: 1 << 30, used_high: 3 << 30, reserved: 2 << 30, reserved_high: 4 << 30, free: 100 << 30, total: 141 << 30, context: 600 << 20 };
+        let after = CudaMemory {
+            used: 1 << 30,
+            used_high: 3 << 30,
+            reserved: 2 << 30,
+            reserved_high: 4 << 30,
+            free: 100 << 30,
+            total: 141 << 30,
+            context: 600 << 20,
+        };
         let before = CudaMemory { reserved: 5 << 30, free: 97 << 30, ..after };
         let answer = Answer { cuda: DeviceAnswer::Read { ordinal: 1, after, before }, ..Answer::default() };
         let device = Answer::from_words(answer.to_words()).cuda;

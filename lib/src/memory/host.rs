@@ -64,7 +64,9 @@ impl HostMemory {
                 allocations: Some(c.allocations()),
                 budget: c.budget(),
             },
-            None => HostMemory { exact: false, in_use: heap.in_use, held: heap.held, peak: None, rss, hwm, allocations: None, budget: None },
+            None => {
+                HostMemory { exact: false, in_use: heap.in_use, held: heap.held, peak: None, rss, hwm, allocations: None, budget: None }
+            }
         }
     }
 
@@ -145,14 +147,18 @@ pub fn loader_held(bytes: i64) {
         c.loader_held.fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed) + bytes as u64
     } else {
         let freed = bytes.unsigned_abs();
-        c.loader_held.fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |v| Some(v.saturating_sub(freed))).unwrap_or(0).saturating_sub(freed)
+        c.loader_held
+            .fetch_update(std::sync::atomic::Ordering::Relaxed, std::sync::atomic::Ordering::Relaxed, |v| Some(v.saturating_sub(freed)))
+            .unwrap_or(0)
+            .saturating_sub(freed)
     };
     c.loader_peak.fetch_max(now, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Bytes the process's data loaders hold now and at most; `None` without the counters.
 pub fn loader_bytes() -> Option<(u64, u64)> {
-    counters::find().map(|c| (c.loader_held.load(std::sync::atomic::Ordering::Relaxed), c.loader_peak.load(std::sync::atomic::Ordering::Relaxed)))
+    counters::find()
+        .map(|c| (c.loader_held.load(std::sync::atomic::Ordering::Relaxed), c.loader_peak.load(std::sync::atomic::Ordering::Relaxed)))
 }
 
 /// The host's RAM (`MemTotal` of `/proc/meminfo`), when readable.

@@ -247,10 +247,7 @@ impl SimulatedCard {
     /// `PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb`: blocks of at least
     /// `bytes` are oversize. Raised to `kLargeBuffer`, the least PyTorch accepts.
     pub fn with_max_split_size(self, bytes: u64) -> SimulatedCard {
-        SimulatedCard {
-            max_split_size: bytes.max(LARGE_BUFFER),
-            ..self
-        }
+        SimulatedCard { max_split_size: bytes.max(LARGE_BUFFER), ..self }
     }
 
     /// A tensor of `bytes` through the cache (`malloc`); 0 bytes take 512.
@@ -285,11 +282,7 @@ impl SimulatedCard {
             return Ok(());
         }
         let Some((spot, requested)) = self.find_tensor(id) else {
-            return Err(if id.0 < self.next_id {
-                PoolError::AlreadyFreed(id)
-            } else {
-                PoolError::Unknown(id)
-            });
+            return Err(if id.0 < self.next_id { PoolError::AlreadyFreed(id) } else { PoolError::Unknown(id) });
         };
         let segment = &mut self.segments[spot.segment];
         let block = &mut segment.blocks[spot.block];
@@ -345,12 +338,7 @@ impl SimulatedCard {
                         view
                     })
                     .collect();
-                SegmentView {
-                    address: segment.address,
-                    size: segment.size(),
-                    pool: segment.pool,
-                    blocks,
-                }
+                SegmentView { address: segment.address, size: segment.size(), pool: segment.pool, blocks }
             })
             .collect()
     }
@@ -373,10 +361,7 @@ impl SimulatedCard {
                     pool: segment.pool,
                     size: block.size,
                     address,
-                    spot: Spot {
-                        segment: segment_index,
-                        block: block_index,
-                    },
+                    spot: Spot { segment: segment_index, block: block_index },
                 });
                 address += block.size;
                 free
@@ -387,15 +372,10 @@ impl SimulatedCard {
     fn find_tensor(&self, id: BlockId) -> Option<(Spot, u64)> {
         self.segments.iter().enumerate().find_map(|(segment_index, segment)| {
             segment.blocks.iter().enumerate().find_map(|(block_index, block)| {
-                block.tensor.filter(|tensor| tensor.id == id).map(|tensor| {
-                    (
-                        Spot {
-                            segment: segment_index,
-                            block: block_index,
-                        },
-                        tensor.requested,
-                    )
-                })
+                block
+                    .tensor
+                    .filter(|tensor| tensor.id == id)
+                    .map(|tensor| (Spot { segment: segment_index, block: block_index }, tensor.requested))
             })
         })
     }
@@ -403,10 +383,8 @@ impl SimulatedCard {
     /// `get_free_block`: the smallest fit decides, so when it is oversize
     /// for this request, every larger block is too.
     fn best_fit(&self, pool: PoolKind, size: u64) -> Option<Spot> {
-        let best = self
-            .free_blocks()
-            .filter(|block| block.pool == pool && block.size >= size)
-            .min_by_key(|block| (block.size, block.address))?;
+        let best =
+            self.free_blocks().filter(|block| block.pool == pool && block.size >= size).min_by_key(|block| (block.size, block.address))?;
         let oversize = best.size >= self.max_split_size;
         if size < self.max_split_size && oversize {
             return None;
@@ -442,17 +420,10 @@ impl SimulatedCard {
         let address = self.next_address;
         // Aligned like cudaMalloc's large allocations, so addresses read well in a picture.
         self.next_address = address.saturating_add(size.next_multiple_of(ROUND_LARGE));
-        self.segments.push(Segment {
-            address,
-            pool,
-            blocks: vec![Block { size, tensor: None }],
-        });
+        self.segments.push(Segment { address, pool, blocks: vec![Block { size, tensor: None }] });
         self.reserved += size;
         self.peak_reserved = self.peak_reserved.max(self.reserved);
-        Some(Spot {
-            segment: self.segments.len() - 1,
-            block: 0,
-        })
+        Some(Spot { segment: self.segments.len() - 1, block: 0 })
     }
 
     /// Puts a tensor in the free block at `spot`, splitting off the rest
@@ -660,25 +631,13 @@ impl fmt::Display for PoolOom {
         if !self.fragmented() {
             return Ok(());
         }
-        write!(
-            f,
-            " That is {} free in total, more than the request, but ",
-            human(self.free_in_total())
-        )?;
+        write!(f, " That is {} free in total, more than the request, but ", human(self.free_in_total()))?;
         if self.outside_request {
-            write!(
-                f,
-                "{} of it is free inside the cache, which an allocation from outside cannot use. ",
-                human(self.cached_free())
-            )?;
+            write!(f, "{} of it is free inside the cache, which an allocation from outside cannot use. ", human(self.cached_free()))?;
             if self.releasable == 0 {
                 write!(f, "empty_cache() would return nothing: every cached segment still holds a live tensor, and only freeing tensors lets one go back.")
             } else if self.device_free + self.releasable >= self.requested {
-                write!(
-                    f,
-                    "empty_cache() would return {} of it to the card, enough for this request.",
-                    human(self.releasable)
-                )
+                write!(f, "empty_cache() would return {} of it to the card, enough for this request.", human(self.releasable))
             } else {
                 write!(
                     f,
@@ -759,10 +718,7 @@ pub fn fragmentation_demo(capacity: u64) -> FragmentationDemo {
         human(20 * unit)
     ));
     script.free(smaller);
-    script.record(format!(
-        "backward frees the {} activations; the kept tensors stay in their segments",
-        human(70 * unit)
-    ));
+    script.record(format!("backward frees the {} activations; the kept tensors stay in their segments", human(70 * unit)));
 
     let oom = script.card.allocate(request).err();
     script.record(format!("allocate {}: {}", human(request), outcome(oom.is_none())));
@@ -777,11 +733,7 @@ pub fn fragmentation_demo(capacity: u64) -> FragmentationDemo {
 
     script.free(kept);
     let fits_after_freeing_tensors = script.allocate(request).is_some();
-    script.record(format!(
-        "free the kept tensors, then allocate {}: {}",
-        human(request),
-        outcome(fits_after_freeing_tensors)
-    ));
+    script.record(format!("free the kept tensors, then allocate {}: {}", human(request), outcome(fits_after_freeing_tensors)));
 
     FragmentationDemo {
         capacity,
@@ -839,16 +791,7 @@ pub fn empty_cache_demo(capacity: u64) -> EmptyCacheDemo {
     let fits_after_empty_cache = script.card.allocate_outside(request).is_ok();
     script.record(format!("it asks for {} again: {}", human(request), outcome(fits_after_empty_cache)));
 
-    EmptyCacheDemo {
-        capacity,
-        request,
-        steps: script.steps,
-        oom,
-        before_empty_cache,
-        released,
-        after_empty_cache,
-        fits_after_empty_cache,
-    }
+    EmptyCacheDemo { capacity, request, steps: script.steps, oom, before_empty_cache, released, after_empty_cache, fits_after_empty_cache }
 }
 
 fn outcome(fits: bool) -> &'static str {
@@ -868,10 +811,7 @@ struct Script {
 
 impl Script {
     fn new(capacity: u64) -> Script {
-        Script {
-            card: SimulatedCard::new(capacity),
-            steps: Vec::new(),
-        }
+        Script { card: SimulatedCard::new(capacity), steps: Vec::new() }
     }
 
     fn allocate(&mut self, bytes: u64) -> Option<BlockId> {
@@ -901,11 +841,7 @@ mod tests {
     const GIB: u64 = 1024 * MIB;
 
     fn blocks(card: &SimulatedCard, segment: usize) -> Vec<(u64, bool)> {
-        card.segments()[segment]
-            .blocks
-            .iter()
-            .map(|block| (block.size, block.allocated))
-            .collect()
+        card.segments()[segment].blocks.iter().map(|block| (block.size, block.allocated)).collect()
     }
 
     #[test]
@@ -919,10 +855,7 @@ mod tests {
         card.allocate(0).unwrap();
         card.allocate(1).unwrap();
         let stats = card.stats();
-        assert_eq!(
-            (stats.allocated, stats.requested, stats.reserved, stats.segments),
-            (1024, 1, SMALL_BUFFER, 1)
-        );
+        assert_eq!((stats.allocated, stats.requested, stats.reserved, stats.segments), (1024, 1, SMALL_BUFFER, 1));
 
         let cases = [
             (MIB, PoolKind::Small, 2 * MIB),
@@ -948,11 +881,7 @@ mod tests {
             card.free(id).unwrap();
         }
         card.allocate(15 * MIB).unwrap();
-        assert_eq!(
-            blocks(&card, 1),
-            vec![(15 * MIB, true), (5 * MIB, false)],
-            "the first 20 MiB segment"
-        );
+        assert_eq!(blocks(&card, 1), vec![(15 * MIB, true), (5 * MIB, false)], "the first 20 MiB segment");
         assert_eq!(blocks(&card, 3), vec![(20 * MIB, false)], "the second 20 MiB segment is untouched");
         card.allocate(25 * MIB).unwrap();
         assert_eq!(blocks(&card, 0), vec![(25 * MIB, true), (5 * MIB, false)]);
@@ -993,10 +922,7 @@ mod tests {
         for order in orders {
             let mut card = SimulatedCard::new(GIB);
             let ids: Vec<BlockId> = (0..3).map(|_| card.allocate(5 * MIB).unwrap()).collect();
-            assert_eq!(
-                blocks(&card, 0),
-                vec![(5 * MIB, true), (5 * MIB, true), (5 * MIB, true), (5 * MIB, false)]
-            );
+            assert_eq!(blocks(&card, 0), vec![(5 * MIB, true), (5 * MIB, true), (5 * MIB, true), (5 * MIB, false)]);
             for index in order {
                 card.free(ids[index]).unwrap();
             }
@@ -1018,11 +944,7 @@ mod tests {
         let stats = card.stats();
         assert_eq!(stats.num_alloc_retries, 1);
         assert_eq!(stats.num_ooms, 0);
-        assert_eq!(
-            (stats.reserved, stats.segments, stats.allocated),
-            (80 * MIB, 1, 80 * MIB),
-            "both pools were released"
-        );
+        assert_eq!((stats.reserved, stats.segments, stats.allocated), (80 * MIB, 1, 80 * MIB), "both pools were released");
         assert_eq!(stats.peak_reserved, 80 * MIB, "62 MiB went back before the 80 MiB segment came");
     }
 
@@ -1054,10 +976,7 @@ mod tests {
         assert_eq!((stats.allocated, stats.reserved, stats.cached_free), (60 * MIB, 88 * MIB, 28 * MIB));
 
         let message = oom.to_string();
-        assert!(
-            message.starts_with("out of memory (simulated card): tried to allocate 36.0 MiB;"),
-            "{message}"
-        );
+        assert!(message.starts_with("out of memory (simulated card): tried to allocate 36.0 MiB;"), "{message}");
         assert!(message.contains("total capacity of 100 MiB of which 12.0 MiB is free"), "{message}");
         assert!(message.contains("60.0 MiB allocated by tensors, 88.0 MiB reserved by the cache (28.0 MiB reserved but unallocated, largest free block 14.0 MiB)"), "{message}");
         assert!(message.contains("40.0 MiB free in total"), "{message}");
@@ -1070,11 +989,7 @@ mod tests {
 
         card.free(a).unwrap();
         card.allocate(36 * MIB).unwrap();
-        assert_eq!(
-            blocks(&card, 0),
-            vec![(36 * MIB, true), (8 * MIB, false)],
-            "served from the freed segment"
-        );
+        assert_eq!(blocks(&card, 0), vec![(36 * MIB, true), (8 * MIB, false)], "served from the freed segment");
     }
 
     #[test]
@@ -1092,10 +1007,7 @@ mod tests {
         assert_eq!(card.stats().num_ooms, 0, "not the cache's failure");
         let message = oom.to_string();
         assert!(message.contains("tried to allocate 50.0 MiB outside the cache"), "{message}");
-        assert!(
-            message.contains("empty_cache() would return 60.0 MiB of it to the card, enough for this request"),
-            "{message}"
-        );
+        assert!(message.contains("empty_cache() would return 60.0 MiB of it to the card, enough for this request"), "{message}");
 
         assert_eq!(card.empty_cache(), 60 * MIB);
         let outside = card.allocate_outside(50 * MIB).unwrap();
@@ -1103,11 +1015,7 @@ mod tests {
         assert_eq!((stats.outside, stats.reserved, stats.device_free), (50 * MIB, 0, 50 * MIB));
 
         card.free(outside).unwrap();
-        assert_eq!(
-            (card.stats().outside, card.stats().device_free),
-            (0, 100 * MIB),
-            "back to the device at once"
-        );
+        assert_eq!((card.stats().outside, card.stats().device_free), (0, 100 * MIB), "back to the device at once");
     }
 
     #[test]
@@ -1141,10 +1049,7 @@ mod tests {
         assert_eq!(card.free(id), Err(PoolError::AlreadyFreed(id)));
         assert_eq!(card.free(outside), Err(PoolError::AlreadyFreed(outside)));
         assert_eq!(PoolError::AlreadyFreed(id).to_string(), "free: block #0 is already free");
-        assert_eq!(
-            PoolError::Unknown(BlockId(7)).to_string(),
-            "free: block #7 was never allocated on this card"
-        );
+        assert_eq!(PoolError::Unknown(BlockId(7)).to_string(), "free: block #7 was never allocated on this card");
     }
 
     #[test]
@@ -1153,21 +1058,13 @@ mod tests {
         let id = plain.allocate(100 * MIB).unwrap();
         plain.free(id).unwrap();
         plain.allocate(30 * MIB).unwrap();
-        assert_eq!(
-            blocks(&plain, 0),
-            vec![(30 * MIB, true), (70 * MIB, false)],
-            "unlimited: the block is split"
-        );
+        assert_eq!(blocks(&plain, 0), vec![(30 * MIB, true), (70 * MIB, false)], "unlimited: the block is split");
 
         let mut card = SimulatedCard::new(GIB).with_max_split_size(40 * MIB);
         let id = card.allocate(100 * MIB).unwrap();
         card.free(id).unwrap();
         card.allocate(30 * MIB).unwrap();
-        assert_eq!(
-            card.stats().segments,
-            2,
-            "a request below max_split_size is not served from an oversize block"
-        );
+        assert_eq!(card.stats().segments, 2, "a request below max_split_size is not served from an oversize block");
         assert_eq!(blocks(&card, 0), vec![(100 * MIB, false)]);
 
         card.allocate(90 * MIB).unwrap();
@@ -1190,18 +1087,10 @@ mod tests {
         assert_eq!(card.stats().segments, 1, "a 12 MiB block is not oversize");
 
         let id = card.allocate(5 * MIB).unwrap();
-        assert_eq!(
-            blocks(&card, 1),
-            vec![(5 * MIB, true), (15 * MIB, false)],
-            "a fresh segment is split all the same"
-        );
+        assert_eq!(blocks(&card, 1), vec![(5 * MIB, true), (15 * MIB, false)], "a fresh segment is split all the same");
         card.free(id).unwrap();
         card.allocate(5 * MIB).unwrap();
-        assert_eq!(
-            card.stats().segments,
-            3,
-            "at max_split_size = kLargeBuffer a whole 20 MiB block is oversize"
-        );
+        assert_eq!(card.stats().segments, 3, "at max_split_size = kLargeBuffer a whole 20 MiB block is oversize");
     }
 
     #[test]
@@ -1215,21 +1104,14 @@ mod tests {
         card.allocate(30 * MIB).unwrap();
         let stats = card.stats();
         assert_eq!(stats.num_alloc_retries, 0, "release_available_cached_blocks was enough");
-        assert_eq!(
-            (stats.reserved, stats.segments),
-            (62 * MIB, 3),
-            "the small pool's free segment stays"
-        );
+        assert_eq!((stats.reserved, stats.segments), (62 * MIB, 3), "the small pool's free segment stays");
     }
 
     #[test]
     fn stats_display_is_one_line() {
         let mut card = SimulatedCard::new(GIB);
         card.allocate(5 * MIB).unwrap();
-        assert_eq!(
-            card.stats().to_string(),
-            "allocated 5.00 MiB | reserved 20.0 MiB | largest free block 15.0 MiB | device free 1004 MiB"
-        );
+        assert_eq!(card.stats().to_string(), "allocated 5.00 MiB | reserved 20.0 MiB | largest free block 15.0 MiB | device free 1004 MiB");
     }
 
     #[test]
@@ -1239,10 +1121,7 @@ mod tests {
         card.allocate(3000).unwrap();
         card.allocate(30 * MIB).unwrap();
         let segments = card.segments();
-        assert_eq!(
-            segments.iter().map(|segment| segment.pool).collect::<Vec<_>>(),
-            [PoolKind::Large, PoolKind::Small, PoolKind::Large]
-        );
+        assert_eq!(segments.iter().map(|segment| segment.pool).collect::<Vec<_>>(), [PoolKind::Large, PoolKind::Small, PoolKind::Large]);
         for pair in segments.windows(2) {
             assert!(pair[0].address + pair[0].size <= pair[1].address);
         }
@@ -1267,19 +1146,13 @@ mod tests {
         let oom = demo.oom.clone().unwrap();
         assert_eq!(demo.request, 200 * MIB);
         assert!(oom.fragmented());
-        assert_eq!(
-            (oom.device_free, oom.largest_free_block, oom.free_in_total()),
-            (124 * MIB, 70 * MIB, 764 * MIB)
-        );
+        assert_eq!((oom.device_free, oom.largest_free_block, oom.free_in_total()), (124 * MIB, 70 * MIB, 764 * MIB));
         assert_eq!((oom.allocated, oom.reserved), (260 * MIB, 900 * MIB));
         assert_eq!(demo.released_by_empty_cache, 0);
         assert!(demo.oom_after_empty_cache.as_ref().unwrap().fragmented());
         assert!(demo.fits_after_freeing_tensors);
         let (_, last) = demo.steps.last().unwrap();
-        assert_eq!(
-            (last.reserved, last.allocated, last.num_ooms, last.num_alloc_retries),
-            (300 * MIB, 300 * MIB, 2, 3)
-        );
+        assert_eq!((last.reserved, last.allocated, last.num_ooms, last.num_alloc_retries), (300 * MIB, 300 * MIB, 2, 3));
         assert_eq!(last.peak_reserved, 900 * MIB);
         assert_eq!(demo.steps.len(), 8);
         serde_json::to_string(&demo).unwrap();
@@ -1287,10 +1160,7 @@ mod tests {
         for capacity in [256 * MIB, 1000 * MIB, 3 * GIB + 12345, 24 * GIB, 80 * GIB] {
             let demo = fragmentation_demo(capacity);
             assert!(demo.oom.as_ref().is_some_and(PoolOom::fragmented), "{capacity}");
-            assert!(
-                demo.oom_after_empty_cache.is_some() && demo.fits_after_freeing_tensors,
-                "{capacity}"
-            );
+            assert!(demo.oom_after_empty_cache.is_some() && demo.fits_after_freeing_tensors, "{capacity}");
             assert_eq!(demo.released_by_empty_cache, 0, "{capacity}");
         }
     }
@@ -1302,10 +1172,7 @@ mod tests {
         assert!(oom.outside_request && oom.fragmented());
         assert_eq!((oom.requested, oom.device_free, oom.releasable), (300 * MIB, 204 * MIB, 720 * MIB));
         assert_eq!(demo.released, 720 * MIB);
-        assert_eq!(
-            (demo.before_empty_cache.reserved, demo.after_empty_cache.reserved),
-            (820 * MIB, 100 * MIB)
-        );
+        assert_eq!((demo.before_empty_cache.reserved, demo.after_empty_cache.reserved), (820 * MIB, 100 * MIB));
         assert_eq!(demo.after_empty_cache.device_free, 924 * MIB);
         assert!(demo.fits_after_empty_cache);
         let (_, last) = demo.steps.last().unwrap();

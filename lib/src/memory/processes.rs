@@ -14,8 +14,8 @@ use serde::Serialize;
 use super::host::status_rss;
 use super::region::Region;
 use super::Budget;
-use crate::units::human;
 use crate::render::{Bundle, Render, Table};
+use crate::units::human;
 
 /// What a vramlab process is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -65,12 +65,11 @@ pub struct Processes {
 pub fn processes() -> Processes {
     let me = std::process::id();
     let Ok(entries) = fs::read_dir("/proc") else { return Processes { processes: Vec::new() } };
-    let mut found: Vec<VramlabProcess> = entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| describe(pid, me))
-        .collect();
+    let mut found: Vec<VramlabProcess> =
+        entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()).filter_map(|pid| describe(pid, me)).collect();
     // A kernel's counters give its cell process's heap, exactly.
-    let kernels: Vec<(u32, Option<CellCounters>)> = found.iter().filter(|p| p.role == Role::Kernel).map(|p| (p.pid, cell_counters(p.pid))).collect();
+    let kernels: Vec<(u32, Option<CellCounters>)> =
+        found.iter().filter(|p| p.role == Role::Kernel).map(|p| (p.pid, cell_counters(p.pid))).collect();
     for (kernel, counters) in kernels {
         let Some((cell, in_use, budget)) = counters else { continue };
         if let Some(process) = found.iter_mut().find(|p| p.pid == cell) {
@@ -108,15 +107,7 @@ fn describe(pid: u32, me: u32) -> Option<VramlabProcess> {
         .ok()
         .and_then(|stat| stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok()))
         .unwrap_or(0);
-    Some(VramlabProcess {
-        pid,
-        role,
-        parent,
-        rss: status_rss(&pid.to_string()).0,
-        in_use: None,
-        budget: None,
-        is_self: pid == me,
-    })
+    Some(VramlabProcess { pid, role, parent, rss: status_rss(&pid.to_string()).0, in_use: None, budget: None, is_self: pid == me })
 }
 
 /// evcxr starts the cell process as the kernel binary again, marked in its environment.

@@ -62,9 +62,7 @@ impl Region {
     /// Maps the region behind an inherited descriptor.
     pub fn map(fd: RawFd) -> Result<Region, MemoryError> {
         // SAFETY: a shared mapping of a descriptor we were given; failure is checked.
-        let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), REGION_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0)
-        };
+        let base = unsafe { libc::mmap(std::ptr::null_mut(), REGION_BYTES, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, fd, 0) };
         if base == libc::MAP_FAILED {
             return Err(MemoryError::Region { what: "mmap", reason: std::io::Error::last_os_error().to_string() });
         }
@@ -113,7 +111,7 @@ impl Drop for Region {
 }
 
 fn region_base(counters: &Counters) -> Option<*mut u8> {
-    (counters.region_bytes.load(Ordering::Relaxed) as usize == REGION_BYTES).then(|| counters as *const Counters as *mut u8)
+    (counters.region_bytes.load(Ordering::Relaxed) as usize == REGION_BYTES).then_some(counters as *const Counters as *mut u8)
 }
 
 /// An area written whole and read whole under a seqlock (odd while writing).
@@ -127,7 +125,12 @@ struct Area<'a> {
 impl Area<'_> {
     fn snapshot(counters: &Counters) -> Option<Area<'_>> {
         let base = region_base(counters)?;
-        Some(Area { seq: &counters.snapshot_seq, len: &counters.snapshot_len, bytes: base.wrapping_add(HEADER_BYTES), capacity: SNAPSHOT_CAPACITY })
+        Some(Area {
+            seq: &counters.snapshot_seq,
+            len: &counters.snapshot_len,
+            bytes: base.wrapping_add(HEADER_BYTES),
+            capacity: SNAPSHOT_CAPACITY,
+        })
     }
 
     fn shared(counters: &Counters) -> Option<Area<'_>> {

@@ -5,10 +5,10 @@ use serde::Serialize;
 use super::host::{EmptyCache, HostMemory};
 use super::probe::CellUsage;
 use super::snapshot::Snapshot;
-use crate::render::Composer;
-use crate::units::{grouped, human};
 use crate::ledger::BillKind;
+use crate::render::Composer;
 use crate::render::{Bundle, Chart, Render, Series, Table};
+use crate::units::{grouped, human};
 
 const MIB: f64 = (1u64 << 20) as f64;
 
@@ -37,7 +37,9 @@ impl MemReport {
     /// one is set, otherwise the host.
     pub fn free_total(&self) -> Option<(u64, u64, &'static str)> {
         match (self.memory.budget, self.host) {
-            (Some(budget), _) => Some((budget.room().saturating_sub(self.memory.in_use), budget.usable, "simulated device budget, its CUDA context in use")),
+            (Some(budget), _) => {
+                Some((budget.room().saturating_sub(self.memory.in_use), budget.usable, "simulated device budget, its CUDA context in use"))
+            }
             (None, Some((available, total))) => Some((available, total, "host: MemAvailable / MemTotal")),
             (None, None) => None,
         }
@@ -46,9 +48,8 @@ impl MemReport {
     pub fn table(&self) -> Table {
         let m = &self.memory;
         let how = if m.exact { "every allocation counted" } else { "sampled from glibc, not exact" };
-        let mut table = Table::new(["", "bytes", "size", "what"])
-            .title(format!("cell process {}: heap memory ({how})", self.pid))
-            .right_align(&[1, 2]);
+        let mut table =
+            Table::new(["", "bytes", "size", "what"]).title(format!("cell process {}: heap memory ({how})", self.pid)).right_align(&[1, 2]);
         let row = |table: &mut Table, name: &str, bytes: u64, what: &str| {
             table.push_row([name.to_owned(), grouped(bytes), human(bytes), what.to_owned()]);
         };
@@ -59,12 +60,22 @@ impl MemReport {
             row(&mut table, "peak", peak, if self.peak_reset { "since now (reset)" } else { "in use at most since the last reset" });
         }
         if let Some(count) = m.allocations {
-            table.push_row(["allocations".to_owned(), grouped(count), String::new(), "heap allocations made by the process so far".to_owned()]);
+            table.push_row([
+                "allocations".to_owned(),
+                grouped(count),
+                String::new(),
+                "heap allocations made by the process so far".to_owned(),
+            ]);
         }
         row(&mut table, "RSS", m.rss, "resident in RAM, whole process");
         row(&mut table, "RSS high-water", m.hwm, "VmHWM");
         if let Some((free, total, what)) = self.free_total() {
-            table.push_row(["free / total".to_owned(), format!("{} / {}", grouped(free), grouped(total)), format!("{} / {}", human(free), human(total)), what.to_owned()]);
+            table.push_row([
+                "free / total".to_owned(),
+                format!("{} / {}", grouped(free), grouped(total)),
+                format!("{} / {}", human(free), human(total)),
+                what.to_owned(),
+            ]);
         }
         table
     }
@@ -176,9 +187,14 @@ pub fn timeline_chart(snapshot: &Snapshot) -> Option<Chart> {
 /// The phases of the chart, by number.
 pub fn timeline_table(snapshot: &Snapshot) -> Option<Table> {
     let measured = snapshot.measured.as_ref().filter(|m| !m.phases.is_empty())?;
-    let mut table = Table::new(["#", "phase", "measured", "predicted peak of the phase"]).title("last step's samples").right_align(&[0, 2, 3]);
+    let mut table =
+        Table::new(["#", "phase", "measured", "predicted peak of the phase"]).title("last step's samples").right_align(&[0, 2, 3]);
     for (i, phase) in measured.phases.iter().enumerate() {
-        let predicted = snapshot.predicted.as_ref().and_then(|p| p.phases.iter().find(|q| q.name == phase.name)).map_or("-".to_owned(), |p| human(p.peak));
+        let predicted = snapshot
+            .predicted
+            .as_ref()
+            .and_then(|p| p.phases.iter().find(|q| q.name == phase.name))
+            .map_or("-".to_owned(), |p| human(p.peak));
         table.push_row([(i + 1).to_string(), phase.name.clone(), human(phase.bills.total()), predicted]);
     }
     Some(table)

@@ -32,7 +32,8 @@ fn write_all(values: BTreeMap<String, Value>) {
         *LOCAL.lock().unwrap_or_else(|e| e.into_inner()) = values;
         return;
     };
-    let written = serde_json::to_vec(&values).map_err(|e| e.to_string()).and_then(|bytes| region::write_shared(c, &bytes).map_err(|e| e.to_string()));
+    let written =
+        serde_json::to_vec(&values).map_err(|e| e.to_string()).and_then(|bytes| region::write_shared(c, &bytes).map_err(|e| e.to_string()));
     if let Err(err) = written {
         eprintln!("vramlab: a record shared between cells was not kept: {err}");
     }

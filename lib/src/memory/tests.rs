@@ -38,7 +38,14 @@ fn budgets_are_sizes_or_cards_never_the_host() {
     assert_eq!((laptop.usable, laptop.context), (card.usable_bytes, card.context_bytes), "the card %oomcheck --gpu judges");
     let err = Budget::parse("cpu").unwrap_err().to_string();
     assert!(err.contains("no budget to simulate"), "{err}");
-    for (text, names) in [("0", "give a unit"), ("0GiB", "positive"), ("300MiB", "nothing for training"), ("-1GiB", "-1GiB"), ("nonsense", "nonsense"), ("rtx9999", "rtx9999")] {
+    for (text, names) in [
+        ("0", "give a unit"),
+        ("0GiB", "positive"),
+        ("300MiB", "nothing for training"),
+        ("-1GiB", "-1GiB"),
+        ("nonsense", "nonsense"),
+        ("rtx9999", "rtx9999"),
+    ] {
         let err = Budget::parse(text).unwrap_err().to_string();
         assert!(err.starts_with(&format!("budget `{text}`:")) && err.contains(names) && err.lines().count() == 1, "{err}");
     }
@@ -46,7 +53,13 @@ fn budgets_are_sizes_or_cards_never_the_host() {
 
 #[test]
 fn out_of_memory_reads_like_cuda_and_says_it_is_simulated() {
-    let oom = OutOfMemory { requested: 64 << 20, in_use: 500 << 20, held: 530 << 20, budget: Budget { usable: 812 << 20, context: 300 << 20 }, phase: None };
+    let oom = OutOfMemory {
+        requested: 64 << 20,
+        in_use: 500 << 20,
+        held: 530 << 20,
+        budget: Budget { usable: 812 << 20, context: 300 << 20 },
+        phase: None,
+    };
     assert_eq!(
         oom.to_string(),
         "out of memory (simulated device budget, CPU): tried to allocate 64.0 MiB; budget 812 MiB, of which 300 MiB CUDA context and 500 MiB in use; 530 MiB held by the host allocator"
@@ -59,8 +72,27 @@ fn out_of_memory_reads_like_cuda_and_says_it_is_simulated() {
 
 #[test]
 fn the_report_puts_bills_side_by_side_with_their_difference() {
-    let memory = HostMemory { exact: true, in_use: 64 << 20, held: 80 << 20, peak: Some(128 << 20), rss: 90 << 20, hwm: 140 << 20, allocations: Some(10), budget: Some(Budget { usable: (1 << 30) + (300 << 20), context: 300 << 20 }) };
-    let report = MemReport { pid: 42, memory, host: Some((1 << 30, 2 << 30)), snapshot: Some(snapshot()), emptied: None, peak_reset: false, card: None, #[cfg(feature = "cuda")] cuda: super::cuda::CellCuda::NotInUse };
+    let memory = HostMemory {
+        exact: true,
+        in_use: 64 << 20,
+        held: 80 << 20,
+        peak: Some(128 << 20),
+        rss: 90 << 20,
+        hwm: 140 << 20,
+        allocations: Some(10),
+        budget: Some(Budget { usable: (1 << 30) + (300 << 20), context: 300 << 20 }),
+    };
+    let report = MemReport {
+        pid: 42,
+        memory,
+        host: Some((1 << 30, 2 << 30)),
+        snapshot: Some(snapshot()),
+        emptied: None,
+        peak_reset: false,
+        card: None,
+        #[cfg(feature = "cuda")]
+        cuda: super::cuda::CellCuda::NotInUse,
+    };
     let text = report.bundle().text().to_owned();
     assert!(text.contains("cell process 42"), "{text}");
     assert!(text.contains("16.0 MiB"), "idle = held - in use: {text}");
@@ -88,7 +120,10 @@ fn cell_usage_reports_peak_and_net_change() {
     let usage = CellUsage { before: 10 << 20, after: 8 << 20, peak: 74 << 20 };
     assert_eq!(usage.increment(), 64 << 20);
     assert_eq!(usage.net(), -(2 << 20));
-    assert_eq!(usage.bundle().text(), "peak memory: 74.0 MiB (+64.0 MiB during the cell), net change: -2.00 MiB (in use 10.0 MiB -> 8.00 MiB)\n");
+    assert_eq!(
+        usage.bundle().text(),
+        "peak memory: 74.0 MiB (+64.0 MiB during the cell), net change: -2.00 MiB (in use 10.0 MiB -> 8.00 MiB)\n"
+    );
 }
 
 fn region() -> &'static Counters {
@@ -112,9 +147,7 @@ fn snapshots_round_trip_through_a_region_and_too_large_ones_are_refused() {
 fn requests_are_answered_by_the_serving_thread_and_silence_times_out() {
     let counters = region();
     assert_eq!(region::ask(counters, Request::Sample, Duration::from_millis(20)), None);
-    std::thread::spawn(move || {
-        region::serve(counters, |request| Answer { held: request as u64, rss: 7, ..Answer::default() })
-    });
+    std::thread::spawn(move || region::serve(counters, |request| Answer { held: request as u64, rss: 7, ..Answer::default() }));
     let answer = region::ask(counters, Request::EmptyCache, Duration::from_secs(5)).unwrap();
     assert_eq!((answer.held, answer.rss), (2, 7));
     let answer = region::ask(counters, Request::Sample, Duration::from_secs(5)).unwrap();

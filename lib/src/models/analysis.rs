@@ -48,15 +48,8 @@ pub struct ModelCost {
 ///
 /// Under mixed precision a cast of the input opens the first stage; the
 /// cross-entropy loss closes the last one (training keeps its tensors).
-pub fn analyze(
-    spec: &ModelSpec,
-    input: Shape,
-    precision: Precision,
-) -> Result<ModelCost, ModelError> {
-    let mut costing = Costing {
-        precision,
-        last_stage: spec.stages.len().saturating_sub(1),
-    };
+pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision) -> Result<ModelCost, ModelError> {
+    let mut costing = Costing { precision, last_stage: spec.stages.len().saturating_sub(1) };
     let mut rows = Vec::with_capacity(256);
     let mut stages = Vec::with_capacity(spec.stages.len());
     let mut total = Cost::default();
@@ -65,15 +58,7 @@ pub fn analyze(
         rows.extend(stage_rows);
         stages.push(stage);
     }
-    Ok(ModelCost {
-        model: spec.name.clone(),
-        num_classes: spec.num_classes,
-        input,
-        precision,
-        rows,
-        stages,
-        total,
-    })
+    Ok(ModelCost { model: spec.name.clone(), num_classes: spec.num_classes, input, precision, rows, stages, total })
 }
 
 /// The walk folded into costs and summary rows.
@@ -108,14 +93,7 @@ impl Costed {
 
 impl Row {
     fn at(site: Site<'_>, output: Shape, cost: Cost) -> Row {
-        Row {
-            path: site.path,
-            kind: site.layer.kind(),
-            depth: site.depth,
-            stage: site.stage,
-            output,
-            cost,
-        }
+        Row { path: site.path, kind: site.layer.kind(), depth: site.depth, stage: site.stage, output, cost }
     }
 }
 
@@ -127,10 +105,7 @@ impl Fold for Costing {
         // In inference, what enclosing blocks keep for their residual add is
         // alive while the layer runs.
         cost.eval_live_bytes += self.bytes(site.waiting);
-        Ok(Costed {
-            cost,
-            rows: vec![Row::at(site, output, cost)],
-        })
+        Ok(Costed { cost, rows: vec![Row::at(site, output, cost)] })
     }
 
     fn block(&mut self, site: Site<'_>, block: Block<Costed>, merged: Shape, output: Shape) -> Costed {
@@ -162,22 +137,8 @@ impl Fold for Costing {
         Costed { cost, rows }
     }
 
-    fn stage(
-        &mut self,
-        index: usize,
-        stage: &Stage,
-        input: Shape,
-        layers: Vec<Costed>,
-        output: Shape,
-    ) -> (StageCost, Vec<Row>) {
-        let own_row = |path: String, kind, output, cost| Row {
-            path,
-            kind,
-            depth: STAGE_DEPTH + 1,
-            stage: index,
-            output,
-            cost,
-        };
+    fn stage(&mut self, index: usize, stage: &Stage, input: Shape, layers: Vec<Costed>, output: Shape) -> (StageCost, Vec<Row>) {
+        let own_row = |path: String, kind, output, cost| Row { path, kind, depth: STAGE_DEPTH + 1, stage: index, output, cost };
         let mut inner = Vec::with_capacity(layers.len() + 2);
         let mut cost = Cost::default();
         if index == 0 && self.precision.is_mixed() {
@@ -195,22 +156,9 @@ impl Fold for Costing {
             cost = cost.then(loss);
         }
         let mut rows = Vec::with_capacity(1 + inner.len());
-        rows.push(Row {
-            path: stage.name.clone(),
-            kind: "Stage",
-            depth: STAGE_DEPTH,
-            stage: index,
-            output,
-            cost,
-        });
+        rows.push(Row { path: stage.name.clone(), kind: "Stage", depth: STAGE_DEPTH, stage: index, output, cost });
         rows.extend(inner);
-        let stage_cost = StageCost {
-            name: stage.name.clone(),
-            input,
-            output,
-            boundary_bytes: self.bytes(output.elems()),
-            cost,
-        };
+        let stage_cost = StageCost { name: stage.name.clone(), input, output, boundary_bytes: self.bytes(output.elems()), cost };
         (stage_cost, rows)
     }
 }

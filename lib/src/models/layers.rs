@@ -26,27 +26,16 @@ pub struct Pass {
 
 impl Pass {
     pub fn train(compute: DType) -> Self {
-        Pass {
-            train: true,
-            update_stats: true,
-            compute,
-        }
+        Pass { train: true, update_stats: true, compute }
     }
 
     pub fn eval(compute: DType) -> Self {
-        Pass {
-            train: false,
-            update_stats: false,
-            compute,
-        }
+        Pass { train: false, update_stats: false, compute }
     }
 
     /// The same pass, run again in backward: running statistics stay as they are.
     pub fn recompute(self) -> Self {
-        Pass {
-            update_stats: false,
-            ..self
-        }
+        Pass { update_stats: false, ..self }
     }
 }
 
@@ -72,19 +61,13 @@ impl Builder<'_> {
 
     fn param(&mut self, name: String, values: Vec<f32>, shape: &[usize]) -> Result<Var> {
         let var = Var::from_tensor(&self.tensor(values, shape)?)?;
-        self.params.push(Named {
-            name,
-            var: var.clone(),
-        });
+        self.params.push(Named { name, var: var.clone() });
         Ok(var)
     }
 
     fn buffer(&mut self, name: String, tensor: Tensor) -> Result<Var> {
         let var = Var::from_tensor(&tensor)?;
-        self.buffers.push(Named {
-            name,
-            var: var.clone(),
-        });
+        self.buffers.push(Named { name, var: var.clone() });
         Ok(var)
     }
 
@@ -136,15 +119,7 @@ impl Conv {
         } else {
             None
         };
-        Ok(Conv {
-            weight,
-            bias,
-            params: ConvParams {
-                stride: spec.stride,
-                padding: spec.padding,
-                groups,
-            },
-        })
+        Ok(Conv { weight, bias, params: ConvParams { stride: spec.stride, padding: spec.padding, groups } })
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
@@ -180,18 +155,9 @@ impl BatchNorm {
         Ok(BatchNorm {
             weight: b.param(format!("{name}.weight"), vec![1.0; channels], &[channels])?,
             bias: b.param(format!("{name}.bias"), vec![0.0; channels], &[channels])?,
-            running_mean: b.buffer(
-                format!("{name}.running_mean"),
-                Tensor::zeros(channels, DType::F32, &device)?,
-            )?,
-            running_var: b.buffer(
-                format!("{name}.running_var"),
-                Tensor::ones(channels, DType::F32, &device)?,
-            )?,
-            num_batches_tracked: b.buffer(
-                format!("{name}.num_batches_tracked"),
-                Tensor::zeros((), DType::I64, &device)?,
-            )?,
+            running_mean: b.buffer(format!("{name}.running_mean"), Tensor::zeros(channels, DType::F32, &device)?)?,
+            running_var: b.buffer(format!("{name}.running_var"), Tensor::ones(channels, DType::F32, &device)?)?,
+            num_batches_tracked: b.buffer(format!("{name}.num_batches_tracked"), Tensor::zeros((), DType::I64, &device)?)?,
         })
     }
 
@@ -219,12 +185,9 @@ impl BatchNorm {
         let m = Self::MOMENTUM;
         let n = out.count as f64;
         let unbiased = (&out.var * (n / (n - 1.0)))?;
-        self.running_mean
-            .set(&((self.running_mean.as_tensor() * (1.0 - m))? + (&out.mean * m)?)?)?;
-        self.running_var
-            .set(&((self.running_var.as_tensor() * (1.0 - m))? + (unbiased * m)?)?)?;
-        self.num_batches_tracked
-            .set(&(self.num_batches_tracked.as_tensor() + 1.0)?)
+        self.running_mean.set(&((self.running_mean.as_tensor() * (1.0 - m))? + (&out.mean * m)?)?)?;
+        self.running_var.set(&((self.running_var.as_tensor() * (1.0 - m))? + (unbiased * m)?)?)?;
+        self.num_batches_tracked.set(&(self.num_batches_tracked.as_tensor() + 1.0)?)
     }
 }
 
@@ -236,13 +199,7 @@ pub struct Linear {
 
 impl Linear {
     /// PyTorch's default init: weight and bias uniform in +-1/sqrt(in_features).
-    pub(crate) fn new(
-        b: &mut Builder,
-        name: &str,
-        in_features: usize,
-        out_features: usize,
-        bias: bool,
-    ) -> Result<Self> {
+    pub(crate) fn new(b: &mut Builder, name: &str, in_features: usize, out_features: usize, bias: bool) -> Result<Self> {
         let bound = 1.0 / (in_features as f64).sqrt();
         let values = b.uniform(out_features * in_features, bound)?;
         let weight = b.param(format!("{name}.weight"), values, &[out_features, in_features])?;
@@ -274,14 +231,7 @@ pub struct SqueezeExcite {
 
 impl SqueezeExcite {
     pub(crate) fn new(b: &mut Builder, name: &str, channels: usize, squeeze: usize) -> Result<Self> {
-        let conv = |out_channels| ConvSpec {
-            out_channels,
-            kernel: 1,
-            stride: 1,
-            padding: 0,
-            grouping: Grouping::Dense,
-            bias: true,
-        };
+        let conv = |out_channels| ConvSpec { out_channels, kernel: 1, stride: 1, padding: 0, grouping: Grouping::Dense, bias: true };
         Ok(SqueezeExcite {
             reduce: Conv::new(b, &format!("{name}.fc1"), conv(squeeze), channels)?,
             expand: Conv::new(b, &format!("{name}.fc2"), conv(channels), squeeze)?,
@@ -311,10 +261,7 @@ pub struct Dropout {
 impl Dropout {
     pub(crate) fn new(b: &mut Builder, p: f64) -> Self {
         use rand::SeedableRng;
-        Dropout {
-            p,
-            rng: std::sync::Mutex::new(StdRng::seed_from_u64(b.seed_from())),
-        }
+        Dropout { p, rng: std::sync::Mutex::new(StdRng::seed_from_u64(b.seed_from())) }
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
@@ -323,13 +270,8 @@ impl Dropout {
         }
         let keep = 1.0 - self.p;
         let mask: Vec<f32> = {
-            let mut rng = self
-                .rng
-                .lock()
-                .map_err(|_| candle_core::Error::Msg("dropout generator poisoned".into()))?;
-            (0..x.elem_count())
-                .map(|_| if rng.random::<f64>() < keep { (1.0 / keep) as f32 } else { 0.0 })
-                .collect()
+            let mut rng = self.rng.lock().map_err(|_| candle_core::Error::Msg("dropout generator poisoned".into()))?;
+            (0..x.elem_count()).map(|_| if rng.random::<f64>() < keep { (1.0 / keep) as f32 } else { 0.0 }).collect()
         };
         let mask = Tensor::from_vec(mask, x.shape(), x.device())?.to_dtype(x.dtype())?;
         x.mul(&mask)

@@ -35,11 +35,7 @@ pub use weights::{Mismatch, WeightsError};
 pub use zoo::{model, ModelName};
 
 /// The input every zoo model is described for: one RGB image of 224 x 224.
-pub const DEFAULT_INPUT: Shape = Shape::Map {
-    c: 3,
-    h: 224,
-    w: 224,
-};
+pub const DEFAULT_INPUT: Shape = Shape::Map { c: 3, h: 224, w: 224 };
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -52,13 +48,7 @@ pub enum ModelError {
     #[error("{model} cannot take an empty input ({input})")]
     EmptyInput { model: String, input: Shape },
     #[error("{model}: layer `{layer}` ({kind}) cannot take input {input}: {reason}")]
-    Shape {
-        model: String,
-        layer: String,
-        kind: &'static str,
-        input: Shape,
-        reason: String,
-    },
+    Shape { model: String, layer: String, kind: &'static str, input: Shape, reason: String },
     #[error("{model}: cannot build layer `{layer}`: {source}")]
     Build {
         model: String,

@@ -7,9 +7,7 @@ use candle_core::{Device, Result, Tensor};
 use rand::SeedableRng;
 
 use super::cost::Cost;
-use super::layers::{
-    global_avg_pool, BatchNorm, Builder, Conv, Dropout, Linear, Named, Pass, SqueezeExcite,
-};
+use super::layers::{global_avg_pool, BatchNorm, Builder, Conv, Dropout, Linear, Named, Pass, SqueezeExcite};
 use super::precision::Precision;
 use super::rules;
 use super::shape::Shape;
@@ -24,11 +22,7 @@ pub(super) enum Module {
     BatchNorm(BatchNorm),
     Relu,
     Silu,
-    MaxPool {
-        kernel: usize,
-        stride: usize,
-        padding: usize,
-    },
+    MaxPool { kernel: usize, stride: usize, padding: usize },
     GlobalAvgPool,
     Flatten,
     // Boxed: its generator is larger than every other module.
@@ -45,11 +39,7 @@ impl Module {
             Module::BatchNorm(bn) => bn.forward(x, pass),
             Module::Relu => x.relu(),
             Module::Silu => x.silu(),
-            Module::MaxPool {
-                kernel,
-                stride,
-                padding,
-            } => ops::max_pool2d(x, *kernel, *stride, *padding),
+            Module::MaxPool { kernel, stride, padding } => ops::max_pool2d(x, *kernel, *stride, *padding),
             Module::GlobalAvgPool => global_avg_pool(x),
             Module::Flatten => x.flatten_from(1),
             Module::Dropout(dropout) => dropout.forward(x, pass),
@@ -101,22 +91,10 @@ impl Network {
     /// Builds `spec` for one sample of `input` (`C x H x W`), with parameters
     /// initialised as torchvision does from a generator seeded with `seed`.
     pub fn new(spec: &ModelSpec, input: Shape, device: &Device, seed: u64) -> std::result::Result<Self, ModelError> {
-        let mut builder = Builder {
-            device,
-            rng: rand::rngs::StdRng::seed_from_u64(seed),
-            params: Vec::new(),
-            buffers: Vec::new(),
-        };
+        let mut builder = Builder { device, rng: rand::rngs::StdRng::seed_from_u64(seed), params: Vec::new(), buffers: Vec::new() };
         // Shapes do not depend on the precision; the costs go unused.
         let stages = walk(spec, input, Precision::F32, &mut builder)?;
-        Ok(Network {
-            spec: spec.clone(),
-            input,
-            device: device.clone(),
-            stages,
-            params: builder.params,
-            buffers: builder.buffers,
-        })
+        Ok(Network { spec: spec.clone(), input, device: device.clone(), stages, params: builder.params, buffers: builder.buffers })
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -152,13 +130,10 @@ impl Network {
 
     /// Runs stage `index` alone: the unit of activation checkpointing.
     pub fn forward_stage(&self, index: usize, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        let stage = self.stages.get(index).ok_or_else(|| {
-            candle_core::Error::Msg(format!(
-                "{} has {} stages, no stage {index}",
-                self.spec.name,
-                self.stages.len()
-            ))
-        })?;
+        let stage = self
+            .stages
+            .get(index)
+            .ok_or_else(|| candle_core::Error::Msg(format!("{} has {} stages, no stage {index}", self.spec.name, self.stages.len())))?;
         sequential(stage, x, pass)
     }
 
@@ -190,17 +165,11 @@ impl Network {
 
     /// Bytes of the f32 parameters, read off the tensors.
     pub fn param_bytes(&self) -> u64 {
-        self.params
-            .iter()
-            .map(|p| (p.var.elem_count() * p.var.dtype().size_in_bytes()) as u64)
-            .sum()
+        self.params.iter().map(|p| (p.var.elem_count() * p.var.dtype().size_in_bytes()) as u64).sum()
     }
 
     pub fn buffer_bytes(&self) -> u64 {
-        self.buffers
-            .iter()
-            .map(|b| (b.var.elem_count() * b.var.dtype().size_in_bytes()) as u64)
-            .sum()
+        self.buffers.iter().map(|b| (b.var.elem_count() * b.var.dtype().size_in_bytes()) as u64).sum()
     }
 }
 
@@ -215,31 +184,17 @@ impl Fold for Builder<'_> {
             Op::BatchNorm2d => BatchNorm::new(self, name, input.channels()).map(Module::BatchNorm),
             Op::Relu => Ok(Module::Relu),
             Op::Silu => Ok(Module::Silu),
-            Op::MaxPool2d {
-                kernel,
-                stride,
-                padding,
-            } => Ok(Module::MaxPool {
-                kernel: *kernel,
-                stride: *stride,
-                padding: *padding,
-            }),
+            Op::MaxPool2d { kernel, stride, padding } => Ok(Module::MaxPool { kernel: *kernel, stride: *stride, padding: *padding }),
             Op::GlobalAvgPool => Ok(Module::GlobalAvgPool),
             Op::Flatten => Ok(Module::Flatten),
             Op::Dropout { p } => Ok(Module::Dropout(Box::new(Dropout::new(self, *p)))),
-            Op::Linear { out_features, bias } => {
-                Linear::new(self, name, input.channels(), *out_features, *bias).map(Module::Linear)
-            }
+            Op::Linear { out_features, bias } => Linear::new(self, name, input.channels(), *out_features, *bias).map(Module::Linear),
             Op::SqueezeExcite { squeeze_channels } => {
                 SqueezeExcite::new(self, name, input.channels(), *squeeze_channels).map(Module::SqueezeExcite)
             }
             Op::Block(_) => return Err(site.rejected(rules::NOT_A_LEAF.to_owned())),
         };
-        module.map_err(|source| ModelError::Build {
-            model: site.model.to_owned(),
-            layer: site.path.clone(),
-            source: Box::new(source),
-        })
+        module.map_err(|source| ModelError::Build { model: site.model.to_owned(), layer: site.path.clone(), source: Box::new(source) })
     }
 
     fn block(&mut self, _site: Site<'_>, block: Block<Module>, _merged: Shape, _output: Shape) -> Module {

@@ -37,14 +37,7 @@ fn resnet(name: &str, kind: BlockKind, depths: [usize; 4], num_classes: usize) -
             Layer::new("conv1", Op::Conv2d(Conv2d::new(64, 7, 2, 3))),
             Layer::new("bn1", Op::BatchNorm2d),
             Layer::new("relu", Op::Relu),
-            Layer::new(
-                "maxpool",
-                Op::MaxPool2d {
-                    kernel: 3,
-                    stride: 2,
-                    padding: 1,
-                },
-            ),
+            Layer::new("maxpool", Op::MaxPool2d { kernel: 3, stride: 2, padding: 1 }),
         ],
     }];
     let mut in_channels = 64;
@@ -59,30 +52,17 @@ fn resnet(name: &str, kind: BlockKind, depths: [usize; 4], num_classes: usize) -
                 Layer::new(format!("{stage_name}.{b}"), Op::Block(block))
             })
             .collect();
-        stages.push(Stage {
-            name: stage_name,
-            layers,
-        });
+        stages.push(Stage { name: stage_name, layers });
     }
     stages.push(Stage {
         name: "head".into(),
         layers: vec![
             Layer::new("avgpool", Op::GlobalAvgPool),
             Layer::new("flatten", Op::Flatten),
-            Layer::new(
-                "fc",
-                Op::Linear {
-                    out_features: num_classes,
-                    bias: true,
-                },
-            ),
+            Layer::new("fc", Op::Linear { out_features: num_classes, bias: true }),
         ],
     });
-    ModelSpec {
-        name: name.into(),
-        num_classes,
-        stages,
-    }
+    ModelSpec { name: name.into(), num_classes, stages }
 }
 
 fn block(kind: BlockKind, in_channels: usize, planes: usize, stride: usize) -> Block {
@@ -107,16 +87,9 @@ fn block(kind: BlockKind, in_channels: usize, planes: usize, stride: usize) -> B
         ],
     };
     let shortcut = if stride != 1 || in_channels != out_channels {
-        Shortcut::Projection(vec![
-            Layer::new("0", Op::Conv2d(Conv2d::new(out_channels, 1, stride, 0))),
-            Layer::new("1", Op::BatchNorm2d),
-        ])
+        Shortcut::Projection(vec![Layer::new("0", Op::Conv2d(Conv2d::new(out_channels, 1, stride, 0))), Layer::new("1", Op::BatchNorm2d)])
     } else {
         Shortcut::Identity
     };
-    Block {
-        body,
-        shortcut,
-        post: vec![Layer::new("relu", Op::Relu)],
-    }
+    Block { body, shortcut, post: vec![Layer::new("relu", Op::Relu)] }
 }

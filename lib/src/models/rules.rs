@@ -37,11 +37,7 @@ pub(crate) type Rejection = String;
 pub(crate) const NOT_A_LEAF: &str = "a block is not a leaf op";
 
 /// The output shape and cost of a leaf op (anything but a block).
-pub(crate) fn leaf(
-    op: &Op,
-    input: Shape,
-    precision: Precision,
-) -> Result<(Shape, Cost), Rejection> {
+pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape, Cost), Rejection> {
     let cb = precision.compute_bytes();
     let in_bytes = input.elems() * cb;
     let mut cost = Cost::default();
@@ -83,16 +79,9 @@ pub(crate) fn leaf(
         }
         // `ops::max_pool2d` pads inside the op and finds each window's maximum
         // again in backward: it keeps only its output.
-        Op::MaxPool2d {
-            kernel,
-            stride,
-            padding,
-        } => {
+        Op::MaxPool2d { kernel, stride, padding } => {
             let (c, h, w) = map(input, "max-pool")?;
-            let (oh, ow) = (
-                out_size(h, kernel, stride, padding)?,
-                out_size(w, kernel, stride, padding)?,
-            );
+            let (oh, ow) = (out_size(h, kernel, stride, padding)?, out_size(w, kernel, stride, padding)?);
             let out = Shape::map(c, oh, ow);
             cost.keep(out.elems() * cb);
             cost.backward_bytes = out.elems() * cb + 3 * in_bytes;
@@ -111,9 +100,7 @@ pub(crate) fn leaf(
         // A reshape of a contiguous tensor is a view.
         Op::Flatten => {
             cost.eval_live_bytes = in_bytes;
-            Shape::Flat {
-                features: input.elems() as usize,
-            }
+            Shape::Flat { features: input.elems() as usize }
         }
         // candle-nn `ops::dropout`: a scaled mask and the product.
         Op::Dropout { .. } => {
@@ -127,9 +114,7 @@ pub(crate) fn leaf(
         // broadcast_add of the bias: two outputs of `out_features`.
         Op::Linear { out_features, bias } => {
             let Shape::Flat { features } = input else {
-                return Err(format!(
-                    "a linear layer needs a flat input, got a {input} map (flatten first)"
-                ));
+                return Err(format!("a linear layer needs a flat input, got a {input} map (flatten first)"));
             };
             let weights = (features * out_features) as u64;
             cost.param_tensor(weights);
@@ -145,15 +130,11 @@ pub(crate) fn leaf(
             }
             cost.backward_bytes = out + 3 * in_bytes;
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
-            Shape::Flat {
-                features: out_features,
-            }
+            Shape::Flat { features: out_features }
         }
         // Pool (2 tiny), 1x1 conv + bias add (2 x squeeze), SiLU, 1x1 conv +
         // bias add (2 x C), sigmoid (C), then x * gate: one full-size tensor.
-        Op::SqueezeExcite {
-            squeeze_channels: sq,
-        } => {
+        Op::SqueezeExcite { squeeze_channels: sq } => {
             let (c, _, _) = map(input, "squeeze-excite")?;
             let (c64, sq64) = (c as u64, sq as u64);
             for tensor in [c64 * sq64, sq64, sq64 * c64, c64] {
@@ -186,27 +167,16 @@ fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Co
     let cb = precision.compute_bytes();
     let (c, h, w) = map(input, "conv2d")?;
     let k = conv.kernel;
-    let (oh, ow) = (
-        out_size(h, k, conv.stride, conv.padding)?,
-        out_size(w, k, conv.stride, conv.padding)?,
-    );
+    let (oh, ow) = (out_size(h, k, conv.stride, conv.padding)?, out_size(w, k, conv.stride, conv.padding)?);
     let cin_per_group = match conv.grouping {
         Grouping::Dense => c,
         Grouping::Depthwise if conv.out_channels == c => 1,
-        Grouping::Depthwise => {
-            return Err(format!(
-                "a depthwise conv keeps its {c} channels, but the spec asks for {}",
-                conv.out_channels
-            ))
-        }
+        Grouping::Depthwise => return Err(format!("a depthwise conv keeps its {c} channels, but the spec asks for {}", conv.out_channels)),
     };
     let out = Shape::map(conv.out_channels, oh, ow);
     let (e, spatial) = (out.elems(), (oh * ow) as u64);
     let weights = (conv.out_channels * cin_per_group * k * k) as u64;
-    let mut cost = Cost {
-        macs: e * (cin_per_group * k * k) as u64,
-        ..Cost::default()
-    };
+    let mut cost = Cost { macs: e * (cin_per_group * k * k) as u64, ..Cost::default() };
     cost.param_tensor(weights);
     if conv.bias {
         cost.param_tensor(conv.out_channels as u64);
@@ -214,15 +184,9 @@ fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Co
     cost.amp_copy_params = cost.params;
     cost.keep(e * cb);
     match conv.grouping {
-        Grouping::Dense => {
-            cost.workspace_bytes = (spatial * (cin_per_group * k * k) as u64 + e) * cb
-        }
+        Grouping::Dense => cost.workspace_bytes = (spatial * (cin_per_group * k * k) as u64 + e) * cb,
         Grouping::Depthwise => {
-            cost.workspace_bytes = if precision.is_mixed() {
-                (input.elems() + e) * F32_BYTES
-            } else {
-                0
-            };
+            cost.workspace_bytes = if precision.is_mixed() { (input.elems() + e) * F32_BYTES } else { 0 };
         }
     }
     if conv.bias {
@@ -259,9 +223,7 @@ pub(crate) fn cross_entropy(classes: usize, precision: Precision) -> Cost {
 fn map(input: Shape, what: &str) -> Result<(usize, usize, usize), Rejection> {
     match input {
         Shape::Map { c, h, w } => Ok((c, h, w)),
-        Shape::Flat { .. } => Err(format!(
-            "{what} needs a C x H x W map, got a flat vector of {input}"
-        )),
+        Shape::Flat { .. } => Err(format!("{what} needs a C x H x W map, got a flat vector of {input}")),
     }
 }
 
@@ -279,30 +241,17 @@ mod tests {
 
     #[test]
     fn conv_output_and_params_follow_the_usual_formulas() {
-        let (out, cost) = conv2d(
-            Conv2d::new(64, 7, 2, 3),
-            Shape::map(3, 224, 224),
-            Precision::F32,
-        )
-        .unwrap();
+        let (out, cost) = conv2d(Conv2d::new(64, 7, 2, 3), Shape::map(3, 224, 224), Precision::F32).unwrap();
         assert_eq!(out, Shape::map(64, 112, 112));
         assert_eq!(cost.params, 64 * 3 * 7 * 7);
         assert_eq!(cost.saved_bytes, 112 * 112 * 64 * 4);
         assert_eq!(cost.macs, 112 * 112 * 64 * 3 * 49);
-        assert_eq!(
-            cost.workspace_bytes,
-            (112 * 112 * 3 * 49 + 112 * 112 * 64) * 4
-        );
+        assert_eq!(cost.workspace_bytes, (112 * 112 * 3 * 49 + 112 * 112 * 64) * 4);
     }
 
     #[test]
     fn depthwise_conv_keeps_its_output_once() {
-        let (out, cost) = conv2d(
-            Conv2d::depthwise(32, 3, 1),
-            Shape::map(32, 10, 10),
-            Precision::F32,
-        )
-        .unwrap();
+        let (out, cost) = conv2d(Conv2d::depthwise(32, 3, 1), Shape::map(32, 10, 10), Precision::F32).unwrap();
         assert_eq!(out, Shape::map(32, 10, 10));
         assert_eq!(cost.params, 32 * 9);
         assert_eq!(cost.saved_bytes, 3200 * 4);
@@ -323,15 +272,7 @@ mod tests {
     fn too_small_inputs_and_wrong_ranks_are_rejected() {
         let err = conv2d(Conv2d::new(8, 3, 1, 0), Shape::map(3, 2, 2), Precision::F32).unwrap_err();
         assert!(err.contains("does not fit in 2 pixels"), "{err}");
-        let err = leaf(
-            &Op::Linear {
-                out_features: 10,
-                bias: true,
-            },
-            Shape::map(4, 2, 2),
-            Precision::F32,
-        )
-        .unwrap_err();
+        let err = leaf(&Op::Linear { out_features: 10, bias: true }, Shape::map(4, 2, 2), Precision::F32).unwrap_err();
         assert!(err.contains("flatten first"), "{err}");
     }
 }

@@ -6,27 +6,14 @@ use super::spec::{Conv2d, Layer, ModelSpec, Op, Stage};
 pub fn small_cnn(num_classes: usize) -> ModelSpec {
     let conv_stage = |i: usize, channels: usize, pool: bool| {
         let mut layers = vec![
-            Layer::new(
-                format!("conv{i}"),
-                Op::Conv2d(Conv2d::new(channels, 3, 1, 1)),
-            ),
+            Layer::new(format!("conv{i}"), Op::Conv2d(Conv2d::new(channels, 3, 1, 1))),
             Layer::new(format!("bn{i}"), Op::BatchNorm2d),
             Layer::new(format!("relu{i}"), Op::Relu),
         ];
         if pool {
-            layers.push(Layer::new(
-                format!("pool{i}"),
-                Op::MaxPool2d {
-                    kernel: 2,
-                    stride: 2,
-                    padding: 0,
-                },
-            ));
+            layers.push(Layer::new(format!("pool{i}"), Op::MaxPool2d { kernel: 2, stride: 2, padding: 0 }));
         }
-        Stage {
-            name: format!("block{i}"),
-            layers,
-        }
+        Stage { name: format!("block{i}"), layers }
     };
     ModelSpec {
         name: "small_cnn".into(),
@@ -40,13 +27,7 @@ pub fn small_cnn(num_classes: usize) -> ModelSpec {
                 layers: vec![
                     Layer::new("avgpool", Op::GlobalAvgPool),
                     Layer::new("flatten", Op::Flatten),
-                    Layer::new(
-                        "fc",
-                        Op::Linear {
-                            out_features: num_classes,
-                            bias: true,
-                        },
-                    ),
+                    Layer::new("fc", Op::Linear { out_features: num_classes, bias: true }),
                 ],
             },
         ],

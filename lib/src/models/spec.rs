@@ -75,26 +75,12 @@ pub struct Conv2d {
 impl Conv2d {
     /// A dense convolution without bias (the conv of a conv-BN pair).
     pub fn new(out_channels: usize, kernel: usize, stride: usize, padding: usize) -> Self {
-        Conv2d {
-            out_channels,
-            kernel,
-            stride,
-            padding,
-            grouping: Grouping::Dense,
-            bias: false,
-        }
+        Conv2d { out_channels, kernel, stride, padding, grouping: Grouping::Dense, bias: false }
     }
 
     /// A depthwise convolution: one filter per channel, `out_channels` = input channels.
     pub fn depthwise(channels: usize, kernel: usize, stride: usize) -> Self {
-        Conv2d {
-            out_channels: channels,
-            kernel,
-            stride,
-            padding: (kernel - 1) / 2,
-            grouping: Grouping::Depthwise,
-            bias: false,
-        }
+        Conv2d { out_channels: channels, kernel, stride, padding: (kernel - 1) / 2, grouping: Grouping::Depthwise, bias: false }
     }
 }
 
@@ -126,10 +112,7 @@ pub enum Shortcut {
 
 impl Layer {
     pub fn new(name: impl Into<String>, op: Op) -> Self {
-        Layer {
-            name: name.into(),
-            op,
-        }
+        Layer { name: name.into(), op }
     }
 
     /// The type name shown in summaries (`Conv2d`, `BatchNorm2d`, ...).

@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
-use crate::units::{grouped, human, si};
 use crate::render::{Bundle, Render, Table};
+use crate::units::{grouped, human, si};
 
 use super::analysis::{analyze, ModelCost};
 use super::precision::{Precision, F32_BYTES};
@@ -20,25 +20,12 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn new(
-        spec: &ModelSpec,
-        batch: usize,
-        input: Shape,
-        precision: Precision,
-        training: bool,
-    ) -> Result<Summary, ModelError> {
+    pub fn new(spec: &ModelSpec, batch: usize, input: Shape, precision: Precision, training: bool) -> Result<Summary, ModelError> {
         super::limits::check(&spec.name, "batch", batch, super::MAX_BATCH)?;
         if batch == 0 {
-            return Err(ModelError::EmptyInput {
-                model: spec.name.clone(),
-                input,
-            });
+            return Err(ModelError::EmptyInput { model: spec.name.clone(), input });
         }
-        Ok(Summary {
-            batch,
-            training,
-            cost: analyze(spec, input, precision)?,
-        })
+        Ok(Summary { batch, training, cost: analyze(spec, input, precision)? })
     }
 
     /// Rows down to `depth` (1: stages, 2: blocks, 3: every layer); deeper
@@ -46,33 +33,15 @@ impl Summary {
     pub fn table(&self, depth: usize) -> Table {
         let b = self.batch as u64;
         let total = &self.cost.total;
-        let memory_column = if self.training {
-            "saved for backward"
-        } else {
-            "live in inference"
-        };
-        let mut table = Table::new([
-            "layer",
-            "type",
-            "output shape",
-            "params",
-            memory_column,
-            "MACs",
-        ])
-        .title(format!(
-            "{} | input {} x {} | {}",
-            self.cost.model, self.batch, self.cost.input, self.cost.precision
-        ))
-        .right_align(&[3, 4, 5]);
+        let memory_column = if self.training { "saved for backward" } else { "live in inference" };
+        let mut table = Table::new(["layer", "type", "output shape", "params", memory_column, "MACs"])
+            .title(format!("{} | input {} x {} | {}", self.cost.model, self.batch, self.cost.input, self.cost.precision))
+            .right_align(&[3, 4, 5]);
         for row in self.cost.rows.iter().filter(|r| r.depth <= depth.max(1)) {
             if !self.training && row.kind == "CrossEntropyLoss" {
                 continue;
             }
-            let memory = if self.training {
-                row.cost.saved_bytes
-            } else {
-                row.cost.eval_live_bytes
-            };
+            let memory = if self.training { row.cost.saved_bytes } else { row.cost.eval_live_bytes };
             table.push_row([
                 format!("{}{}", "  ".repeat(row.depth - 1), row.path),
                 row.kind.to_owned(),
@@ -82,11 +51,7 @@ impl Summary {
                 si(b * row.cost.macs),
             ]);
         }
-        let memory_total = if self.training {
-            total.saved_bytes
-        } else {
-            total.eval_live_bytes
-        };
+        let memory_total = if self.training { total.saved_bytes } else { total.eval_live_bytes };
         table
             .footer(["total".to_owned(), String::new(), String::new(), grouped(total.params), grouped(b * memory_total), si(b * total.macs)])
             .note(format!(

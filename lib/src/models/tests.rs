@@ -27,18 +27,9 @@ fn the_largest_weight_comes_after_the_layers_before_it() {
 #[test]
 fn parameters_scale_with_the_number_of_classes() {
     // Only the classifier changes: in_features x classes + classes.
-    assert_eq!(
-        cost(&resnet50(10)).total.params,
-        25_557_032 - 2048 * 990 - 990
-    );
-    assert_eq!(
-        cost(&efficientnet_b0(10)).total.params,
-        5_288_548 - 1280 * 990 - 990
-    );
-    assert_eq!(
-        cost(&resnet18(2)).total.params,
-        11_689_512 - 512 * 998 - 998
-    );
+    assert_eq!(cost(&resnet50(10)).total.params, 25_557_032 - 2048 * 990 - 990);
+    assert_eq!(cost(&efficientnet_b0(10)).total.params, 5_288_548 - 1280 * 990 - 990);
+    assert_eq!(cost(&resnet18(2)).total.params, 11_689_512 - 512 * 998 - 998);
 }
 
 #[test]
@@ -54,10 +45,7 @@ fn resnet50_conv1_output_is_the_lessons_3_2_mb_per_sample() {
 fn stages_partition_the_model() {
     let cost = cost(&resnet50(1000));
     let names: Vec<&str> = cost.stages.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(
-        names,
-        ["stem", "layer1", "layer2", "layer3", "layer4", "head"]
-    );
+    assert_eq!(names, ["stem", "layer1", "layer2", "layer3", "layer4", "head"]);
     let params: u64 = cost.stages.iter().map(|s| s.cost.params).sum();
     let saved: u64 = cost.stages.iter().map(|s| s.cost.saved_bytes).sum();
     assert_eq!(params, cost.total.params);
@@ -65,12 +53,7 @@ fn stages_partition_the_model() {
     assert_eq!(cost.stages[4].output, Shape::map(2048, 7, 7));
     assert_eq!(cost.stages[5].output, Shape::Flat { features: 1000 });
     // Leaf rows add up to the stage rows.
-    let leaf_params: u64 = cost
-        .rows
-        .iter()
-        .filter(|r| r.kind != "Stage" && !r.kind.contains("Block"))
-        .map(|r| r.cost.params)
-        .sum();
+    let leaf_params: u64 = cost.rows.iter().filter(|r| r.kind != "Stage" && !r.kind.contains("Block")).map(|r| r.cost.params).sum();
     assert_eq!(leaf_params, cost.total.params);
 }
 
@@ -78,12 +61,7 @@ fn stages_partition_the_model() {
 fn buffers_are_the_batch_norm_running_statistics() {
     // Two buffers (running mean and variance) per batch-norm channel.
     let cost = cost(&resnet18(1000));
-    let bn_channels: u64 = cost
-        .rows
-        .iter()
-        .filter(|r| r.kind == "BatchNorm2d")
-        .map(|r| r.output.channels() as u64)
-        .sum();
+    let bn_channels: u64 = cost.rows.iter().filter(|r| r.kind == "BatchNorm2d").map(|r| r.output.channels() as u64).sum();
     assert_eq!(cost.total.buffers, 2 * bn_channels);
     assert_eq!(bn_channels, 4800);
 }
@@ -98,14 +76,7 @@ fn resnet50_macs_are_about_4_1_giga() {
 fn half_precision_shrinks_activations_but_not_batch_norm_internals() {
     let f32_cost = analyze(&resnet50(1000), DEFAULT_INPUT, Precision::F32).unwrap();
     let amp = analyze(&resnet50(1000), DEFAULT_INPUT, Precision::F16Amp).unwrap();
-    let conv = |c: &ModelCost| {
-        c.rows
-            .iter()
-            .find(|r| r.path == "layer1.0.conv2")
-            .unwrap()
-            .cost
-            .saved_bytes
-    };
+    let conv = |c: &ModelCost| c.rows.iter().find(|r| r.path == "layer1.0.conv2").unwrap().cost.saved_bytes;
     assert_eq!(conv(&amp) * 2, conv(&f32_cost));
     assert!(amp.rows.iter().any(|r| r.kind == "ToDtype"));
     assert_eq!(amp.total.params, f32_cost.total.params);
@@ -113,38 +84,24 @@ fn half_precision_shrinks_activations_but_not_batch_norm_internals() {
 
 #[test]
 fn activations_grow_with_the_square_of_resolution() {
-    let at = |r| {
-        analyze(&resnet18(1000), Shape::map(3, r, r), Precision::F32)
-            .unwrap()
-            .stages[1]
-            .cost
-            .saved_bytes
-    };
+    let at = |r| analyze(&resnet18(1000), Shape::map(3, r, r), Precision::F32).unwrap().stages[1].cost.saved_bytes;
     assert_eq!(at(448), 4 * at(224));
 }
 
 #[test]
 fn too_small_an_input_names_the_layer_and_the_shape() {
-    let err = analyze(&small_cnn(10), Shape::map(3, 1, 1), Precision::F32)
-        .unwrap_err()
-        .to_string();
-    assert_eq!(err, "small_cnn: layer `pool1` (MaxPool2d) cannot take input 32x1x1: a 2x2 window (stride 2, padding 0) does not fit in 1 pixels");
+    let err = analyze(&small_cnn(10), Shape::map(3, 1, 1), Precision::F32).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "small_cnn: layer `pool1` (MaxPool2d) cannot take input 32x1x1: a 2x2 window (stride 2, padding 0) does not fit in 1 pixels"
+    );
 }
 
 #[test]
 fn zoo_names_are_forgiving_and_errors_list_the_valid_ones() {
-    assert_eq!(
-        "ResNet-50".parse::<ModelName>().unwrap(),
-        ModelName::Resnet50
-    );
-    assert_eq!(
-        "efficientnet_b0".parse::<ModelName>().unwrap(),
-        ModelName::EfficientnetB0
-    );
-    assert_eq!(
-        "smallcnn".parse::<ModelName>().unwrap(),
-        ModelName::SmallCnn
-    );
+    assert_eq!("ResNet-50".parse::<ModelName>().unwrap(), ModelName::Resnet50);
+    assert_eq!("efficientnet_b0".parse::<ModelName>().unwrap(), ModelName::EfficientnetB0);
+    assert_eq!("smallcnn".parse::<ModelName>().unwrap(), ModelName::SmallCnn);
     let err = model("vgg16", 1000).unwrap_err().to_string();
     assert_eq!(err, "unknown model `vgg16`; valid models: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn");
     assert!(model("resnet50", 0).is_err());
@@ -153,14 +110,8 @@ fn zoo_names_are_forgiving_and_errors_list_the_valid_ones() {
 #[test]
 fn the_small_cnn_runs_on_a_tiny_input() {
     let cost = analyze(&small_cnn(10), Shape::map(3, 32, 32), Precision::F32).unwrap();
-    assert_eq!(
-        cost.stages.last().unwrap().output,
-        Shape::Flat { features: 10 }
-    );
-    assert_eq!(
-        cost.total.params,
-        (32 * 27) + 64 + (64 * 32 * 9) + 128 + (128 * 64 * 9) + 256 + 128 * 10 + 10
-    );
+    assert_eq!(cost.stages.last().unwrap().output, Shape::Flat { features: 10 });
+    assert_eq!(cost.total.params, (32 * 27) + 64 + (64 * 32 * 9) + 128 + (128 * 64 * 9) + 256 + 128 * 10 + 10);
 }
 
 mod network {
@@ -176,10 +127,7 @@ mod network {
     fn every_zoo_model_has_its_specs_parameters_and_output_shape() {
         for name in ModelName::ALL {
             let net = build(name, 10, 32);
-            let spec_params = analyze(net.spec(), net.input(), Precision::F32)
-                .unwrap()
-                .total
-                .params;
+            let spec_params = analyze(net.spec(), net.input(), Precision::F32).unwrap().total.params;
             assert_eq!(net.param_count(), spec_params, "{}", name.as_str());
             let x = Tensor::zeros((2, 3, 32, 32), DType::F32, &Device::Cpu).unwrap();
             let logits = net.forward(&x, Pass::eval(DType::F32)).unwrap();
@@ -192,9 +140,7 @@ mod network {
         for name in ModelName::ALL {
             let net = build(name, 10, 32);
             let cost = analyze(net.spec(), net.input(), Precision::F32).unwrap();
-            let leaves = cost.rows.iter().filter(|r| {
-                r.depth > 1 && !matches!(r.kind, "Block" | "ResidualBlock") && r.cost.params > 0
-            });
+            let leaves = cost.rows.iter().filter(|r| r.depth > 1 && !matches!(r.kind, "Block" | "ResidualBlock") && r.cost.params > 0);
             let mut params = net.params().iter().peekable();
             for row in leaves {
                 let prefix = format!("{}.", row.path);
@@ -250,9 +196,7 @@ mod network {
     fn batch_norm_updates_running_statistics_in_training_only() {
         let net = build(ModelName::SmallCnn, 4, 16);
         let x = (Tensor::randn(0f32, 1.0, (4, 3, 16, 16), &Device::Cpu).unwrap() + 3.0).unwrap();
-        let mean = |n: &Network| {
-            n.buffers()[0].var.to_vec1::<f32>().unwrap()
-        };
+        let mean = |n: &Network| n.buffers()[0].var.to_vec1::<f32>().unwrap();
         net.forward(&x, Pass::eval(DType::F32)).unwrap();
         assert!(mean(&net).iter().all(|&m| m == 0.0));
         net.forward(&x, Pass::train(DType::F32)).unwrap();
@@ -282,15 +226,14 @@ mod network {
         b.load(&path).unwrap();
         for (p, q) in a.params().iter().chain(a.buffers()).zip(b.params().iter().chain(b.buffers())) {
             assert_eq!(p.name, q.name);
-            let diff = (p.var.as_tensor().to_dtype(DType::F64).unwrap()
-                - q.var.as_tensor().to_dtype(DType::F64).unwrap())
-            .unwrap()
-            .abs()
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .to_scalar::<f64>()
-            .unwrap();
+            let diff = (p.var.as_tensor().to_dtype(DType::F64).unwrap() - q.var.as_tensor().to_dtype(DType::F64).unwrap())
+                .unwrap()
+                .abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap();
             assert_eq!(diff, 0.0, "{}", p.name);
         }
         let ya = a.forward(&x, Pass::eval(DType::F32)).unwrap();

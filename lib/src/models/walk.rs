@@ -68,32 +68,19 @@ pub(super) struct Site<'a> {
 
 impl Site<'_> {
     pub(super) fn rejected(&self, reason: String) -> ModelError {
-        ModelError::Shape {
-            model: self.model.to_owned(),
-            layer: self.path.clone(),
-            kind: self.layer.kind(),
-            input: self.input,
-            reason,
-        }
+        ModelError::Shape { model: self.model.to_owned(), layer: self.path.clone(), kind: self.layer.kind(), input: self.input, reason }
     }
 
     fn check_residual(&self, body: Shape, shortcut: Shape) -> Result<(), ModelError> {
         if body == shortcut {
             return Ok(());
         }
-        Err(self.rejected(format!(
-            "the residual add needs equal shapes, got {body} + {shortcut}"
-        )))
+        Err(self.rejected(format!("the residual add needs equal shapes, got {body} + {shortcut}")))
     }
 
     /// The scope of the layers inside this block.
     fn inner<'p>(&self, prefix: &'p str, waiting: u64) -> Scope<'p> {
-        Scope {
-            prefix,
-            depth: self.depth + 1,
-            stage: self.stage,
-            waiting,
-        }
+        Scope { prefix, depth: self.depth + 1, stage: self.stage, waiting }
     }
 }
 
@@ -116,33 +103,16 @@ impl Scope<'_> {
 }
 
 /// Walks `spec` for one sample of `input`, costing the leaves at `precision`.
-pub(super) fn walk<F: Fold>(
-    spec: &ModelSpec,
-    input: Shape,
-    precision: Precision,
-    fold: &mut F,
-) -> Result<Vec<F::Stage>, ModelError> {
+pub(super) fn walk<F: Fold>(spec: &ModelSpec, input: Shape, precision: Precision, fold: &mut F) -> Result<Vec<F::Stage>, ModelError> {
     limits::check_input(&spec.name, input)?;
     if input.elems() == 0 {
-        return Err(ModelError::EmptyInput {
-            model: spec.name.clone(),
-            input,
-        });
+        return Err(ModelError::EmptyInput { model: spec.name.clone(), input });
     }
-    let mut walker = Walker {
-        model: &spec.name,
-        precision,
-        fold,
-    };
+    let mut walker = Walker { model: &spec.name, precision, fold };
     let mut shape = input;
     let mut stages = Vec::with_capacity(spec.stages.len());
     for (index, stage) in spec.stages.iter().enumerate() {
-        let scope = Scope {
-            prefix: "",
-            depth: STAGE_DEPTH + 1,
-            stage: index,
-            waiting: 0,
-        };
+        let scope = Scope { prefix: "", depth: STAGE_DEPTH + 1, stage: index, waiting: 0 };
         let (layers, output) = walker.layers(&stage.layers, scope, shape)?;
         stages.push(walker.fold.stage(index, stage, shape, layers, output));
         shape = output;
@@ -157,12 +127,7 @@ struct Walker<'a, F> {
 }
 
 impl<'a, F: Fold> Walker<'a, F> {
-    fn layers(
-        &mut self,
-        layers: &'a [Layer],
-        scope: Scope<'_>,
-        input: Shape,
-    ) -> Result<(Vec<F::Layer>, Shape), ModelError> {
+    fn layers(&mut self, layers: &'a [Layer], scope: Scope<'_>, input: Shape) -> Result<(Vec<F::Layer>, Shape), ModelError> {
         let mut shape = input;
         let mut made = Vec::with_capacity(layers.len());
         for layer in layers {
@@ -178,8 +143,7 @@ impl<'a, F: Fold> Walker<'a, F> {
             let (one, output) = match &layer.op {
                 Op::Block(block) => self.block(block, site)?,
                 op => {
-                    let (output, cost) =
-                        rules::leaf(op, shape, self.precision).map_err(|reason| site.rejected(reason))?;
+                    let (output, cost) = rules::leaf(op, shape, self.precision).map_err(|reason| site.rejected(reason))?;
                     (self.fold.leaf(site, output, cost)?, output)
                 }
             };

@@ -17,13 +17,8 @@ pub enum ModelName {
 }
 
 impl ModelName {
-    pub const ALL: [ModelName; 5] = [
-        ModelName::Resnet18,
-        ModelName::Resnet34,
-        ModelName::Resnet50,
-        ModelName::EfficientnetB0,
-        ModelName::SmallCnn,
-    ];
+    pub const ALL: [ModelName; 5] =
+        [ModelName::Resnet18, ModelName::Resnet34, ModelName::Resnet50, ModelName::EfficientnetB0, ModelName::SmallCnn];
 
     /// The canonical spelling (`resnet50`, `efficientnet-b0`, `small-cnn`).
     pub fn as_str(self) -> &'static str {
@@ -49,11 +44,7 @@ impl ModelName {
 
     /// Valid names, comma-separated, for error messages.
     pub fn valid_names() -> String {
-        ModelName::ALL
-            .iter()
-            .map(|m| m.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+        ModelName::ALL.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(", ")
     }
 }
 
@@ -62,18 +53,11 @@ impl FromStr for ModelName {
 
     /// Accepts any case and `-`/`_` or nothing between words (`EfficientNet_B0`, `smallcnn`).
     fn from_str(text: &str) -> Result<Self, ModelError> {
-        let key: String = text
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric())
-            .map(|c| c.to_ascii_lowercase())
-            .collect();
+        let key: String = text.chars().filter(|c| c.is_ascii_alphanumeric()).map(|c| c.to_ascii_lowercase()).collect();
         ModelName::ALL
             .into_iter()
             .find(|m| m.as_str().replace('-', "") == key)
-            .ok_or_else(|| ModelError::UnknownModel {
-                name: text.to_owned(),
-                valid: ModelName::valid_names(),
-            })
+            .ok_or_else(|| ModelError::UnknownModel { name: text.to_owned(), valid: ModelName::valid_names() })
     }
 }
 
@@ -87,9 +71,7 @@ impl fmt::Display for ModelName {
 pub fn model(name: &str, num_classes: usize) -> Result<ModelSpec, ModelError> {
     super::limits::check(name, "classes", num_classes, super::MAX_CLASSES)?;
     if num_classes == 0 {
-        return Err(ModelError::NoClasses {
-            model: name.to_owned(),
-        });
+        return Err(ModelError::NoClasses { model: name.to_owned() });
     }
     Ok(name.parse::<ModelName>()?.spec(num_classes))
 }

@@ -1,9 +1,9 @@
 use serde::Serialize;
 
 use crate::gpus::Card;
-use crate::units::{human, percent};
 use crate::ledger::{estimate, Ledger, LedgerError, Mode, StepConfig};
 use crate::models::ModelSpec;
+use crate::units::{human, percent};
 
 use super::fixes::{search, Fix};
 use super::verdict::{target_bytes, verdict, Verdict};
@@ -23,18 +23,10 @@ pub struct FitReport {
 
 /// Estimates `config` on `device`, judges the fit and, unless it fits
 /// comfortably, searches for ranked fixes.
-pub fn check(
-    spec: &ModelSpec,
-    config: &StepConfig,
-    device: &Card,
-) -> Result<FitReport, LedgerError> {
+pub fn check(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<FitReport, LedgerError> {
     let ledger = estimate(spec, config, device)?;
     let verdict = verdict(ledger.peak.bytes, device);
-    let fixes = if verdict == Verdict::Fits || config.mode == Mode::Inference {
-        Vec::new()
-    } else {
-        search(spec, config, device)
-    };
+    let fixes = if verdict == Verdict::Fits || config.mode == Mode::Inference { Vec::new() } else { search(spec, config, device) };
     Ok(FitReport {
         headroom_bytes: device.usable_bytes as i64 - ledger.peak.bytes as i64,
         target_bytes: target_bytes(device),

@@ -99,9 +99,7 @@ struct Search<'a> {
 impl Search<'_> {
     /// The peak of `config`, or `None` when the model can't take it.
     fn peak(&self, config: &StepConfig) -> Option<u64> {
-        estimate(self.spec, config, self.device)
-            .ok()
-            .map(|l| l.peak.bytes)
+        estimate(self.spec, config, self.device).ok().map(|l| l.peak.bytes)
     }
 
     fn fitting(&self, config: StepConfig) -> Option<(StepConfig, u64)> {
@@ -118,13 +116,7 @@ impl Search<'_> {
     ) -> Option<Fix> {
         let (config, peak_bytes) = found?;
         let cost = cost(&config);
-        Some(Fix {
-            kind,
-            change,
-            config,
-            peak_bytes,
-            cost,
-        })
+        Some(Fix { kind, change, config, peak_bytes, cost })
     }
 
     fn kept(&self, extra_time_pct: i32, accuracy_risk: Risk, note: impl Into<String>) -> FixCost {
@@ -150,63 +142,33 @@ impl Search<'_> {
             return None;
         }
         let precision = self.amp_precision();
-        let found = self.fitting(StepConfig {
-            precision,
-            ..self.base.clone()
-        });
+        let found = self.fitting(StepConfig { precision, ..self.base.clone() });
         let (time, note) = if self.device.is_cpu() {
-            (
-                900,
-                "half precision on a CPU without half units is many times slower",
-            )
+            (900, "half precision on a CPU without half units is many times slower")
         } else if self.device.tensor_cores {
-            (
-                -30,
-                "tensor cores run half-precision convs faster; batch-norm stays in f32",
-            )
+            (-30, "tensor cores run half-precision convs faster; batch-norm stays in f32")
         } else {
             (0, "no tensor cores: memory saved, no speed-up")
         };
         let (risk, note) = match precision {
-            Precision::F16Amp => (
-                Risk::Low,
-                format!("{note}; f16 needs loss scaling against underflow"),
-            ),
+            Precision::F16Amp => (Risk::Low, format!("{note}; f16 needs loss scaling against underflow")),
             _ => (Risk::Low, note.to_owned()),
         };
-        self.fix(
-            FixKind::MixedPrecision,
-            format!("{precision}"),
-            found,
-            |_| self.kept(time, risk, note),
-        )
+        self.fix(FixKind::MixedPrecision, format!("{precision}"), found, |_| self.kept(time, risk, note))
     }
 
     fn accumulation(&self) -> Option<Fix> {
         let batch = self.base.batch;
         let found = (2..=batch)
             .filter(|&d| batch.is_multiple_of(d))
-            .find_map(|d| {
-                self.fitting(StepConfig {
-                    batch: batch / d,
-                    accumulation: self.base.accumulation * d,
-                    ..self.base.clone()
-                })
-            });
+            .find_map(|d| self.fitting(StepConfig { batch: batch / d, accumulation: self.base.accumulation * d, ..self.base.clone() }));
         let micro = found.as_ref().map(|(c, _)| c.batch).unwrap_or(batch);
-        let change = found
-            .as_ref()
-            .map(|(c, _)| format!("batch {} x {} accumulation steps", c.batch, c.accumulation))
-            .unwrap_or_default();
+        let change = found.as_ref().map(|(c, _)| format!("batch {} x {} accumulation steps", c.batch, c.accumulation)).unwrap_or_default();
         self.fix(FixKind::Accumulation, change, found, |_| {
             let steps = (batch / micro.max(1)) as f64;
             let time = (5.0 * steps.log2()).round() as i32;
             let risk = bn_risk(micro);
-            self.kept(
-                time,
-                risk,
-                format!("same effective batch; batch-norm statistics over {micro} samples"),
-            )
+            self.kept(time, risk, format!("same effective batch; batch-norm statistics over {micro} samples"))
         })
     }
 
@@ -219,33 +181,14 @@ impl Search<'_> {
         let mut chosen = already.clone();
         for i in candidates {
             chosen[i] = true;
-            let names: Vec<String> = (0..cost.stages.len())
-                .filter(|&j| chosen[j])
-                .map(|j| cost.stages[j].name.clone())
-                .collect();
-            let config = StepConfig {
-                checkpointing: Checkpointing::Segments(names.clone()),
-                ..self.base.clone()
-            };
+            let names: Vec<String> = (0..cost.stages.len()).filter(|&j| chosen[j]).map(|j| cost.stages[j].name.clone()).collect();
+            let config = StepConfig { checkpointing: Checkpointing::Segments(names.clone()), ..self.base.clone() };
             if let Some(found) = self.fitting(config) {
-                let macs: u64 = (0..cost.stages.len())
-                    .filter(|&j| chosen[j])
-                    .map(|j| cost.stages[j].cost.macs)
-                    .sum();
-                let time =
-                    (100.0 * macs as f64 / self.base_macs.max(1) as f64 / 3.0).round() as i32;
-                return self.fix(
-                    FixKind::Checkpointing,
-                    format!("checkpoint {}", names.join(", ")),
-                    Some(found),
-                    |_| {
-                        self.kept(
-                            time,
-                            Risk::None,
-                            "those stages' forward runs twice; results are identical",
-                        )
-                    },
-                );
+                let macs: u64 = (0..cost.stages.len()).filter(|&j| chosen[j]).map(|j| cost.stages[j].cost.macs).sum();
+                let time = (100.0 * macs as f64 / self.base_macs.max(1) as f64 / 3.0).round() as i32;
+                return self.fix(FixKind::Checkpointing, format!("checkpoint {}", names.join(", ")), Some(found), |_| {
+                    self.kept(time, Risk::None, "those stages' forward runs twice; results are identical")
+                });
             }
         }
         None
@@ -255,75 +198,34 @@ impl Search<'_> {
         if !self.base.optimizer.is_adam() || self.base.optimizer == optimizer {
             return None;
         }
-        let found = self.fitting(StepConfig {
-            optimizer,
-            ..self.base.clone()
-        });
-        self.fix(
-            kind,
-            format!("{optimizer} instead of {}", self.base.optimizer),
-            found,
-            |_| match optimizer {
-                OptimizerKind::Adam8bit => self.kept(
-                    5,
-                    Risk::Low,
-                    "moments quantised block-wise; matches 32-bit Adam in published results",
-                ),
-                _ => self.kept(
-                    -2,
-                    Risk::Medium,
-                    "the learning rate must be retuned; Adam-tuned recipes may converge slower",
-                ),
-            },
-        )
+        let found = self.fitting(StepConfig { optimizer, ..self.base.clone() });
+        self.fix(kind, format!("{optimizer} instead of {}", self.base.optimizer), found, |_| match optimizer {
+            OptimizerKind::Adam8bit => self.kept(5, Risk::Low, "moments quantised block-wise; matches 32-bit Adam in published results"),
+            _ => self.kept(-2, Risk::Medium, "the learning rate must be retuned; Adam-tuned recipes may converge slower"),
+        })
     }
 
     fn smaller_resolution(&self) -> Option<Fix> {
         let current = self.base.resolution();
-        let found = largest_fitting(current.saturating_sub(1) / 32, |k| {
-            self.fitting(self.base.with_resolution(32 * k))
-        })?;
+        let found = largest_fitting(current.saturating_sub(1) / 32, |k| self.fitting(self.base.with_resolution(32 * k)))?;
         let r = found.0.resolution();
         let time = (100.0 * ((r * r) as f64 / (current * current) as f64 - 1.0)).round() as i32;
-        let risk = if 4 * r < 3 * current {
-            Risk::High
-        } else {
-            Risk::Medium
-        };
-        self.fix(
-            FixKind::SmallerResolution,
-            format!("resolution {r} instead of {current}"),
-            Some(found),
-            |_| {
-                self.kept(
-                    time,
-                    risk,
-                    "fine detail (small lesions, thin structures) is lost",
-                )
-            },
-        )
+        let risk = if 4 * r < 3 * current { Risk::High } else { Risk::Medium };
+        self.fix(FixKind::SmallerResolution, format!("resolution {r} instead of {current}"), Some(found), |_| {
+            self.kept(time, risk, "fine detail (small lesions, thin structures) is lost")
+        })
     }
 
     fn largest_batch(&self) -> Option<Fix> {
-        let found = largest_fitting(self.base.batch - 1, |b| {
-            self.fitting(StepConfig {
-                batch: b,
-                ..self.base.clone()
-            })
-        })?;
+        let found = largest_fitting(self.base.batch - 1, |b| self.fitting(StepConfig { batch: b, ..self.base.clone() }))?;
         let b = found.0.batch;
-        self.fix(
-            FixKind::LargestBatch,
-            format!("batch {b} instead of {}", self.base.batch),
-            Some(found),
-            |config| FixCost {
-                extra_time_pct: (5.0 * (self.base.batch as f64 / b as f64).log2()).round() as i32,
-                accuracy_risk: bn_risk(b).max(Risk::Medium),
-                effective_batch: config.effective_batch(),
-                effective_batch_kept: false,
-                note: "scale the learning rate with the batch".to_owned(),
-            },
-        )
+        self.fix(FixKind::LargestBatch, format!("batch {b} instead of {}", self.base.batch), Some(found), |config| FixCost {
+            extra_time_pct: (5.0 * (self.base.batch as f64 / b as f64).log2()).round() as i32,
+            accuracy_risk: bn_risk(b).max(Risk::Medium),
+            effective_batch: config.effective_batch(),
+            effective_batch_kept: false,
+            note: "scale the learning rate with the batch".to_owned(),
+        })
     }
 
     /// When no single change fits: the cheap levers together, then accumulation.
@@ -350,25 +252,13 @@ impl Search<'_> {
         let batch = config.batch;
         let found = (1..=batch)
             .filter(|&d| batch.is_multiple_of(d))
-            .find_map(|d| {
-                self.fitting(StepConfig {
-                    batch: batch / d,
-                    accumulation: config.accumulation * d,
-                    ..config.clone()
-                })
-            })?;
+            .find_map(|d| self.fitting(StepConfig { batch: batch / d, accumulation: config.accumulation * d, ..config.clone() }))?;
         if found.0.accumulation > config.accumulation {
-            changes.push(format!(
-                "batch {} x {} accumulation steps",
-                found.0.batch, found.0.accumulation
-            ));
-            time +=
-                (5.0 * ((found.0.accumulation / config.accumulation) as f64).log2()).round() as i32;
+            changes.push(format!("batch {} x {} accumulation steps", found.0.batch, found.0.accumulation));
+            time += (5.0 * ((found.0.accumulation / config.accumulation) as f64).log2()).round() as i32;
             risk = risk.max(bn_risk(found.0.batch));
         }
-        self.fix(FixKind::Combined, changes.join(" + "), Some(found), |_| {
-            self.kept(time, risk, "several levers at once")
-        })
+        self.fix(FixKind::Combined, changes.join(" + "), Some(found), |_| self.kept(time, risk, "several levers at once"))
     }
 }
 
@@ -404,16 +294,8 @@ fn largest_fitting<T>(largest: usize, mut fits: impl FnMut(usize) -> Option<T>) 
 /// a combination of levers when no single change keeps the recipe (only a
 /// smaller batch or resolution fits).
 pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Card) -> Vec<Fix> {
-    let base_macs = analyze(spec, base.input, base.precision)
-        .map(|c| c.total.macs)
-        .unwrap_or(1);
-    let s = Search {
-        spec,
-        base,
-        device,
-        target: target_bytes(device),
-        base_macs,
-    };
+    let base_macs = analyze(spec, base.input, base.precision).map(|c| c.total.macs).unwrap_or(1);
+    let s = Search { spec, base, device, target: target_bytes(device), base_macs };
     let mut fixes: Vec<Fix> = [
         s.mixed_precision(),
         s.accumulation(),
@@ -426,18 +308,10 @@ pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Card) -> Vec<Fix> {
     .into_iter()
     .flatten()
     .collect();
-    if fixes
-        .iter()
-        .all(|f| f.kind == FixKind::LargestBatch || f.kind == FixKind::SmallerResolution)
-    {
+    if fixes.iter().all(|f| f.kind == FixKind::LargestBatch || f.kind == FixKind::SmallerResolution) {
         fixes.extend(s.combined());
     }
-    fixes.sort_by(|a, b| {
-        a.cost
-            .score()
-            .total_cmp(&b.cost.score())
-            .then(a.peak_bytes.cmp(&b.peak_bytes))
-    });
+    fixes.sort_by(|a, b| a.cost.score().total_cmp(&b.cost.score()).then(a.peak_bytes.cmp(&b.peak_bytes)));
     fixes
 }
 
@@ -452,7 +326,13 @@ mod tests {
         assert_eq!(largest_fitting(99, Some), Some(99));
         assert_eq!(largest_fitting(0, Some), None);
         let mut asked = 0;
-        assert_eq!(largest_fitting(usize::MAX - 1, |v| { asked += 1; (v <= 1 << 40).then_some(v) }), Some(1 << 40));
+        assert_eq!(
+            largest_fitting(usize::MAX - 1, |v| {
+                asked += 1;
+                (v <= 1 << 40).then_some(v)
+            }),
+            Some(1 << 40)
+        );
         assert!(asked <= 65, "{asked} estimates");
     }
 

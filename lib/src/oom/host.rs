@@ -5,8 +5,8 @@
 use serde::Serialize;
 
 use crate::data::{HostFootprint, LoaderShape};
-use crate::units::{human, percent};
 use crate::render::{Bundle, Render, Table};
+use crate::units::{human, percent};
 
 /// Above this share of host RAM the loader leaves too little for the
 /// process, the page cache and the rest of the machine.

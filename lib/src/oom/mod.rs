@@ -7,10 +7,10 @@ mod sweep;
 mod verdict;
 
 pub use fit::{check, FitReport};
-pub use verdict::{target_bytes, verdict, Verdict, COMFORT};
 pub use fixes::{search, Fix, FixCost, FixKind, Risk};
 pub use host::{host_check, HostReport, HOST_SHARE_LIMIT};
 pub use sweep::{sweep, Axis, Sweep, SweepParseError, SweepPoint, SweepSpec};
+pub use verdict::{target_bytes, verdict, Verdict, COMFORT};
 
 #[cfg(test)]
 mod tests;

@@ -11,19 +11,10 @@ fn card(name: &str) -> Card {
 
 #[test]
 fn small_jobs_fit_and_get_no_fixes() {
-    let report = check(
-        &small_cnn(10),
-        &StepConfig::training(32, 64),
-        &card("rtx4060-laptop"),
-    )
-    .unwrap();
+    let report = check(&small_cnn(10), &StepConfig::training(32, 64), &card("rtx4060-laptop")).unwrap();
     assert_eq!(report.verdict, Verdict::Fits);
     assert!(report.fixes.is_empty());
-    assert!(
-        report.verdict_line().starts_with("FITS: peak "),
-        "{}",
-        report.verdict_line()
-    );
+    assert!(report.verdict_line().starts_with("FITS: peak "), "{}", report.verdict_line());
 }
 
 #[test]
@@ -39,11 +30,7 @@ fn resnet50_batch_64_does_not_fit_a_laptop_and_every_fix_really_fits() {
         // Re-estimated independently: the fix's own numbers are honest.
         let again = estimate(&resnet50(1000), &fix.config, &device).unwrap();
         assert_eq!(again.peak.bytes, fix.peak_bytes, "{}", fix.change);
-        assert!(
-            fix.peak_bytes <= report.target_bytes && report.target_bytes < device.usable_bytes,
-            "{}",
-            fix.change
-        );
+        assert!(fix.peak_bytes <= report.target_bytes && report.target_bytes < device.usable_bytes, "{}", fix.change);
         if fix.cost.effective_batch_kept {
             assert_eq!(fix.config.effective_batch(), 64, "{}", fix.change);
         }
@@ -56,52 +43,25 @@ fn resnet50_batch_64_does_not_fit_a_laptop_and_every_fix_really_fits() {
 fn accumulation_keeps_the_effective_batch_and_largest_batch_does_not() {
     let device = card("rtx4060-laptop");
     let report = check(&resnet50(1000), &StepConfig::training(64, 224), &device).unwrap();
-    let accum = report
-        .fixes
-        .iter()
-        .find(|f| f.kind == FixKind::Accumulation)
-        .unwrap();
+    let accum = report.fixes.iter().find(|f| f.kind == FixKind::Accumulation).unwrap();
     assert_eq!(accum.config.batch * accum.config.accumulation, 64);
     assert!(accum.config.accumulation > 1);
-    let largest = report
-        .fixes
-        .iter()
-        .find(|f| f.kind == FixKind::LargestBatch)
-        .unwrap();
+    let largest = report.fixes.iter().find(|f| f.kind == FixKind::LargestBatch).unwrap();
     assert!(!largest.cost.effective_batch_kept);
     // The largest batch is the boundary: one more sample no longer fits.
-    let next = StepConfig {
-        batch: largest.config.batch + 1,
-        ..largest.config.clone()
-    };
-    assert!(
-        estimate(&resnet50(1000), &next, &device)
-            .unwrap()
-            .peak
-            .bytes
-            > report.target_bytes
-    );
+    let next = StepConfig { batch: largest.config.batch + 1, ..largest.config.clone() };
+    assert!(estimate(&resnet50(1000), &next, &device).unwrap().peak.bytes > report.target_bytes);
 }
 
 #[test]
 fn adam_fixes_appear_only_for_adam() {
     let device = card("t4");
-    let sgd = StepConfig {
-        optimizer: OptimizerKind::Sgd,
-        ..StepConfig::training(128, 224)
-    };
+    let sgd = StepConfig { optimizer: OptimizerKind::Sgd, ..StepConfig::training(128, 224) };
     let report = check(&resnet50(1000), &sgd, &device).unwrap();
     assert_ne!(report.verdict, Verdict::Fits);
-    assert!(report
-        .fixes
-        .iter()
-        .all(|f| f.kind != FixKind::Adam8bit && f.kind != FixKind::Sgd));
+    assert!(report.fixes.iter().all(|f| f.kind != FixKind::Adam8bit && f.kind != FixKind::Sgd));
     // A T4 has no bf16: mixed precision is f16 there.
-    if let Some(amp) = report
-        .fixes
-        .iter()
-        .find(|f| f.kind == FixKind::MixedPrecision)
-    {
+    if let Some(amp) = report.fixes.iter().find(|f| f.kind == FixKind::MixedPrecision) {
         assert_eq!(amp.change, "f16 mixed precision");
     }
 }
@@ -114,20 +74,13 @@ fn when_no_single_lever_fits_the_levers_are_combined() {
     for fix in &report.fixes {
         assert!(fix.peak_bytes <= report.target_bytes);
     }
-    assert!(
-        report.fixes.iter().any(|f| f.kind == FixKind::Combined),
-        "{:#?}",
-        report.fixes.iter().map(|f| &f.change).collect::<Vec<_>>()
-    );
+    assert!(report.fixes.iter().any(|f| f.kind == FixKind::Combined), "{:#?}", report.fixes.iter().map(|f| &f.change).collect::<Vec<_>>());
 }
 
 #[test]
 fn tight_fits_get_fixes_too() {
     let base = StepConfig::training(16, 224);
-    let peak = estimate(&resnet18(1000), &base, &card("8GiB"))
-        .unwrap()
-        .peak
-        .bytes;
+    let peak = estimate(&resnet18(1000), &base, &card("8GiB")).unwrap().peak.bytes;
     // A card just 5% larger than the peak.
     let device = Card::sized(peak + peak / 20);
     let report = check(&resnet18(1000), &base, &device).unwrap();
@@ -139,18 +92,9 @@ fn tight_fits_get_fixes_too() {
 fn sweeps_grow_with_batch_and_cross_the_card() {
     let device = card("rtx4060-laptop");
     let plan: SweepSpec = "batch=8..64:8".parse().unwrap();
-    let result = sweep(
-        &resnet50(1000),
-        &StepConfig::training(32, 224),
-        &device,
-        &plan,
-    )
-    .unwrap();
+    let result = sweep(&resnet50(1000), &StepConfig::training(32, 224), &device, &plan).unwrap();
     assert_eq!(result.points.len(), 8);
-    assert!(result
-        .points
-        .windows(2)
-        .all(|w| w[0].peak_bytes < w[1].peak_bytes));
+    assert!(result.points.windows(2).all(|w| w[0].peak_bytes < w[1].peak_bytes));
     assert_eq!(result.points[0].verdict, Verdict::Fits);
     assert_eq!(result.points[7].verdict, Verdict::DoesNotFit);
     assert!(result.chart().to_svg().unwrap().contains("usable"));
@@ -166,8 +110,5 @@ fn the_full_resnet50_fix_search_is_fast() {
     assert!(!report.fixes.is_empty());
     eprintln!("resnet50 fit check with fix search: {elapsed:?}");
     // The target is 50 ms in release; leave room for a busy machine and debug builds.
-    assert!(
-        elapsed.as_millis() < if cfg!(debug_assertions) { 2000 } else { 250 },
-        "{elapsed:?}"
-    );
+    assert!(elapsed.as_millis() < if cfg!(debug_assertions) { 2000 } else { 250 }, "{elapsed:?}");
 }

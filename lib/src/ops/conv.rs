@@ -239,9 +239,7 @@ impl Plan {
     fn for_each_chunk(&self, data: &mut [f32], per_image: usize, f: impl Fn(&mut Scratch, usize, &mut [f32]) + Sync + Send) {
         let len = (per_image * self.images).max(1);
         if self.across_chunks {
-            data.par_chunks_mut(len)
-                .enumerate()
-                .for_each_init(Scratch::default, |scratch, (i, chunk)| f(scratch, i * self.images, chunk));
+            data.par_chunks_mut(len).enumerate().for_each_init(Scratch::default, |scratch, (i, chunk)| f(scratch, i * self.images, chunk));
         } else {
             let mut scratch = Scratch::default();
             data.chunks_mut(len).enumerate().for_each(|(i, chunk)| f(&mut scratch, i * self.images, chunk));
@@ -272,8 +270,7 @@ fn stack_images(src: &[f32], per_image: usize, first_row: usize, rows: usize, wi
     let cols = images * width;
     for j in 0..images {
         for r in 0..rows {
-            dst[r * cols + j * width..][..width]
-                .copy_from_slice(&src[j * per_image + (first_row + r) * width..][..width]);
+            dst[r * cols + j * width..][..width].copy_from_slice(&src[j * per_image + (first_row + r) * width..][..width]);
         }
     }
 }
@@ -309,8 +306,7 @@ fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
                 matmul(stacked, cols, (og, cols, patch), lhs, rhs, false, parallelism);
                 for j in 0..nb {
                     for o in 0..og {
-                        out_chunk[(j * g.out_channels + grp * og + o) * op..][..op]
-                            .copy_from_slice(&stacked[o * cols + j * op..][..op]);
+                        out_chunk[(j * g.out_channels + grp * og + o) * op..][..op].copy_from_slice(&stacked[o * cols + j * op..][..op]);
                     }
                 }
             }
@@ -404,8 +400,7 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
         .into_par_iter()
         .map(|t| {
             let (mut dw, mut scratch) = (vec![0f32; weights], Scratch::default());
-            (t * plan.chunks / workers..(t + 1) * plan.chunks / workers)
-                .for_each(|chunk| accumulate_chunk(&mut scratch, chunk, &mut dw));
+            (t * plan.chunks / workers..(t + 1) * plan.chunks / workers).for_each(|chunk| accumulate_chunk(&mut scratch, chunk, &mut dw));
             dw
         })
         .collect();

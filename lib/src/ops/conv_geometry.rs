@@ -46,8 +46,7 @@ impl Geometry {
                 got: channels / p.groups,
             });
         }
-        let too_large =
-            || OpError::WindowTooLarge { op, kernel_h, kernel_w, height, width, padding: p.padding };
+        let too_large = || OpError::WindowTooLarge { op, kernel_h, kernel_w, height, width, padding: p.padding };
         let out_h = window_count(height, kernel_h, p.stride, p.padding).ok_or_else(too_large)?;
         let out_w = window_count(width, kernel_w, p.stride, p.padding).ok_or_else(too_large)?;
         Ok(Self {

@@ -116,11 +116,7 @@ pub(super) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
                             if s == 1 {
                                 tap_sums.iter_mut().zip(dy_row).zip(&row[kw..]).for_each(|((a, d), v)| *a += d * v);
                             } else {
-                                tap_sums
-                                    .iter_mut()
-                                    .zip(dy_row)
-                                    .zip(row[kw..].iter().step_by(s))
-                                    .for_each(|((a, d), v)| *a += d * v);
+                                tap_sums.iter_mut().zip(dy_row).zip(row[kw..].iter().step_by(s)).for_each(|((a, d), v)| *a += d * v);
                             }
                         }
                     }

@@ -66,16 +66,8 @@ pub(super) fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64, cou
     let mean = x32.mean_keepdim((0, 2, 3))?;
     let centred = x32.broadcast_sub(&mean)?;
     let var = centred.sqr()?.mean_keepdim((0, 2, 3))?;
-    let y = centred
-        .broadcast_div(&(&var + eps)?.sqrt()?)?
-        .broadcast_mul(&per_channel(weight)?)?
-        .broadcast_add(&per_channel(bias)?)?;
-    Ok(BatchNormTrain {
-        y: y.to_dtype(x.dtype())?,
-        mean: mean.flatten_all()?.detach(),
-        var: var.flatten_all()?.detach(),
-        count,
-    })
+    let y = centred.broadcast_div(&(&var + eps)?.sqrt()?)?.broadcast_mul(&per_channel(weight)?)?.broadcast_add(&per_channel(bias)?)?;
+    Ok(BatchNormTrain { y: y.to_dtype(x.dtype())?, mean: mean.flatten_all()?.detach(), var: var.flatten_all()?.detach(), count })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -222,8 +214,7 @@ impl CustomOp3 for BatchNormOp {
                 let m = g.count() as f32;
                 let k: Vec<f32> = wv.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
                 let scale: Vec<f32> = (0..g.channels).map(|c| -k[c] * stats.inv_std[c] * sum_dy_xhat[c] / m).collect();
-                let shift: Vec<f32> =
-                    (0..g.channels).map(|c| -k[c] * sum_dy[c] / m - scale[c] * stats.mean[c]).collect();
+                let shift: Vec<f32> = (0..g.channels).map(|c| -k[c] * sum_dy[c] / m - scale[c] * stats.mean[c]).collect();
                 Some(affine(g, &xv, &scale, &shift, Some((&dy, &k))))
             } else {
                 None

@@ -152,9 +152,7 @@ impl CustomOp2 for MaxPool2dGrad {
             (CpuStorage::F16(x), CpuStorage::F16(dy)) => CpuStorage::F16(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),
             (CpuStorage::BF16(x), CpuStorage::BF16(dy)) => CpuStorage::BF16(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),
             (CpuStorage::F64(x), CpuStorage::F64(dy)) => CpuStorage::F64(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),
-            (x, dy) if x.dtype() != dy.dtype() => {
-                Err(OpError::DTypeMismatch { op: self.name(), input: x.dtype(), other: dy.dtype() })?
-            }
+            (x, dy) if x.dtype() != dy.dtype() => Err(OpError::DTypeMismatch { op: self.name(), input: x.dtype(), other: dy.dtype() })?,
             (x, _) => Err(OpError::UnsupportedDType { op: self.name(), dtype: x.dtype() })?,
         };
         Ok((dx, (g.batch, g.channels, g.height, g.width).into()))

@@ -6,18 +6,18 @@ use super::*;
 type Case = (usize, usize, usize, usize, usize, usize, usize, usize, usize);
 
 const CASES: [Case; 12] = [
-    (2, 3, 7, 9, 4, 3, 1, 1, 1),    // odd, non-square input
-    (3, 4, 8, 8, 6, 3, 2, 1, 1),    // stride 2
-    (1, 8, 5, 5, 8, 1, 1, 0, 1),    // pointwise, one image
-    (3, 8, 7, 7, 16, 1, 2, 0, 1),   // 1x1 stride-2 shortcut
-    (2, 6, 9, 7, 6, 3, 2, 0, 2),    // grouped
-    (2, 4, 11, 10, 4, 3, 1, 1, 4),  // depthwise
-    (2, 4, 11, 10, 8, 5, 2, 2, 4),  // depthwise, 2 outputs per channel, 5x5 stride 2
-    (5, 16, 2, 2, 32, 3, 1, 1, 1),  // 2x2 maps: images stacked into one product
-    (4, 3, 13, 13, 8, 7, 2, 3, 1),  // 7x7 stride-2 stem
-    (3, 5, 6, 6, 4, 2, 3, 1, 1),    // even kernel, stride above kernel
-    (2, 3, 18, 17, 4, 3, 1, 1, 1),  // wide rows: copied row by row
-    (3, 4, 16, 16, 6, 1, 1, 0, 1),  // pointwise, two images stacked
+    (2, 3, 7, 9, 4, 3, 1, 1, 1),   // odd, non-square input
+    (3, 4, 8, 8, 6, 3, 2, 1, 1),   // stride 2
+    (1, 8, 5, 5, 8, 1, 1, 0, 1),   // pointwise, one image
+    (3, 8, 7, 7, 16, 1, 2, 0, 1),  // 1x1 stride-2 shortcut
+    (2, 6, 9, 7, 6, 3, 2, 0, 2),   // grouped
+    (2, 4, 11, 10, 4, 3, 1, 1, 4), // depthwise
+    (2, 4, 11, 10, 8, 5, 2, 2, 4), // depthwise, 2 outputs per channel, 5x5 stride 2
+    (5, 16, 2, 2, 32, 3, 1, 1, 1), // 2x2 maps: images stacked into one product
+    (4, 3, 13, 13, 8, 7, 2, 3, 1), // 7x7 stride-2 stem
+    (3, 5, 6, 6, 4, 2, 3, 1, 1),   // even kernel, stride above kernel
+    (2, 3, 18, 17, 4, 3, 1, 1, 1), // wide rows: copied row by row
+    (3, 4, 16, 16, 6, 1, 1, 0, 1), // pointwise, two images stacked
 ];
 
 fn randn(dims: &[usize]) -> Tensor {
@@ -107,7 +107,11 @@ fn conv_backward_matches_finite_differences() {
                     let mut v = flat.clone();
                     v[i] += delta;
                     let t = Tensor::from_vec(v, operand.dims(), &Device::Cpu).unwrap();
-                    if is_x { loss(&t, &w) } else { loss(&x, &t) }
+                    if is_x {
+                        loss(&t, &w)
+                    } else {
+                        loss(&x, &t)
+                    }
                 };
                 let numeric = ((shifted(4.0) - shifted(-4.0)) / 8.0) as f32;
                 let scale = grad[i].abs().max(1.0);
@@ -278,13 +282,7 @@ fn max_pool_rejects_bad_windows_by_name() {
 }
 
 /// Output, statistics and the three gradients of `sum(y * r)`.
-fn batch_norm_run(
-    bn: impl Fn(&Tensor, &Tensor, &Tensor) -> BatchNormTrain,
-    x: &Tensor,
-    w: &Tensor,
-    b: &Tensor,
-    r: &Tensor,
-) -> Vec<Tensor> {
+fn batch_norm_run(bn: impl Fn(&Tensor, &Tensor, &Tensor) -> BatchNormTrain, x: &Tensor, w: &Tensor, b: &Tensor, r: &Tensor) -> Vec<Tensor> {
     let vars = [x, w, b].map(|t| Var::from_tensor(t).unwrap());
     let out = bn(vars[0].as_tensor(), vars[1].as_tensor(), vars[2].as_tensor());
     let grads = (&out.y * r).unwrap().sum_all().unwrap().backward().unwrap();

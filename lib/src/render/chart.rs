@@ -84,14 +84,7 @@ const PALETTE: [RGBColor; 6] = [
 
 impl Chart {
     pub fn new(title: impl Into<String>) -> Self {
-        Chart {
-            title: title.into(),
-            x_label: String::new(),
-            y_label: String::new(),
-            size: (640, 360),
-            x_ticks: true,
-            series: Vec::new(),
-        }
+        Chart { title: title.into(), x_label: String::new(), y_label: String::new(), size: (640, 360), x_ticks: true, series: Vec::new() }
     }
 
     pub fn x_label(mut self, label: impl Into<String>) -> Self {
@@ -157,7 +150,11 @@ impl Chart {
         xs.sort_by(f64::total_cmp);
         xs.dedup();
         let gap = xs.windows(2).map(|w| w[1] - w[0]).fold(f64::INFINITY, f64::min);
-        if gap.is_finite() { 0.8 * gap } else { 0.8 }
+        if gap.is_finite() {
+            0.8 * gap
+        } else {
+            0.8
+        }
     }
 
     /// The height of each stacked column, by x.
@@ -199,13 +196,12 @@ impl Chart {
             for (i, series) in self.series.iter().enumerate() {
                 let color = PALETTE[i % PALETTE.len()];
                 let drawn = match series.kind {
-                    SeriesKind::Line => chart.draw_series(
-                        LineSeries::new(series.points.iter().copied(), color.stroke_width(2))
-                            .point_size(3),
+                    SeriesKind::Line => {
+                        chart.draw_series(LineSeries::new(series.points.iter().copied(), color.stroke_width(2)).point_size(3))
+                    }
+                    SeriesKind::Bars => chart.draw_series(
+                        series.points.iter().map(|&(x, y)| Rectangle::new([(x - half, 0.0), (x + half, y)], color.mix(0.8).filled())),
                     ),
-                    SeriesKind::Bars => chart.draw_series(series.points.iter().map(|&(x, y)| {
-                        Rectangle::new([(x - half, 0.0), (x + half, y)], color.mix(0.8).filled())
-                    })),
                     SeriesKind::Stacked => {
                         let rects: Vec<_> = series
                             .points
@@ -230,9 +226,7 @@ impl Chart {
                 }
                 .map_err(|e| draw_err(&e))?;
                 let legend_color = if series.kind == SeriesKind::Limit { RED } else { color };
-                drawn
-                    .label(series.name.clone())
-                    .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], legend_color.filled()));
+                drawn.label(series.name.clone()).legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], legend_color.filled()));
             }
             chart
                 .configure_series_labels()

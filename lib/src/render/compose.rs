@@ -17,10 +17,7 @@ impl Composer {
     /// A line of prose, bold in HTML.
     pub fn headline(mut self, line: &str, color: &str) -> Self {
         self.text.push(line.to_owned());
-        self.html.push(format!(
-            "<p style=\"font-weight:bold;color:{color}\">{}</p>",
-            escape_html(line)
-        ));
+        self.html.push(format!("<p style=\"font-weight:bold;color:{color}\">{}</p>", escape_html(line)));
         self
     }
 
@@ -48,10 +45,8 @@ impl Composer {
     }
 
     pub fn finish(self) -> Bundle {
-        Bundle::plain(self.text.join("\n\n") + "\n").with(
-            "text/html",
-            format!("<div class=\"vramlab-report\">{}</div>", self.html.concat()),
-        )
+        Bundle::plain(self.text.join("\n\n") + "\n")
+            .with("text/html", format!("<div class=\"vramlab-report\">{}</div>", self.html.concat()))
     }
 }
 
@@ -63,11 +58,7 @@ mod tests {
     fn joins_text_and_html_and_inlines_svg() {
         let table = Bundle::plain("a table\n").with("text/html", "<table></table>");
         let chart = Bundle::plain("chart points").with("image/svg+xml", "<svg></svg>");
-        let bundle = Composer::new()
-            .headline("FITS <really>", "green")
-            .part(&table)
-            .html_only(&chart)
-            .finish();
+        let bundle = Composer::new().headline("FITS <really>", "green").part(&table).html_only(&chart).finish();
         assert_eq!(bundle.text(), "FITS <really>\n\na table\n");
         let html = bundle.get("text/html").unwrap().as_str().unwrap();
         assert!(html.contains("FITS &lt;really&gt;</p><table></table><div class=\"vramlab-chart\"><svg></svg></div>"), "{html}");

@@ -24,10 +24,7 @@ pub struct Table {
 impl Table {
     /// A table with the given column headers; text columns align left.
     pub fn new<S: Into<String>>(columns: impl IntoIterator<Item = S>) -> Self {
-        Table {
-            columns: columns.into_iter().map(|c| (c.into(), Align::Left)).collect(),
-            ..Table::default()
-        }
+        Table { columns: columns.into_iter().map(|c| (c.into(), Align::Left)).collect(), ..Table::default() }
     }
 
     pub fn title(mut self, title: impl Into<String>) -> Self {
@@ -183,11 +180,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Table {
-        Table::new(["layer", "params"])
-            .right_align(&[1])
-            .row(["conv1", "9,408"])
-            .row(["fc <out>", "513,000"])
-            .footer(["total", "522,408"])
+        Table::new(["layer", "params"]).right_align(&[1]).row(["conv1", "9,408"]).row(["fc <out>", "513,000"]).footer(["total", "522,408"])
     }
 
     #[test]

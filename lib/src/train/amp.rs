@@ -26,13 +26,7 @@ pub struct GradScalerConfig {
 
 impl Default for GradScalerConfig {
     fn default() -> Self {
-        GradScalerConfig {
-            init_scale: 65536.0,
-            growth_factor: 2.0,
-            backoff_factor: 0.5,
-            growth_interval: 2000,
-            enabled: true,
-        }
+        GradScalerConfig { init_scale: 65536.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000, enabled: true }
     }
 }
 
@@ -64,43 +58,24 @@ impl GradScaler {
             if ok {
                 Ok(())
             } else {
-                Err(OptimError::Hyperparameter {
-                    optimizer: "GradScaler",
-                    what,
-                    value,
-                    rule,
-                })
+                Err(OptimError::Hyperparameter { optimizer: "GradScaler", what, value, rule })
             }
         };
         let s = config.init_scale;
         check("init_scale", s, s > 0.0 && s.is_finite(), "finite and > 0")?;
         let g = config.growth_factor;
-        check(
-            "growth_factor",
-            g,
-            g > 1.0 && g.is_finite(),
-            "finite and > 1",
-        )?;
+        check("growth_factor", g, g > 1.0 && g.is_finite(), "finite and > 1")?;
         let b = config.backoff_factor;
         check("backoff_factor", b, b > 0.0 && b < 1.0, "in (0, 1)")?;
         let i = config.growth_interval;
         check("growth_interval", i.into(), i > 0, "at least 1")?;
-        Ok(GradScaler {
-            scale: config.init_scale,
-            config,
-            growth_tracker: 0,
-            checked: Checked::No,
-            skipped_steps: 0,
-        })
+        Ok(GradScaler { scale: config.init_scale, config, growth_tracker: 0, checked: Checked::No, skipped_steps: 0 })
     }
 
     /// A scaler that does nothing: for f32 and bf16 training.
     pub fn disabled() -> Self {
         GradScaler {
-            config: GradScalerConfig {
-                enabled: false,
-                ..GradScalerConfig::default()
-            },
+            config: GradScalerConfig { enabled: false, ..GradScalerConfig::default() },
             scale: 1.0,
             growth_tracker: 0,
             checked: Checked::No,
@@ -183,22 +158,14 @@ impl GradScaler {
             probes.push(unscaled.affine(0.0, 0.0)?.sum_all()?.to_dtype(DType::F32)?);
             grads.insert(var, unscaled);
         }
-        let found_inf = !probes.is_empty()
-            && Tensor::stack(&probes, 0)?
-                .sum_all()?
-                .to_scalar::<f32>()?
-                .is_nan();
+        let found_inf = !probes.is_empty() && Tensor::stack(&probes, 0)?.sum_all()?.to_scalar::<f32>()?.is_nan();
         self.checked = Checked::Unscaled { found_inf };
         Ok(found_inf)
     }
 
     /// Unscales (unless done already this iteration) and runs the optimizer
     /// step unless a gradient holds inf/NaN. Returns whether it stepped.
-    pub fn step<O: Optimizer + ?Sized>(
-        &mut self,
-        optimizer: &mut O,
-        grads: &mut GradStore,
-    ) -> Result<bool, OptimError> {
+    pub fn step<O: Optimizer + ?Sized>(&mut self, optimizer: &mut O, grads: &mut GradStore) -> Result<bool, OptimError> {
         if !self.config.enabled {
             optimizer.step(grads)?;
             return Ok(true);
@@ -257,14 +224,7 @@ mod tests {
 
     fn setup() -> (Var, Sgd) {
         let w = Var::from_slice(&[1.0f32, 2.0], 2, &Device::Cpu).unwrap();
-        let sgd = Sgd::new(
-            vec![w.clone()],
-            SgdConfig {
-                lr: 0.5,
-                ..SgdConfig::default()
-            },
-        )
-        .unwrap();
+        let sgd = Sgd::new(vec![w.clone()], SgdConfig { lr: 0.5, ..SgdConfig::default() }).unwrap();
         (w, sgd)
     }
 
@@ -304,11 +264,7 @@ mod tests {
     #[test]
     fn the_scale_grows_after_growth_interval_good_steps_in_a_row() {
         let (w, mut sgd) = setup();
-        let mut scaler = GradScaler::new(GradScalerConfig {
-            growth_interval: 3,
-            ..GradScalerConfig::default()
-        })
-        .unwrap();
+        let mut scaler = GradScaler::new(GradScalerConfig { growth_interval: 3, ..GradScalerConfig::default() }).unwrap();
         let mut iteration = |g: f32, scaler: &mut GradScaler| {
             let mut grads = grad_store(&[(&w, &[g, g])]);
             scaler.step(&mut sgd, &mut grads).unwrap();
@@ -342,10 +298,7 @@ mod tests {
     #[test]
     fn a_half_precision_loss_is_scaled_in_f32() {
         let scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
-        let loss = Tensor::new(1.5f32, &Device::Cpu)
-            .unwrap()
-            .to_dtype(DType::F16)
-            .unwrap();
+        let loss = Tensor::new(1.5f32, &Device::Cpu).unwrap().to_dtype(DType::F16).unwrap();
         let scaled = scaler.scale(&loss).unwrap();
         assert_eq!(scaled.dtype(), DType::F32);
         // 98304 is past f16's largest value, 65504.
@@ -365,9 +318,7 @@ mod tests {
         let grad = grads.get(&w).unwrap();
         assert_eq!(grad.dtype(), DType::F32);
         assert_eq!(grad.to_vec1::<f32>().unwrap(), [16384.0; 2]);
-        assert!(!scaler
-            .unscale(&mut grads, std::slice::from_ref(&w))
-            .unwrap());
+        assert!(!scaler.unscale(&mut grads, std::slice::from_ref(&w)).unwrap());
         assert_eq!(grads.get(&w).unwrap().to_vec1::<f32>().unwrap(), [0.25; 2]);
     }
 
@@ -375,17 +326,10 @@ mod tests {
     fn a_gradient_past_f16_range_is_caught() {
         // An f16 gradient of 65536 (the default scale on a summed loss) overflows to inf.
         let w = Var::from_slice(&[1.0f32, 2.0], 2, &Device::Cpu).unwrap();
-        let loss = w
-            .as_tensor()
-            .to_dtype(DType::F16)
-            .unwrap()
-            .sum_all()
-            .unwrap();
+        let loss = w.as_tensor().to_dtype(DType::F16).unwrap().sum_all().unwrap();
         let mut scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
         let mut grads = scaler.scale(&loss).unwrap().backward().unwrap();
-        assert!(scaler
-            .unscale(&mut grads, std::slice::from_ref(&w))
-            .unwrap());
+        assert!(scaler.unscale(&mut grads, std::slice::from_ref(&w)).unwrap());
         scaler.update().unwrap();
         assert_eq!(scaler.scale_factor(), 32768.0);
     }
@@ -396,13 +340,8 @@ mod tests {
         let mut scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
         assert!(matches!(scaler.update(), Err(OptimError::NoInfCheck)));
         let mut grads = grad_store(&[(&w, &[1.0, 1.0])]);
-        scaler
-            .unscale(&mut grads, std::slice::from_ref(&w))
-            .unwrap();
-        assert!(matches!(
-            scaler.unscale(&mut grads, std::slice::from_ref(&w)),
-            Err(OptimError::AlreadyUnscaled)
-        ));
+        scaler.unscale(&mut grads, std::slice::from_ref(&w)).unwrap();
+        assert!(matches!(scaler.unscale(&mut grads, std::slice::from_ref(&w)), Err(OptimError::AlreadyUnscaled)));
         // step after an explicit unscale does not unscale again.
         assert!(scaler.step(&mut sgd, &mut grads).unwrap());
         assert_eq!(values(&w), [1.0 - 0.5 / 65536.0, 2.0 - 0.5 / 65536.0]);
@@ -414,10 +353,7 @@ mod tests {
         let (w, mut sgd) = setup();
         let mut scaler = GradScaler::disabled();
         let loss = Tensor::new(2.5f32, &Device::Cpu).unwrap();
-        assert_eq!(
-            scaler.scale(&loss).unwrap().to_scalar::<f32>().unwrap(),
-            2.5
-        );
+        assert_eq!(scaler.scale(&loss).unwrap().to_scalar::<f32>().unwrap(), 2.5);
         let mut grads = grad_store(&[(&w, &[1.0, 1.0])]);
         assert!(scaler.step(&mut sgd, &mut grads).unwrap());
         scaler.update().unwrap();
@@ -427,28 +363,15 @@ mod tests {
 
     #[test]
     fn only_f16_scales_the_loss() {
-        assert_eq!(
-            GradScaler::for_precision(Precision::F16Amp).scale_factor(),
-            65536.0
-        );
+        assert_eq!(GradScaler::for_precision(Precision::F16Amp).scale_factor(), 65536.0);
         assert!(!GradScaler::for_precision(Precision::Bf16Amp).is_enabled());
         assert!(!GradScaler::for_precision(Precision::F32).is_enabled());
     }
 
     #[test]
     fn bad_settings_are_refused() {
-        let bad = GradScaler::new(GradScalerConfig {
-            backoff_factor: 1.5,
-            ..GradScalerConfig::default()
-        });
-        assert_eq!(
-            bad.err().unwrap().to_string(),
-            "GradScaler: backoff_factor = 1.5 is invalid: it must be in (0, 1)"
-        );
-        assert!(GradScaler::new(GradScalerConfig {
-            growth_interval: 0,
-            ..GradScalerConfig::default()
-        })
-        .is_err());
+        let bad = GradScaler::new(GradScalerConfig { backoff_factor: 1.5, ..GradScalerConfig::default() });
+        assert_eq!(bad.err().unwrap().to_string(), "GradScaler: backoff_factor = 1.5 is invalid: it must be in (0, 1)");
+        assert!(GradScaler::new(GradScalerConfig { growth_interval: 0, ..GradScalerConfig::default() }).is_err());
     }
 }

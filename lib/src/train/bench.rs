@@ -5,10 +5,10 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use super::measure::{Comparison, MeasuredStep};
-use super::task::Stripes;
 use super::config::TrainConfig;
 use super::error::TrainError;
+use super::measure::{Comparison, MeasuredStep};
+use super::task::Stripes;
 use super::trainer::Trainer;
 use crate::models::{ModelName, Network, Precision, Shape};
 
@@ -47,12 +47,7 @@ pub struct BenchReport {
 
 /// The trainer and synthetic micro-batches a spec describes.
 fn setup(spec: &BenchSpec, device: &Device) -> Result<(Trainer, Vec<(Tensor, Tensor)>), TrainError> {
-    let net = Network::new(
-        &spec.model.spec(spec.classes),
-        Shape::map(3, spec.res, spec.res),
-        device,
-        spec.seed,
-    )?;
+    let net = Network::new(&spec.model.spec(spec.classes), Shape::map(3, spec.res, spec.res), device, spec.seed)?;
     let trainer = Trainer::new(net, spec.config.clone())?;
     if device.is_cpu() {
         refuse_what_the_host_cannot_hold(&trainer, spec.batch)?;

@@ -13,11 +13,7 @@ const EPSILON: f64 = 1e-6;
 /// are left out; with none at all the norm is 0.
 pub fn grad_norm(grads: &GradStore, vars: &[Var], norm_type: f64) -> Result<f64, OptimError> {
     if norm_type.is_nan() || norm_type <= 0.0 {
-        return Err(OptimError::Clip {
-            what: "norm_type",
-            value: norm_type,
-            rule: "> 0 (or infinity)",
-        });
+        return Err(OptimError::Clip { what: "norm_type", value: norm_type, rule: "> 0 (or infinity)" });
     }
     let partials = vars
         .iter()
@@ -41,29 +37,16 @@ pub fn grad_norm(grads: &GradStore, vars: &[Var], norm_type: f64) -> Result<f64,
     }
     let partials = Tensor::stack(&partials, 0)?.to_vec1::<f32>()?;
     let partials = partials.into_iter().map(f64::from);
-    Ok(if norm_type == f64::INFINITY {
-        partials.fold(0.0, f64::max)
-    } else {
-        partials.sum::<f64>().powf(1.0 / norm_type)
-    })
+    Ok(if norm_type == f64::INFINITY { partials.fold(0.0, f64::max) } else { partials.sum::<f64>().powf(1.0 / norm_type) })
 }
 
 /// Clips the gradients of `vars` in `grads` so their global norm is at most
 /// `max_norm`: when `total > max_norm` every gradient is multiplied by
 /// `max_norm / (total + 1e-6)`. Returns the norm before clipping. Like
 /// PyTorch, a NaN or infinite norm scales the gradients too (to NaN or zero).
-pub fn clip_grad_norm(
-    grads: &mut GradStore,
-    vars: &[Var],
-    max_norm: f64,
-    norm_type: f64,
-) -> Result<f64, OptimError> {
+pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64, norm_type: f64) -> Result<f64, OptimError> {
     if max_norm.is_nan() || max_norm < 0.0 {
-        return Err(OptimError::Clip {
-            what: "max_norm",
-            value: max_norm,
-            rule: ">= 0",
-        });
+        return Err(OptimError::Clip { what: "max_norm", value: max_norm, rule: ">= 0" });
     }
     let total = grad_norm(grads, vars, norm_type)?;
     let coefficient = max_norm / (total + EPSILON);
@@ -158,15 +141,9 @@ mod tests {
     fn bad_arguments_are_refused() {
         let (a, _, _) = vars();
         let mut grads = grad_store(&[(&a, &[1.0, 1.0])]);
-        let message = clip_grad_norm(&mut grads, std::slice::from_ref(&a), -1.0, 2.0)
-            .err()
-            .unwrap()
-            .to_string();
+        let message = clip_grad_norm(&mut grads, std::slice::from_ref(&a), -1.0, 2.0).err().unwrap().to_string();
         assert_eq!(message, "clip_grad_norm: max_norm must be >= 0, got -1");
         let message = grad_norm(&grads, &[a], 0.0).err().unwrap().to_string();
-        assert_eq!(
-            message,
-            "clip_grad_norm: norm_type must be > 0 (or infinity), got 0"
-        );
+        assert_eq!(message, "clip_grad_norm: norm_type must be > 0 (or infinity), got 0");
     }
 }

@@ -17,16 +17,14 @@ pub enum TrainError {
     #[error("accumulation must be at least 1 micro-batch per step, got {0}")]
     Accumulation(usize),
     #[error("{precision} cannot run on {device}: {reason}")]
-    Precision {
-        precision: Precision,
-        device: String,
-        reason: String,
-    },
+    Precision { precision: Precision, device: String, reason: String },
     #[error("a step needs {expected} micro-batches (accumulation), got {got}")]
     MicroBatches { expected: usize, got: usize },
     #[error("the batch source gave no batches")]
     Empty,
-    #[error("measuring a step needs the allocation counters, which this process lacks: run it in the vramlab kernel or the vramlab command")]
+    #[error(
+        "measuring a step needs the allocation counters, which this process lacks: run it in the vramlab kernel or the vramlab command"
+    )]
     NotCounting,
     #[error(transparent)]
     Device(#[from] crate::gpus::GpuError),

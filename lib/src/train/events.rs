@@ -107,21 +107,14 @@ pub struct ProgressView {
 
 impl ProgressView {
     pub fn new(label: impl Into<String>, total_steps: u64) -> Self {
-        ProgressView {
-            bar: Progress::new(label, total_steps),
-        }
+        ProgressView { bar: Progress::new(label, total_steps) }
     }
 
     pub fn on_event(&mut self, event: &TrainEvent) {
         match event {
             TrainEvent::Step(s) => {
-                let mut message = format!(
-                    "epoch {} loss {:.4} acc {:.1}% {:.1} img/s",
-                    s.epoch + 1,
-                    s.loss,
-                    s.accuracy * 100.0,
-                    s.images_per_second
-                );
+                let mut message =
+                    format!("epoch {} loss {:.4} acc {:.1}% {:.1} img/s", s.epoch + 1, s.loss, s.accuracy * 100.0, s.images_per_second);
                 if let Some(scale) = s.loss_scale {
                     message.push_str(&format!(" scale {scale}"));
                 }
@@ -129,21 +122,14 @@ impl ProgressView {
                     message.push_str(" (skipped: inf/NaN)");
                 }
                 if let Some(memory) = s.memory {
-                    message.push_str(&format!(
-                        " mem {} peak {}",
-                        crate::units::human(memory.in_use),
-                        crate::units::human(memory.peak)
-                    ));
+                    message.push_str(&format!(" mem {} peak {}", crate::units::human(memory.in_use), crate::units::human(memory.peak)));
                 }
                 self.bar.set_message(message);
                 self.bar.set(s.step);
             }
-            TrainEvent::Eval(e) => self.bar.set_message(format!(
-                "epoch {} val loss {:.4} val acc {:.1}%",
-                e.epoch + 1,
-                e.loss,
-                e.accuracy * 100.0
-            )),
+            TrainEvent::Eval(e) => {
+                self.bar.set_message(format!("epoch {} val loss {:.4} val acc {:.1}%", e.epoch + 1, e.loss, e.accuracy * 100.0))
+            }
             TrainEvent::Epoch(_) => {}
         }
     }

@@ -11,8 +11,8 @@
 use candle_core::Tensor;
 use serde::Serialize;
 
-use super::events::StepReport;
 use super::error::TrainError;
+use super::events::StepReport;
 use super::trainer::{tensor_bytes, Trainer};
 use crate::ledger::{estimate, BillKind, Ledger, StepConfig, StepPhase};
 use crate::memory::{BillBytes, HostMemory, MeasuredPhase, Measurement, Prediction, Snapshot};
@@ -80,10 +80,7 @@ impl Comparison {
     /// Each bill's difference in percent of its prediction (`None` where
     /// nothing was predicted).
     pub fn bill_errors(&self) -> Vec<(BillKind, Option<f64>)> {
-        BillKind::ALL
-            .iter()
-            .map(|&kind| (kind, Self::error_percent(self.predicted.get(kind), self.measured.get(kind))))
-            .collect()
+        BillKind::ALL.iter().map(|&kind| (kind, Self::error_percent(self.predicted.get(kind), self.measured.get(kind)))).collect()
     }
 
     pub fn table(&self) -> crate::render::Table {
@@ -96,19 +93,15 @@ impl Comparison {
             let (p, m) = (self.predicted.get(kind), self.measured.get(kind));
             table.push_row([kind.to_string(), human(p), human(m), pct(Self::error_percent(p, m))]);
         }
-        table.footer([
-            "peak".to_owned(),
-            human(self.predicted_peak),
-            human(self.measured_peak),
-            pct(self.peak_error_percent()),
-        ])
-        .note(format!(
-            "Peak during \"{}\" (predicted: \"{}\"); gradients then held: {} (inside parameters); \
+        table.footer(["peak".to_owned(), human(self.predicted_peak), human(self.measured_peak), pct(self.peak_error_percent())]).note(
+            format!(
+                "Peak during \"{}\" (predicted: \"{}\"); gradients then held: {} (inside parameters); \
              workspace is what the peak's phase held only briefly. Exact allocation counters; the host has no CUDA context.",
-            self.measured_peak_phase,
-            self.predicted_peak_phase,
-            human(self.measured_gradients)
-        ))
+                self.measured_peak_phase,
+                self.predicted_peak_phase,
+                human(self.measured_gradients)
+            ),
+        )
     }
 }
 
@@ -168,16 +161,7 @@ impl Trainer {
         let gradients = highest.gradients;
         let after = |of: &dyn Fn(StepPhase) -> bool| phases.iter().rfind(|p| of(p.phase)).map_or(0, |p| p.in_use);
         let kept_by_forward = after(&StepPhase::is_forward).saturating_sub(after(&|p| p == StepPhase::InputCopied));
-        Ok(MeasuredStep {
-            bills,
-            gradients,
-            peak,
-            peak_during: highest.phase,
-            peak_phase: highest.name,
-            kept_by_forward,
-            phases,
-            report,
-        })
+        Ok(MeasuredStep { bills, gradients, peak, peak_during: highest.phase, peak_phase: highest.name, kept_by_forward, phases, report })
     }
 
     /// Measures one step, compares it with the prediction, and publishes both
@@ -207,14 +191,7 @@ impl Trainer {
             measured: Some(Measurement {
                 bills: measured.bills,
                 peak: measured.peak,
-                phases: measured
-                    .phases
-                    .iter()
-                    .map(|p| MeasuredPhase {
-                        name: p.name.clone(),
-                        bills: phase_bills(p, &measured),
-                    })
-                    .collect(),
+                phases: measured.phases.iter().map(|p| MeasuredPhase { name: p.name.clone(), bills: phase_bills(p, &measured) }).collect(),
             }),
         };
         crate::memory::publish(&snapshot)?;

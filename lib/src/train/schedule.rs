@@ -14,53 +14,22 @@ pub struct Schedule(Kind);
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 enum Kind {
-    Constant {
-        lr: f64,
-    },
-    Step {
-        lr: f64,
-        step_size: u64,
-        gamma: f64,
-    },
-    Cosine {
-        lr: f64,
-        t_max: u64,
-        eta_min: f64,
-    },
-    Warmup {
-        steps: u64,
-        start_factor: f64,
-        then: Box<Schedule>,
-    },
+    Constant { lr: f64 },
+    Step { lr: f64, step_size: u64, gamma: f64 },
+    Cosine { lr: f64, t_max: u64, eta_min: f64 },
+    Warmup { steps: u64, start_factor: f64, then: Box<Schedule> },
 }
 
-fn check(
-    schedule: &'static str,
-    what: &'static str,
-    value: f64,
-    ok: bool,
-    rule: &'static str,
-) -> Result<(), OptimError> {
+fn check(schedule: &'static str, what: &'static str, value: f64, ok: bool, rule: &'static str) -> Result<(), OptimError> {
     if ok {
         Ok(())
     } else {
-        Err(OptimError::Schedule {
-            schedule,
-            what,
-            value,
-            rule,
-        })
+        Err(OptimError::Schedule { schedule, what, value, rule })
     }
 }
 
 fn check_lr(schedule: &'static str, what: &'static str, lr: f64) -> Result<(), OptimError> {
-    check(
-        schedule,
-        what,
-        lr,
-        lr >= 0.0 && lr.is_finite(),
-        "finite and >= 0",
-    )
+    check(schedule, what, lr, lr >= 0.0 && lr.is_finite(), "finite and >= 0")
 }
 
 impl Schedule {
@@ -73,38 +42,16 @@ impl Schedule {
     /// `StepLR`: `lr * gamma^floor(step / step_size)`.
     pub fn step(lr: f64, step_size: u64, gamma: f64) -> Result<Self, OptimError> {
         check_lr("StepLR", "lr", lr)?;
-        check(
-            "StepLR",
-            "step_size",
-            step_size as f64,
-            step_size > 0,
-            "at least 1",
-        )?;
-        check(
-            "StepLR",
-            "gamma",
-            gamma,
-            gamma >= 0.0 && gamma.is_finite(),
-            "finite and >= 0",
-        )?;
-        Ok(Schedule(Kind::Step {
-            lr,
-            step_size,
-            gamma,
-        }))
+        check("StepLR", "step_size", step_size as f64, step_size > 0, "at least 1")?;
+        check("StepLR", "gamma", gamma, gamma >= 0.0 && gamma.is_finite(), "finite and >= 0")?;
+        Ok(Schedule(Kind::Step { lr, step_size, gamma }))
     }
 
     /// `CosineAnnealingLR`: `eta_min + (lr - eta_min) * (1 + cos(pi * step / t_max)) / 2`,
     /// which falls to `eta_min` at `t_max` and, as in PyTorch, rises again after it.
     pub fn cosine(lr: f64, t_max: u64, eta_min: f64) -> Result<Self, OptimError> {
         check_lr("CosineAnnealingLR", "lr", lr)?;
-        check(
-            "CosineAnnealingLR",
-            "t_max",
-            t_max as f64,
-            t_max > 0,
-            "at least 1",
-        )?;
+        check("CosineAnnealingLR", "t_max", t_max as f64, t_max > 0, "at least 1")?;
         check_lr("CosineAnnealingLR", "eta_min", eta_min)?;
         Ok(Schedule(Kind::Cosine { lr, t_max, eta_min }))
     }
@@ -113,47 +60,21 @@ impl Schedule {
     /// first rate, then this schedule from its step 0: PyTorch's
     /// `SequentialLR([LinearLR(start_factor, 1.0, steps), this], milestones=[steps])`.
     pub fn with_warmup(self, steps: u64, start_factor: f64) -> Result<Self, OptimError> {
-        check(
-            "LinearLR warm-up",
-            "steps",
-            steps as f64,
-            steps > 0,
-            "at least 1",
-        )?;
-        check(
-            "LinearLR warm-up",
-            "start_factor",
-            start_factor,
-            start_factor > 0.0 && start_factor <= 1.0,
-            "in (0, 1]",
-        )?;
-        Ok(Schedule(Kind::Warmup {
-            steps,
-            start_factor,
-            then: Box::new(self),
-        }))
+        check("LinearLR warm-up", "steps", steps as f64, steps > 0, "at least 1")?;
+        check("LinearLR warm-up", "start_factor", start_factor, start_factor > 0.0 && start_factor <= 1.0, "in (0, 1]")?;
+        Ok(Schedule(Kind::Warmup { steps, start_factor, then: Box::new(self) }))
     }
 
     /// The learning rate at `step` (0 is the first).
     pub fn lr_at(&self, step: u64) -> f64 {
         match &self.0 {
             Kind::Constant { lr } => *lr,
-            Kind::Step {
-                lr,
-                step_size,
-                gamma,
-            } => {
+            Kind::Step { lr, step_size, gamma } => {
                 let decays = i32::try_from(step / step_size).unwrap_or(i32::MAX);
                 lr * gamma.powi(decays)
             }
-            Kind::Cosine { lr, t_max, eta_min } => {
-                eta_min + (lr - eta_min) * (1.0 + (PI * step as f64 / *t_max as f64).cos()) / 2.0
-            }
-            Kind::Warmup {
-                steps,
-                start_factor,
-                then,
-            } => {
+            Kind::Cosine { lr, t_max, eta_min } => eta_min + (lr - eta_min) * (1.0 + (PI * step as f64 / *t_max as f64).cos()) / 2.0,
+            Kind::Warmup { steps, start_factor, then } => {
                 if step < *steps {
                     let progress = step as f64 / *steps as f64;
                     then.lr_at(0) * (start_factor + (1.0 - start_factor) * progress)
@@ -174,19 +95,11 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.0 {
             Kind::Constant { lr } => write!(f, "constant {lr}"),
-            Kind::Step {
-                lr,
-                step_size,
-                gamma,
-            } => write!(f, "step {lr} x{gamma} every {step_size}"),
+            Kind::Step { lr, step_size, gamma } => write!(f, "step {lr} x{gamma} every {step_size}"),
             Kind::Cosine { lr, t_max, eta_min } => {
                 write!(f, "cosine {lr} to {eta_min} over {t_max}")
             }
-            Kind::Warmup {
-                steps,
-                start_factor,
-                then,
-            } => write!(f, "{steps} warm-up from x{start_factor}, then {then}"),
+            Kind::Warmup { steps, start_factor, then } => write!(f, "{steps} warm-up from x{start_factor}, then {then}"),
         }
     }
 }
@@ -203,19 +116,8 @@ mod tests {
     #[test]
     fn step_lr_decays_by_gamma_every_step_size_steps() {
         let s = Schedule::step(0.1, 30, 0.1).unwrap();
-        for (step, lr) in [
-            (0, 0.1),
-            (29, 0.1),
-            (30, 0.01),
-            (59, 0.01),
-            (60, 0.001),
-            (95, 0.0001),
-        ] {
-            assert!(
-                close(s.lr_at(step), lr),
-                "step {step}: {} vs {lr}",
-                s.lr_at(step)
-            );
+        for (step, lr) in [(0, 0.1), (29, 0.1), (30, 0.01), (59, 0.01), (60, 0.001), (95, 0.0001)] {
+            assert!(close(s.lr_at(step), lr), "step {step}: {} vs {lr}", s.lr_at(step));
         }
     }
 
@@ -235,20 +137,14 @@ mod tests {
 
     #[test]
     fn warmup_ramps_linearly_then_hands_over() {
-        let s = Schedule::cosine(0.1, 10, 0.0)
-            .unwrap()
-            .with_warmup(5, 0.1)
-            .unwrap();
+        let s = Schedule::cosine(0.1, 10, 0.0).unwrap().with_warmup(5, 0.1).unwrap();
         assert!(close(s.lr_at(0), 0.01));
         assert!(close(s.lr_at(2), 0.1 * (0.1 + 0.9 * 2.0 / 5.0)));
         assert!(close(s.lr_at(4), 0.1 * (0.1 + 0.9 * 4.0 / 5.0)));
         assert!(close(s.lr_at(5), 0.1));
         assert!(close(s.lr_at(10), 0.05));
         assert!(close(s.lr_at(15), 0.0));
-        assert_eq!(
-            s.to_string(),
-            "5 warm-up from x0.1, then cosine 0.1 to 0 over 10"
-        );
+        assert_eq!(s.to_string(), "5 warm-up from x0.1, then cosine 0.1 to 0 over 10");
     }
 
     /// Produced with torch 2.15: an `SGD(lr=0.1)` optimizer's `param_groups[0]["lr"]`
@@ -268,39 +164,21 @@ mod tests {
         0.10000000000000006,
         0.0868198051533947,
     ];
-    const TORCH_WARMUP_COSINE: [f64; 9] = [
-        0.025,
-        0.05,
-        0.07500000000000001,
-        0.1,
-        0.08535533905932738,
-        0.05,
-        0.014644660940672627,
-        0.0,
-        0.014644660940672622,
-    ];
+    const TORCH_WARMUP_COSINE: [f64; 9] =
+        [0.025, 0.05, 0.07500000000000001, 0.1, 0.08535533905932738, 0.05, 0.014644660940672627, 0.0, 0.014644660940672622];
 
     #[test]
     fn schedules_give_torchs_rates() {
         let cases = [
             (Schedule::step(0.1, 3, 0.5).unwrap(), &TORCH_STEP[..]),
             (Schedule::cosine(0.1, 4, 0.01).unwrap(), &TORCH_COSINE[..]),
-            (
-                Schedule::cosine(0.1, 4, 0.0)
-                    .unwrap()
-                    .with_warmup(3, 0.25)
-                    .unwrap(),
-                &TORCH_WARMUP_COSINE[..],
-            ),
+            (Schedule::cosine(0.1, 4, 0.0).unwrap().with_warmup(3, 0.25).unwrap(), &TORCH_WARMUP_COSINE[..]),
         ];
         for (schedule, torch) in cases {
             for (step, &expected) in torch.iter().enumerate() {
                 let lr = schedule.lr_at(step as u64);
                 // PyTorch updates recursively; the closed form differs by rounding only.
-                assert!(
-                    (lr - expected).abs() < 1e-15,
-                    "{schedule} at {step}: {lr} vs {expected}"
-                );
+                assert!((lr - expected).abs() < 1e-15, "{schedule} at {step}: {lr} vs {expected}");
             }
         }
     }
@@ -320,16 +198,8 @@ mod tests {
     fn bad_schedules_are_refused() {
         let message = Schedule::step(0.1, 0, 0.1).err().unwrap().to_string();
         assert_eq!(message, "StepLR: step_size must be at least 1, got 0");
-        let message = Schedule::constant(0.1)
-            .unwrap()
-            .with_warmup(3, 0.0)
-            .err()
-            .unwrap()
-            .to_string();
-        assert_eq!(
-            message,
-            "LinearLR warm-up: start_factor must be in (0, 1], got 0"
-        );
+        let message = Schedule::constant(0.1).unwrap().with_warmup(3, 0.0).err().unwrap().to_string();
+        assert_eq!(message, "LinearLR warm-up: start_factor must be in (0, 1], got 0");
         assert!(Schedule::cosine(0.1, 0, 0.0).is_err());
         assert!(Schedule::constant(f64::NAN).is_err());
     }

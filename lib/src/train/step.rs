@@ -28,11 +28,7 @@ pub struct Gradients {
 
 /// Mean cross-entropy of `logits` against `labels` (u32), computed in f32.
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
-    let logits = if logits.dtype() == DType::F32 {
-        logits.clone()
-    } else {
-        logits.to_dtype(DType::F32)?
-    };
+    let logits = if logits.dtype() == DType::F32 { logits.clone() } else { logits.to_dtype(DType::F32)? };
     candle_nn::loss::cross_entropy(&logits, labels)
 }
 
@@ -153,33 +149,21 @@ pub fn forward_backward_watched(
             }
         }
         if i > 0 {
-            grad_out = Some(segment_grads.remove(&input_tensor).ok_or_else(|| {
-                candle_core::Error::Msg(format!(
-                    "no gradient reached the input of stage {}",
-                    segment.start
-                ))
-            })?);
+            grad_out = Some(
+                segment_grads
+                    .remove(&input_tensor)
+                    .ok_or_else(|| candle_core::Error::Msg(format!("no gradient reached the input of stage {}", segment.start)))?,
+            );
         }
         drop(segment_grads);
         let backward = StepPhase::Backward { segment: i };
         phase(backward, grad_bytes(&grads, net));
         checkpoint(plan, backward)?;
     }
-    Ok(Gradients {
-        loss,
-        correct: hits,
-        samples: images.dim(0)?,
-        grads,
-    })
+    Ok(Gradients { loss, correct: hits, samples: images.dim(0)?, grads })
 }
 
-fn run(
-    net: &Network,
-    segment: &Segment,
-    x: &Tensor,
-    pass: Pass,
-    stage_done: &mut dyn FnMut(usize) -> Result<()>,
-) -> Result<Tensor> {
+fn run(net: &Network, segment: &Segment, x: &Tensor, pass: Pass, stage_done: &mut dyn FnMut(usize) -> Result<()>) -> Result<Tensor> {
     let mut x = x.clone();
     for stage in segment.stages() {
         x = net.forward_stage(stage, &x, pass)?;
@@ -190,11 +174,7 @@ fn run(
 
 /// Bytes of the parameter gradients in `grads`.
 pub(crate) fn grad_bytes(grads: &GradStore, net: &Network) -> u64 {
-    net.params()
-        .iter()
-        .filter_map(|p| grads.get(p.var.as_tensor()))
-        .map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64)
-        .sum()
+    net.params().iter().filter_map(|p| grads.get(p.var.as_tensor())).map(|g| (g.elem_count() * g.dtype().size_in_bytes()) as u64).sum()
 }
 
 /// Adds `grads` (one micro-batch's) into `total`, parameter by parameter.

@@ -20,19 +20,14 @@ pub struct Stripes {
 
 impl Stripes {
     pub fn new(classes: usize, res: usize) -> Self {
-        Stripes {
-            classes,
-            res,
-            noise: 0.8,
-        }
+        Stripes { classes, res, noise: 0.8 }
     }
 
     /// `count` images (`count x 3 x res x res`, f32) and their labels (u32),
     /// the same for the same seed; labels cycle through the classes.
     pub fn generate(&self, count: usize, seed: u64, device: &Device) -> Result<(Tensor, Tensor)> {
         let mut rng = StdRng::seed_from_u64(seed);
-        let noise = Normal::new(0.0f32, self.noise.max(f32::MIN_POSITIVE))
-            .map_err(candle_core::Error::wrap)?;
+        let noise = Normal::new(0.0f32, self.noise.max(f32::MIN_POSITIVE)).map_err(candle_core::Error::wrap)?;
         let plane = self.res * self.res;
         let mut pixels = Vec::with_capacity(count * 3 * plane);
         let mut labels = Vec::with_capacity(count);
@@ -43,11 +38,7 @@ impl Stripes {
             let (dx, dy) = (angle.cos(), angle.sin());
             let freq = rng.random_range(0.25..0.45f32);
             let phase = rng.random_range(0.0..2.0 * PI);
-            let tint: [f32; 3] = [
-                rng.random_range(0.5..1.0),
-                rng.random_range(0.5..1.0),
-                rng.random_range(0.5..1.0),
-            ];
+            let tint: [f32; 3] = [rng.random_range(0.5..1.0), rng.random_range(0.5..1.0), rng.random_range(0.5..1.0)];
             for tint in tint {
                 for y in 0..self.res {
                     for x in 0..self.res {
@@ -57,9 +48,6 @@ impl Stripes {
                 }
             }
         }
-        Ok((
-            Tensor::from_vec(pixels, (count, 3, self.res, self.res), device)?,
-            Tensor::from_vec(labels, count, device)?,
-        ))
+        Ok((Tensor::from_vec(pixels, (count, 3, self.res, self.res), device)?, Tensor::from_vec(labels, count, device)?))
     }
 }

@@ -26,11 +26,7 @@ fn assert_same_grads(net: &Network, a: &Gradients, b: &Gradients, tolerance: f64
 }
 
 fn buffers(net: &Network) -> Vec<Vec<f32>> {
-    net.buffers()
-        .iter()
-        .filter(|b| b.var.dtype() == DType::F32)
-        .map(|b| b.var.to_vec1::<f32>().unwrap())
-        .collect()
+    net.buffers().iter().filter(|b| b.var.dtype() == DType::F32).map(|b| b.var.to_vec1::<f32>().unwrap()).collect()
 }
 
 #[test]
@@ -67,18 +63,14 @@ fn ckpt_with(to: &Network, from: &Network, ckpt: &Gradients) -> Gradients {
             grads.insert(a.var.as_tensor(), g.clone());
         }
     }
-    Gradients {
-        loss: ckpt.loss,
-        correct: ckpt.correct,
-        samples: ckpt.samples,
-        grads,
-    }
+    Gradients { loss: ckpt.loss, correct: ckpt.correct, samples: ckpt.samples, grads }
 }
 
 #[test]
 fn an_unknown_stage_is_named_with_the_valid_ones() {
     let net = net(ModelName::Resnet18, 5, 32);
-    let err = StepPlan::training(&net.stage_names(), &Checkpointing::Segments(vec!["layer9".into()]), 1, ledger::OptimizerKind::Sgd).unwrap_err();
+    let err =
+        StepPlan::training(&net.stage_names(), &Checkpointing::Segments(vec!["layer9".into()]), 1, ledger::OptimizerKind::Sgd).unwrap_err();
     let text = err.to_string();
     assert!(text.contains("layer9") && text.contains("layer4"), "{text}");
 }
@@ -148,11 +140,8 @@ fn train_stripes(precision: crate::models::Precision) -> (f64, Trainer) {
     let (x, y) = task.generate(384, 11, &device).unwrap();
     let (vx, vy) = task.generate(256, 12, &device).unwrap();
     let net = Network::new(&ModelName::SmallCnn.spec(4), Shape::map(3, 16, 16), &device, 1).unwrap();
-    let config = TrainConfig {
-        precision,
-        optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 3e-3),
-        ..TrainConfig::default()
-    };
+    let config =
+        TrainConfig { precision, optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 3e-3), ..TrainConfig::default() };
     let mut trainer = Trainer::new(net, config).unwrap();
     let mut train = InMemory::new(x, y, 32).shuffled(5);
     let mut val = InMemory::new(vx, vy, 128);
@@ -166,10 +155,7 @@ fn mixed_precision_training_reaches_the_f32_accuracy() {
     let (f32_accuracy, _) = train_stripes(crate::models::Precision::F32);
     let (f16_accuracy, trainer) = train_stripes(crate::models::Precision::F16Amp);
     assert!(f32_accuracy > 0.9, "the task is learnable: f32 reached {f32_accuracy}");
-    assert!(
-        (f32_accuracy - f16_accuracy).abs() <= 0.02,
-        "f32 {f32_accuracy} vs f16 {f16_accuracy}"
-    );
+    assert!((f32_accuracy - f16_accuracy).abs() <= 0.02, "f32 {f32_accuracy} vs f16 {f16_accuracy}");
     let scales: Vec<f64> = trainer.history().steps().filter_map(|s| s.loss_scale).collect();
     assert_eq!(scales.len(), 36);
 }
@@ -230,11 +216,14 @@ fn fit_takes_batches_as_it_trains_not_a_whole_epoch_first() {
 
 #[test]
 fn a_step_runs_every_phase_the_ledger_predicts_in_its_order() {
-    for (accumulation, checkpointing) in [(1, Checkpointing::None), (2, Checkpointing::Stages), (3, Checkpointing::Segments(vec!["layer2".into()]))] {
+    for (accumulation, checkpointing) in
+        [(1, Checkpointing::None), (2, Checkpointing::Stages), (3, Checkpointing::Segments(vec!["layer2".into()]))]
+    {
         let net = net(ModelName::Resnet18, 4, 32);
         let config = TrainConfig { accumulation, checkpointing: checkpointing.clone(), ..TrainConfig::default() };
         let mut trainer = Trainer::new(net, config).unwrap();
-        let micro_batches: Vec<_> = (0..accumulation).map(|seed| Stripes::new(4, 32).generate(2, seed as u64, &Device::Cpu).unwrap()).collect();
+        let micro_batches: Vec<_> =
+            (0..accumulation).map(|seed| Stripes::new(4, 32).generate(2, seed as u64, &Device::Cpu).unwrap()).collect();
         let mut ran = Vec::new();
         trainer.step_watched(&micro_batches, 0, &mut |phase, _| ran.push(phase)).unwrap();
         let predicted: Vec<_> = trainer.predict(2).unwrap().timeline.iter().map(|p| p.phase).collect();

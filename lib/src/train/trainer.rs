@@ -13,11 +13,11 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::amp::GradScaler;
+use super::clip::clip_grad_norm;
 use super::config::TrainConfig;
 use super::error::TrainError;
-use super::clip::clip_grad_norm;
-use super::oom::{self, StepOom};
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
+use super::oom::{self, StepOom};
 use super::optim::Optimizer;
 use super::step::{accumulate, cross_entropy, forward_backward_watched, grad_bytes};
 use crate::ledger::{StepPhase, StepPlan};
@@ -45,13 +45,7 @@ pub struct InMemory {
 
 impl InMemory {
     pub fn new(images: Tensor, labels: Tensor, batch_size: usize) -> Self {
-        InMemory {
-            images,
-            labels,
-            batch_size: batch_size.max(1),
-            shuffle: None,
-            drop_last: false,
-        }
+        InMemory { images, labels, batch_size: batch_size.max(1), shuffle: None, drop_last: false }
     }
 
     pub fn shuffled(mut self, seed: u64) -> Self {
@@ -88,10 +82,7 @@ impl BatchSource for InMemory {
         Box::new((0..batches).map(move |b| {
             let end = ((b + 1) * batch_size).min(order.len());
             let index = Tensor::new(&order[b * batch_size..end], self.images.device())?;
-            Ok((
-                self.images.index_select(&index, 0)?,
-                self.labels.index_select(&index, 0)?,
-            ))
+            Ok((self.images.index_select(&index, 0)?, self.labels.index_select(&index, 0)?))
         }))
     }
 }
@@ -110,11 +101,7 @@ pub struct Trainer {
 
 impl std::fmt::Debug for Trainer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Trainer")
-            .field("net", &self.net)
-            .field("config", &self.config)
-            .field("steps", &self.steps)
-            .finish()
+        f.debug_struct("Trainer").field("net", &self.net).field("config", &self.config).field("steps", &self.steps).finish()
     }
 }
 
@@ -125,23 +112,10 @@ impl Trainer {
         }
         check_precision(config.precision, net.device())?;
         let optimizer = config.optimizer.build(net.vars())?;
-        let scaler = if config.precision == Precision::F16Amp {
-            GradScaler::new(config.scaler.clone())?
-        } else {
-            GradScaler::disabled()
-        };
+        let scaler = if config.precision == Precision::F16Amp { GradScaler::new(config.scaler.clone())? } else { GradScaler::disabled() };
         let plan = StepPlan::training(&net.stage_names(), &config.checkpointing, config.accumulation, config.optimizer.kind())?;
         let pass = Pass::train(config.precision.compute_dtype());
-        Ok(Trainer {
-            net,
-            config,
-            optimizer,
-            scaler,
-            plan,
-            pass,
-            steps: 0,
-            history: History::default(),
-        })
+        Ok(Trainer { net, config, optimizer, scaler, plan, pass, steps: 0, history: History::default() })
     }
 
     pub fn net(&self) -> &Network {
@@ -190,10 +164,7 @@ impl Trainer {
         phase: &mut dyn FnMut(StepPhase, u64),
     ) -> Result<StepReport, TrainError> {
         if micro_batches.len() != self.config.accumulation {
-            return Err(TrainError::MicroBatches {
-                expected: self.config.accumulation,
-                got: micro_batches.len(),
-            });
+            return Err(TrainError::MicroBatches { expected: self.config.accumulation, got: micro_batches.len() });
         }
         oom::clear_raised();
         let before = HostMemory::sample();
@@ -222,7 +193,13 @@ impl Trainer {
     /// Keeps the step's record when `error` is an out-of-memory error, for
     /// the diagnosis; the error itself is returned as it came, the budget's
     /// with its phase.
-    fn out_of_memory(&self, error: TrainError, last_phase: Option<StepPhase>, micro_batches: &[(Tensor, Tensor)], outside: u64) -> TrainError {
+    fn out_of_memory(
+        &self,
+        error: TrainError,
+        last_phase: Option<StepPhase>,
+        micro_batches: &[(Tensor, Tensor)],
+        outside: u64,
+    ) -> TrainError {
         let raised = oom::raised(&error);
         let message = error.to_string();
         if raised.is_none() && !oom::is_out_of_memory(&message) {
@@ -322,10 +299,7 @@ impl Trainer {
             loss_scale,
             skipped: !stepped,
             grad_norm,
-            memory: after.peak.map(|peak| MemorySample {
-                in_use: after.in_use,
-                peak,
-            }),
+            memory: after.peak.map(|peak| MemorySample { in_use: after.in_use, peak }),
         };
         self.history.events.push(TrainEvent::Step(report.clone()));
         Ok(report)
@@ -341,22 +315,13 @@ impl Trainer {
             let n = labels.dim(0)?;
             loss_sum += cross_entropy(&logits, &labels)?.to_scalar::<f32>()? as f64 * n as f64;
             let predicted = logits.argmax(1)?;
-            correct += predicted
-                .eq(&labels.to_dtype(predicted.dtype())?)?
-                .to_dtype(DType::U32)?
-                .sum_all()?
-                .to_scalar::<u32>()? as usize;
+            correct += predicted.eq(&labels.to_dtype(predicted.dtype())?)?.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()? as usize;
             samples += n;
         }
         if samples == 0 {
             return Err(TrainError::Empty);
         }
-        let report = EvalReport {
-            epoch,
-            loss: (loss_sum / samples as f64) as f32,
-            accuracy: correct as f64 / samples as f64,
-            samples,
-        };
+        let report = EvalReport { epoch, loss: (loss_sum / samples as f64) as f32, accuracy: correct as f64 / samples as f64, samples };
         self.history.events.push(TrainEvent::Eval(report.clone()));
         Ok(report)
     }

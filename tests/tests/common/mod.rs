@@ -7,14 +7,11 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use jupyter_protocol::{
-    ConnectionInfo, ExecuteReply, ExecuteRequest, JupyterMessage, JupyterMessageContent, Transport,
-};
+use jupyter_protocol::{ConnectionInfo, ExecuteReply, ExecuteRequest, JupyterMessage, JupyterMessageContent, Transport};
 use jupyter_zmq_client::{
     create_client_control_connection, create_client_heartbeat_connection, create_client_iopub_connection,
     create_client_shell_connection_with_identity, create_client_stdin_connection_with_identity, peer_identity_for_session,
-    ClientControlConnection, ClientHeartbeatConnection, ClientIoPubConnection, ClientShellConnection,
-    ClientStdinConnection,
+    ClientControlConnection, ClientHeartbeatConnection, ClientIoPubConnection, ClientShellConnection, ClientStdinConnection,
 };
 
 /// The kernel binary built by the same `cargo test --release` run.
@@ -32,9 +29,7 @@ pub fn kernel_binary() -> PathBuf {
 /// Build directories shared by the test kernels, so a warm build serves every
 /// test. Outside the workspace: evcxr cannot build inside another Cargo project.
 pub fn cache_dir() -> PathBuf {
-    std::env::var_os("VRAMLAB_CACHE_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::temp_dir().join("vramlab-test-cache"))
+    std::env::var_os("VRAMLAB_CACHE_DIR").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join("vramlab-test-cache"))
 }
 
 pub async fn free_connection_info(key: &str) -> ConnectionInfo {
@@ -86,9 +81,7 @@ impl Execution {
         self.outputs
             .iter()
             .filter_map(|m| match &m.content {
-                JupyterMessageContent::StreamContent(s) if serde_json::to_value(&s.name).unwrap() == name => {
-                    Some(s.text.clone())
-                }
+                JupyterMessageContent::StreamContent(s) if serde_json::to_value(&s.name).unwrap() == name => Some(s.text.clone()),
                 _ => None,
             })
             .collect()
@@ -181,10 +174,8 @@ impl Kernel {
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let reply = tokio::time::timeout(left, self.shell.read())
-                .await
-                .unwrap_or_else(|_| panic!("no shell reply within {within:?}"))
-                .unwrap();
+            let reply =
+                tokio::time::timeout(left, self.shell.read()).await.unwrap_or_else(|_| panic!("no shell reply within {within:?}")).unwrap();
             if reply.parent_header.as_ref().map(|h| h.msg_id.as_str()) == Some(id) {
                 return reply;
             }

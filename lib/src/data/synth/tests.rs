@@ -2,15 +2,13 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::data::{
-    decode_file, group_split, histogram_baseline, preprocess, DataLoader, DecodeOptions, ImageFolder, LoaderConfig, Manifest,
-    OnError, Transforms,
+    decode_file, group_split, histogram_baseline, preprocess, DataLoader, DecodeOptions, ImageFolder, LoaderConfig, Manifest, OnError,
+    Transforms,
 };
 
 fn tiny(images: usize, seed: u64) -> LeafDiseaseSynth {
-    LeafDiseaseSynth::new(images, seed).with_sizes(vec![
-        SizeShare { width: 48, height: 32, share: 0.7 },
-        SizeShare { width: 96, height: 64, share: 0.3 },
-    ])
+    LeafDiseaseSynth::new(images, seed)
+        .with_sizes(vec![SizeShare { width: 48, height: 32, share: 0.7 }, SizeShare { width: 96, height: 64, share: 0.3 }])
 }
 
 #[test]
@@ -126,7 +124,8 @@ fn the_loader_reads_the_generated_folder_into_normalised_batches() {
 #[test]
 fn preprocessing_resizes_to_the_short_side_and_carries_the_manifest() {
     let (src, out) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let synth = tiny(20, 2).with_sizes(vec![SizeShare { width: 120, height: 90, share: 0.5 }, SizeShare { width: 40, height: 30, share: 0.5 }]);
+    let synth =
+        tiny(20, 2).with_sizes(vec![SizeShare { width: 120, height: 90, share: 0.5 }, SizeShare { width: 40, height: 30, share: 0.5 }]);
     synth.generate(src.path()).unwrap();
     let report = preprocess(src.path(), out.path(), 45, 85).unwrap();
     assert_eq!(report.images, 20);

@@ -24,14 +24,7 @@ pub struct AdamConfig {
 
 impl Default for AdamConfig {
     fn default() -> Self {
-        AdamConfig {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            amsgrad: false,
-        }
+        AdamConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, amsgrad: false }
     }
 }
 
@@ -54,14 +47,7 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            amsgrad: false,
-        }
+        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, amsgrad: false }
     }
 }
 
@@ -161,25 +147,13 @@ impl Adam {
         Adam::with_decay("Adam", vars, config, Decay::L2)
     }
 
-    fn with_decay(
-        name: &'static str,
-        vars: Vec<Var>,
-        config: AdamConfig,
-        decay: Decay,
-    ) -> Result<Self, OptimError> {
+    fn with_decay(name: &'static str, vars: Vec<Var>, config: AdamConfig, decay: Decay) -> Result<Self, OptimError> {
         require_non_negative(name, "lr", config.lr)?;
         require_beta(name, "beta1", config.beta1)?;
         require_beta(name, "beta2", config.beta2)?;
         require_non_negative(name, "eps", config.eps)?;
         require_non_negative(name, "weight_decay", config.weight_decay)?;
-        Ok(Adam {
-            name,
-            states: (0..vars.len()).map(|_| None).collect(),
-            vars,
-            config,
-            decay,
-            fuse_on_cpu: true,
-        })
+        Ok(Adam { name, states: (0..vars.len()).map(|_| None).collect(), vars, config, decay, fuse_on_cpu: true })
     }
 
     /// Forces the tensor-op path on the CPU too, so tests can compare the two paths.
@@ -190,17 +164,8 @@ impl Adam {
     }
 
     fn new_state(&self, var: &Var) -> candle_core::Result<AdamState> {
-        let max_v = if self.config.amsgrad {
-            Some(var.zeros_like()?)
-        } else {
-            None
-        };
-        Ok(AdamState {
-            step: 0,
-            m: var.zeros_like()?,
-            v: var.zeros_like()?,
-            max_v,
-        })
+        let max_v = if self.config.amsgrad { Some(var.zeros_like()?) } else { None };
+        Ok(AdamState { step: 0, m: var.zeros_like()?, v: var.zeros_like()?, max_v })
     }
 
     fn constants(&self, step: u64) -> AdamStep {
@@ -214,12 +179,8 @@ impl Adam {
         let wd = self.config.weight_decay as f32;
         let l2 = self.decay == Decay::L2 && wd != 0.0;
         let grad = |g: f32, p: f32| if l2 { g + wd * p } else { g };
-        fused::update3("adam m", &state.m, g, p, |m, g, p| {
-            *m = k.first_moment(*m, grad(g, p))
-        })?;
-        fused::update3("adam v", &state.v, g, p, |v, g, p| {
-            *v = k.second_moment(*v, grad(g, p))
-        })?;
+        fused::update3("adam m", &state.m, g, p, |m, g, p| *m = k.first_moment(*m, grad(g, p)))?;
+        fused::update3("adam v", &state.v, g, p, |v, g, p| *v = k.second_moment(*v, grad(g, p)))?;
         let denominator = match &state.max_v {
             Some(max_v) => {
                 fused::update2("amsgrad max", max_v, &state.v, |max, v| {
@@ -231,29 +192,15 @@ impl Adam {
             }
             None => &state.v,
         };
-        let shrink = if self.decay == Decay::Decoupled && wd != 0.0 {
-            (1.0 - self.config.lr * self.config.weight_decay) as f32
-        } else {
-            1.0
-        };
-        fused::update3("adam step", p, &state.m, denominator, |p, m, v| {
-            *p = *p * shrink + k.delta(m, v)
-        })
+        let shrink =
+            if self.decay == Decay::Decoupled && wd != 0.0 { (1.0 - self.config.lr * self.config.weight_decay) as f32 } else { 1.0 };
+        fused::update3("adam step", p, &state.m, denominator, |p, m, v| *p = *p * shrink + k.delta(m, v))
     }
 
-    fn step_tensors(
-        &self,
-        var: &Var,
-        g: &Tensor,
-        state: &mut AdamState,
-    ) -> candle_core::Result<()> {
+    fn step_tensors(&self, var: &Var, g: &Tensor, state: &mut AdamState) -> candle_core::Result<()> {
         let c = &self.config;
         let mut p = var.as_detached_tensor();
-        let g = if self.decay == Decay::L2 && c.weight_decay != 0.0 {
-            (g + p.affine(c.weight_decay, 0.0)?)?
-        } else {
-            g.clone()
-        };
+        let g = if self.decay == Decay::L2 && c.weight_decay != 0.0 { (g + p.affine(c.weight_decay, 0.0)?)? } else { g.clone() };
         if self.decay == Decay::Decoupled && c.weight_decay != 0.0 {
             p = p.affine(1.0 - c.lr * c.weight_decay, 0.0)?;
         }
@@ -295,11 +242,7 @@ impl Optimizer for Adam {
             };
             state.step += 1;
             let fuse = self.fuse_on_cpu && fusable(var, &[&g, &state.m, &state.v]);
-            let result = if fuse {
-                self.step_fused(&var.as_detached_tensor(), &g, &state)
-            } else {
-                self.step_tensors(var, &g, &mut state)
-            };
+            let result = if fuse { self.step_fused(&var.as_detached_tensor(), &g, &state) } else { self.step_tensors(var, &g, &mut state) };
             self.states[index] = Some(state);
             result?;
         }
@@ -315,13 +258,7 @@ impl Optimizer for Adam {
     }
 
     fn state_bytes(&self) -> usize {
-        self.states
-            .iter()
-            .flatten()
-            .map(|s| {
-                tensor_bytes(&s.m) + tensor_bytes(&s.v) + s.max_v.as_ref().map_or(0, tensor_bytes)
-            })
-            .sum()
+        self.states.iter().flatten().map(|s| tensor_bytes(&s.m) + tensor_bytes(&s.v) + s.max_v.as_ref().map_or(0, tensor_bytes)).sum()
     }
 }
 
@@ -331,28 +268,9 @@ pub struct AdamW(Adam);
 
 impl AdamW {
     pub fn new(vars: Vec<Var>, config: AdamWConfig) -> Result<Self, OptimError> {
-        let AdamWConfig {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            amsgrad,
-        } = config;
-        let config = AdamConfig {
-            lr,
-            beta1,
-            beta2,
-            eps,
-            weight_decay,
-            amsgrad,
-        };
-        Ok(AdamW(Adam::with_decay(
-            "AdamW",
-            vars,
-            config,
-            Decay::Decoupled,
-        )?))
+        let AdamWConfig { lr, beta1, beta2, eps, weight_decay, amsgrad } = config;
+        let config = AdamConfig { lr, beta1, beta2, eps, weight_decay, amsgrad };
+        Ok(AdamW(Adam::with_decay("AdamW", vars, config, Decay::Decoupled)?))
     }
 
     #[cfg(test)]

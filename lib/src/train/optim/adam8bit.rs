@@ -34,25 +34,13 @@ pub struct Adam8bitConfig {
 
 impl Default for Adam8bitConfig {
     fn default() -> Self {
-        Adam8bitConfig {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.0,
-            min_8bit_size: SMALL_TENSOR_ELEMS as usize,
-        }
+        Adam8bitConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.0, min_8bit_size: SMALL_TENSOR_ELEMS as usize }
     }
 }
 
 enum Moments {
     /// One u8 code per element and one f32 absmax per block, for m and for v.
-    Quantized {
-        m_codes: Tensor,
-        v_codes: Tensor,
-        m_absmax: Tensor,
-        v_absmax: Tensor,
-    },
+    Quantized { m_codes: Tensor, v_codes: Tensor, m_absmax: Tensor, v_absmax: Tensor },
     /// Small tensors: f32 moments.
     Full { m: Tensor, v: Tensor },
 }
@@ -60,15 +48,9 @@ enum Moments {
 impl Moments {
     fn bytes(&self) -> usize {
         match self {
-            Moments::Quantized {
-                m_codes,
-                v_codes,
-                m_absmax,
-                v_absmax,
-            } => [m_codes, v_codes, m_absmax, v_absmax]
-                .into_iter()
-                .map(tensor_bytes)
-                .sum(),
+            Moments::Quantized { m_codes, v_codes, m_absmax, v_absmax } => {
+                [m_codes, v_codes, m_absmax, v_absmax].into_iter().map(tensor_bytes).sum()
+            }
             Moments::Full { m, v } => tensor_bytes(m) + tensor_bytes(v),
         }
     }
@@ -99,17 +81,8 @@ impl Adam8bit {
         require_beta(NAME, "beta2", config.beta2)?;
         require_non_negative(NAME, "eps", config.eps)?;
         require_non_negative(NAME, "weight_decay", config.weight_decay)?;
-        if let Some((index, var)) = vars
-            .iter()
-            .enumerate()
-            .find(|(_, v)| v.dtype() != DType::F32)
-        {
-            return Err(OptimError::NotF32 {
-                optimizer: NAME,
-                index,
-                shape: var.dims().to_vec(),
-                dtype: var.dtype(),
-            });
+        if let Some((index, var)) = vars.iter().enumerate().find(|(_, v)| v.dtype() != DType::F32) {
+            return Err(OptimError::NotF32 { optimizer: NAME, index, shape: var.dims().to_vec(), dtype: var.dtype() });
         }
         Ok(Adam8bit {
             states: (0..vars.len()).map(|_| None).collect(),
@@ -128,10 +101,7 @@ impl Adam8bit {
         let n = var.elem_count();
         let device = var.device();
         let moments = if n < self.config.min_8bit_size {
-            Moments::Full {
-                m: Tensor::zeros(n, DType::F32, device)?,
-                v: Tensor::zeros(n, DType::F32, device)?,
-            }
+            Moments::Full { m: Tensor::zeros(n, DType::F32, device)?, v: Tensor::zeros(n, DType::F32, device)? }
         } else {
             let blocks = n.div_ceil(BLOCK_SIZE);
             Moments::Quantized {
@@ -166,12 +136,7 @@ impl Adam8bit {
                 *m = to_device(ms, device)?;
                 *v = to_device(vs, device)?;
             }
-            Moments::Quantized {
-                m_codes,
-                v_codes,
-                m_absmax,
-                v_absmax,
-            } => {
+            Moments::Quantized { m_codes, v_codes, m_absmax, v_absmax } => {
                 let mut mc = m_codes.to_vec1::<u8>()?;
                 let mut vc = v_codes.to_vec1::<u8>()?;
                 let mut ma = m_absmax.to_vec1::<f32>()?;
@@ -205,10 +170,7 @@ impl Adam8bit {
     }
 }
 
-fn to_device<T: candle_core::WithDType>(
-    values: Vec<T>,
-    device: &Device,
-) -> candle_core::Result<Tensor> {
+fn to_device<T: candle_core::WithDType>(values: Vec<T>, device: &Device) -> candle_core::Result<Tensor> {
     let n = values.len();
     Tensor::from_vec(values, n, device)
 }
@@ -248,10 +210,6 @@ impl Optimizer for Adam8bit {
     }
 
     fn state_bytes(&self) -> usize {
-        self.states
-            .iter()
-            .flatten()
-            .map(|s| s.moments.bytes())
-            .sum()
+        self.states.iter().flatten().map(|s| s.moments.bytes()).sum()
     }
 }

@@ -8,16 +8,12 @@ use rayon::prelude::*;
 const CHUNK: usize = 1 << 15;
 
 fn view<'a>(storage: &'a CpuStorage, layout: &Layout, op: &str) -> Result<&'a [f32]> {
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        bail!("{op}: source is not contiguous")
-    };
+    let Some((start, end)) = layout.contiguous_offsets() else { bail!("{op}: source is not contiguous") };
     Ok(&storage.as_slice::<f32>()?[start..end])
 }
 
 fn view_mut<'a>(storage: &'a mut CpuStorage, layout: &Layout, op: &str) -> Result<&'a mut [f32]> {
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        bail!("{op}: destination is not contiguous")
-    };
+    let Some((start, end)) = layout.contiguous_offsets() else { bail!("{op}: destination is not contiguous") };
     match storage {
         CpuStorage::F32(values) => Ok(&mut values[start..end]),
         _ => bail!("{op}: destination is not f32"),
@@ -42,19 +38,11 @@ impl<F: Fn(&mut f32, f32) + Sync> InplaceOp2 for Update2<F> {
         self.name
     }
 
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dl: &Layout,
-        a: &CpuStorage,
-        al: &Layout,
-    ) -> Result<()> {
+    fn cpu_fwd(&self, dst: &mut CpuStorage, dl: &Layout, a: &CpuStorage, al: &Layout) -> Result<()> {
         let dst = view_mut(dst, dl, self.name)?;
         let a = view(a, al, self.name)?;
         check_len(self.name, dst.len(), a.len())?;
-        dst.par_chunks_mut(CHUNK)
-            .zip(a.par_chunks(CHUNK))
-            .for_each(|(d, a)| d.iter_mut().zip(a).for_each(|(d, &a)| (self.f)(d, a)));
+        dst.par_chunks_mut(CHUNK).zip(a.par_chunks(CHUNK)).for_each(|(d, a)| d.iter_mut().zip(a).for_each(|(d, &a)| (self.f)(d, a)));
         Ok(())
     }
 }
@@ -70,15 +58,7 @@ impl<F: Fn(&mut f32, f32, f32) + Sync> InplaceOp3 for Update3<F> {
         self.name
     }
 
-    fn cpu_fwd(
-        &self,
-        dst: &mut CpuStorage,
-        dl: &Layout,
-        a: &CpuStorage,
-        al: &Layout,
-        b: &CpuStorage,
-        bl: &Layout,
-    ) -> Result<()> {
+    fn cpu_fwd(&self, dst: &mut CpuStorage, dl: &Layout, a: &CpuStorage, al: &Layout, b: &CpuStorage, bl: &Layout) -> Result<()> {
         let dst = view_mut(dst, dl, self.name)?;
         let a = view(a, al, self.name)?;
         let b = view(b, bl, self.name)?;
@@ -87,32 +67,17 @@ impl<F: Fn(&mut f32, f32, f32) + Sync> InplaceOp3 for Update3<F> {
         dst.par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK))
             .zip(b.par_chunks(CHUNK))
-            .for_each(|((d, a), b)| {
-                d.iter_mut()
-                    .zip(a.iter().zip(b))
-                    .for_each(|(d, (&a, &b))| (self.f)(d, a, b))
-            });
+            .for_each(|((d, a), b)| d.iter_mut().zip(a.iter().zip(b)).for_each(|(d, (&a, &b))| (self.f)(d, a, b)));
         Ok(())
     }
 }
 
 /// Updates `dst` in place from `a`; all contiguous f32 on the CPU.
-pub(super) fn update2(
-    name: &'static str,
-    dst: &Tensor,
-    a: &Tensor,
-    f: impl Fn(&mut f32, f32) + Sync,
-) -> Result<()> {
+pub(super) fn update2(name: &'static str, dst: &Tensor, a: &Tensor, f: impl Fn(&mut f32, f32) + Sync) -> Result<()> {
     dst.inplace_op2(a, &Update2 { name, f })
 }
 
 /// Updates `dst` in place from `a` and `b`; all contiguous f32 on the CPU.
-pub(super) fn update3(
-    name: &'static str,
-    dst: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-    f: impl Fn(&mut f32, f32, f32) + Sync,
-) -> Result<()> {
+pub(super) fn update3(name: &'static str, dst: &Tensor, a: &Tensor, b: &Tensor, f: impl Fn(&mut f32, f32, f32) + Sync) -> Result<()> {
     dst.inplace_op3(a, b, &Update3 { name, f })
 }

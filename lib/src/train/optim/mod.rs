@@ -54,50 +54,21 @@ pub enum OptimError {
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
     #[error("{optimizer}: {what} = {value} is invalid: it must be {rule}")]
-    Hyperparameter {
-        optimizer: &'static str,
-        what: &'static str,
-        value: f64,
-        rule: &'static str,
-    },
+    Hyperparameter { optimizer: &'static str, what: &'static str, value: f64, rule: &'static str },
     #[error("{optimizer}: Nesterov momentum needs momentum > 0 and dampening = 0 (got momentum {momentum}, dampening {dampening})")]
-    Nesterov {
-        optimizer: &'static str,
-        momentum: f64,
-        dampening: f64,
-    },
+    Nesterov { optimizer: &'static str, momentum: f64, dampening: f64 },
     #[error("{optimizer} keeps f32 master weights, but parameter {index} (shape {shape:?}) is {dtype:?}")]
-    NotF32 {
-        optimizer: &'static str,
-        index: usize,
-        shape: Vec<usize>,
-        dtype: DType,
-    },
+    NotF32 { optimizer: &'static str, index: usize, shape: Vec<usize>, dtype: DType },
     #[error("gradient of parameter {index} has shape {grad:?}, the parameter has {param:?}")]
-    GradShape {
-        index: usize,
-        param: Vec<usize>,
-        grad: Vec<usize>,
-    },
+    GradShape { index: usize, param: Vec<usize>, grad: Vec<usize> },
     #[error("GradScaler: unscale was already called since the last update")]
     AlreadyUnscaled,
-    #[error(
-        "GradScaler: update needs a step or unscale since the last update (no inf check recorded)"
-    )]
+    #[error("GradScaler: update needs a step or unscale since the last update (no inf check recorded)")]
     NoInfCheck,
     #[error("{schedule}: {what} must be {rule}, got {value}")]
-    Schedule {
-        schedule: &'static str,
-        what: &'static str,
-        value: f64,
-        rule: &'static str,
-    },
+    Schedule { schedule: &'static str, what: &'static str, value: f64, rule: &'static str },
     #[error("clip_grad_norm: {what} must be {rule}, got {value}")]
-    Clip {
-        what: &'static str,
-        value: f64,
-        rule: &'static str,
-    },
+    Clip { what: &'static str, value: f64, rule: &'static str },
 }
 
 /// An optimizer chosen at run time (`--opt`), with its hyperparameters.
@@ -115,27 +86,11 @@ impl OptimizerConfig {
     /// `SgdMomentum` is SGD with momentum 0.9.
     pub fn for_kind(kind: ledger::OptimizerKind, lr: f64) -> Self {
         match kind {
-            ledger::OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig {
-                lr,
-                ..SgdConfig::default()
-            }),
-            ledger::OptimizerKind::SgdMomentum => OptimizerConfig::Sgd(SgdConfig {
-                lr,
-                momentum: 0.9,
-                ..SgdConfig::default()
-            }),
-            ledger::OptimizerKind::Adam => OptimizerConfig::Adam(AdamConfig {
-                lr,
-                ..AdamConfig::default()
-            }),
-            ledger::OptimizerKind::AdamW => OptimizerConfig::AdamW(AdamWConfig {
-                lr,
-                ..AdamWConfig::default()
-            }),
-            ledger::OptimizerKind::Adam8bit => OptimizerConfig::Adam8bit(Adam8bitConfig {
-                lr,
-                ..Adam8bitConfig::default()
-            }),
+            ledger::OptimizerKind::Sgd => OptimizerConfig::Sgd(SgdConfig { lr, ..SgdConfig::default() }),
+            ledger::OptimizerKind::SgdMomentum => OptimizerConfig::Sgd(SgdConfig { lr, momentum: 0.9, ..SgdConfig::default() }),
+            ledger::OptimizerKind::Adam => OptimizerConfig::Adam(AdamConfig { lr, ..AdamConfig::default() }),
+            ledger::OptimizerKind::AdamW => OptimizerConfig::AdamW(AdamWConfig { lr, ..AdamWConfig::default() }),
+            ledger::OptimizerKind::Adam8bit => OptimizerConfig::Adam8bit(Adam8bitConfig { lr, ..Adam8bitConfig::default() }),
         }
     }
 
@@ -170,47 +125,20 @@ impl OptimizerConfig {
 }
 
 /// Fails unless `ok`, naming the hyperparameter and the rule it breaks.
-fn require(
-    optimizer: &'static str,
-    what: &'static str,
-    value: f64,
-    ok: bool,
-    rule: &'static str,
-) -> Result<(), OptimError> {
+fn require(optimizer: &'static str, what: &'static str, value: f64, ok: bool, rule: &'static str) -> Result<(), OptimError> {
     if ok {
         Ok(())
     } else {
-        Err(OptimError::Hyperparameter {
-            optimizer,
-            what,
-            value,
-            rule,
-        })
+        Err(OptimError::Hyperparameter { optimizer, what, value, rule })
     }
 }
 
-fn require_non_negative(
-    optimizer: &'static str,
-    what: &'static str,
-    value: f64,
-) -> Result<(), OptimError> {
-    require(
-        optimizer,
-        what,
-        value,
-        value >= 0.0 && value.is_finite(),
-        "finite and >= 0",
-    )
+fn require_non_negative(optimizer: &'static str, what: &'static str, value: f64) -> Result<(), OptimError> {
+    require(optimizer, what, value, value >= 0.0 && value.is_finite(), "finite and >= 0")
 }
 
 fn require_beta(optimizer: &'static str, what: &'static str, value: f64) -> Result<(), OptimError> {
-    require(
-        optimizer,
-        what,
-        value,
-        (0.0..1.0).contains(&value),
-        "in [0, 1)",
-    )
+    require(optimizer, what, value, (0.0..1.0).contains(&value), "in [0, 1)")
 }
 
 /// The gradient of `var`, checked against its shape and cut off from any graph.
@@ -219,11 +147,7 @@ fn grad_of(grads: &GradStore, var: &Var, index: usize) -> Result<Option<Tensor>,
         return Ok(None);
     };
     if grad.shape() != var.shape() {
-        return Err(OptimError::GradShape {
-            index,
-            param: var.dims().to_vec(),
-            grad: grad.dims().to_vec(),
-        });
+        return Err(OptimError::GradShape { index, param: var.dims().to_vec(), grad: grad.dims().to_vec() });
     }
     Ok(Some(grad.detach()))
 }
@@ -237,7 +161,5 @@ fn fusable(param: &Tensor, others: &[&Tensor]) -> bool {
     param.device().is_cpu()
         && param.dtype() == DType::F32
         && param.is_contiguous()
-        && others
-            .iter()
-            .all(|t| t.dtype() == DType::F32 && t.is_contiguous())
+        && others.iter().all(|t| t.dtype() == DType::F32 && t.is_contiguous())
 }

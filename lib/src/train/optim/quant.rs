@@ -58,11 +58,7 @@ impl DynamicMap {
         const EXPONENT_BITS: i32 = 7;
         let mut data: Vec<f32> = Vec::with_capacity(256);
         for i in 0..EXPONENT_BITS {
-            let splits = if signed {
-                1usize << i
-            } else {
-                1usize << (i + 1)
-            };
+            let splits = if signed { 1usize << i } else { 1usize << (i + 1) };
             let scale = 10f32.powi(i - (EXPONENT_BITS - 1));
             // torch.linspace(0.1, 1, splits + 1) in f32, then neighbour means.
             let step = 0.9f32 / splits as f32;
@@ -90,11 +86,7 @@ impl DynamicMap {
                 midpoints.partition_point(|&m| m < lowest) as u8
             })
             .collect();
-        DynamicMap {
-            values,
-            midpoints,
-            first_code,
-        }
+        DynamicMap { values, midpoints, first_code }
     }
 
     pub fn values(&self) -> &[f32; 256] {
@@ -141,10 +133,7 @@ mod tests {
                 let low = from_order_key(bucket << 16);
                 let high = from_order_key((bucket + 1) << 16);
                 let inside = midpoints.iter().filter(|&&m| low <= m && m < high).count();
-                assert!(
-                    inside <= MIDPOINTS_PER_BUCKET,
-                    "bucket {bucket} [{low}, {high}) holds {inside}"
-                );
+                assert!(inside <= MIDPOINTS_PER_BUCKET, "bucket {bucket} [{low}, {high}) holds {inside}");
             }
         }
     }

@@ -25,13 +25,7 @@ pub struct SgdConfig {
 
 impl Default for SgdConfig {
     fn default() -> Self {
-        SgdConfig {
-            lr: 0.01,
-            momentum: 0.0,
-            dampening: 0.0,
-            weight_decay: 0.0,
-            nesterov: false,
-        }
+        SgdConfig { lr: 0.01, momentum: 0.0, dampening: 0.0, weight_decay: 0.0, nesterov: false }
     }
 }
 
@@ -39,20 +33,10 @@ impl SgdConfig {
     fn validate(&self) -> Result<(), OptimError> {
         require_non_negative(NAME, "lr", self.lr)?;
         require_non_negative(NAME, "momentum", self.momentum)?;
-        require(
-            NAME,
-            "dampening",
-            self.dampening,
-            self.dampening.is_finite(),
-            "finite",
-        )?;
+        require(NAME, "dampening", self.dampening, self.dampening.is_finite(), "finite")?;
         require_non_negative(NAME, "weight_decay", self.weight_decay)?;
         if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
-            return Err(OptimError::Nesterov {
-                optimizer: NAME,
-                momentum: self.momentum,
-                dampening: self.dampening,
-            });
+            return Err(OptimError::Nesterov { optimizer: NAME, momentum: self.momentum, dampening: self.dampening });
         }
         Ok(())
     }
@@ -71,12 +55,7 @@ pub struct Sgd {
 impl Sgd {
     pub fn new(vars: Vec<Var>, config: SgdConfig) -> Result<Self, OptimError> {
         config.validate()?;
-        Ok(Sgd {
-            momentum_buffers: vec![None; vars.len()],
-            vars,
-            config,
-            fuse_on_cpu: true,
-        })
+        Ok(Sgd { momentum_buffers: vec![None; vars.len()], vars, config, fuse_on_cpu: true })
     }
 
     pub fn config(&self) -> &SgdConfig {
@@ -91,12 +70,7 @@ impl Sgd {
     }
 
     /// `p` is the parameter's storage, updated in place.
-    fn step_fused(
-        &self,
-        p: &Tensor,
-        g: &Tensor,
-        buffer: &mut Option<Tensor>,
-    ) -> candle_core::Result<()> {
+    fn step_fused(&self, p: &Tensor, g: &Tensor, buffer: &mut Option<Tensor>) -> candle_core::Result<()> {
         let c = &self.config;
         let lr = c.lr as f32;
         let wd = c.weight_decay as f32;
@@ -108,29 +82,20 @@ impl Sgd {
         }
         let buf = match buffer.take() {
             Some(buf) => {
-                fused::update3("sgd momentum", &buf, g, p, |b, g, p| {
-                    *b = *b * momentum + damp * decayed(g, p)
-                })?;
+                fused::update3("sgd momentum", &buf, g, p, |b, g, p| *b = *b * momentum + damp * decayed(g, p))?;
                 buf
             }
             None => decayed_grad(p, g, c.weight_decay)?.copy()?,
         };
         let buf = &*buffer.insert(buf);
         if c.nesterov {
-            fused::update3("sgd nesterov", p, g, buf, |p, g, b| {
-                *p += -lr * (decayed(g, *p) + momentum * b)
-            })
+            fused::update3("sgd nesterov", p, g, buf, |p, g, b| *p += -lr * (decayed(g, *p) + momentum * b))
         } else {
             fused::update2("sgd", p, buf, |p, b| *p += -lr * b)
         }
     }
 
-    fn step_tensors(
-        &self,
-        var: &Var,
-        g: &Tensor,
-        buffer: &mut Option<Tensor>,
-    ) -> candle_core::Result<()> {
+    fn step_tensors(&self, var: &Var, g: &Tensor, buffer: &mut Option<Tensor>) -> candle_core::Result<()> {
         let c = &self.config;
         let p = var.as_detached_tensor();
         let mut d = decayed_grad(&p, g, c.weight_decay)?;
@@ -139,11 +104,7 @@ impl Sgd {
                 Some(buf) => (buf.affine(c.momentum, 0.0)? + d.affine(1.0 - c.dampening, 0.0)?)?,
                 None => d.copy()?,
             };
-            d = if c.nesterov {
-                (d + buf.affine(c.momentum, 0.0)?)?
-            } else {
-                buf.clone()
-            };
+            d = if c.nesterov { (d + buf.affine(c.momentum, 0.0)?)? } else { buf.clone() };
             *buffer = Some(buf);
         }
         var.set(&(p + d.affine(-c.lr, 0.0)?)?)
@@ -174,14 +135,9 @@ impl Optimizer for Sgd {
                 continue;
             };
             let mut buffer = self.momentum_buffers[index].take();
-            let fuse = self.fuse_on_cpu
-                && fusable(var, &[&g])
-                && buffer.as_ref().is_none_or(|b| fusable(b, &[]));
-            let result = if fuse {
-                self.step_fused(&var.as_detached_tensor(), &g, &mut buffer)
-            } else {
-                self.step_tensors(var, &g, &mut buffer)
-            };
+            let fuse = self.fuse_on_cpu && fusable(var, &[&g]) && buffer.as_ref().is_none_or(|b| fusable(b, &[]));
+            let result =
+                if fuse { self.step_fused(&var.as_detached_tensor(), &g, &mut buffer) } else { self.step_tensors(var, &g, &mut buffer) };
             self.momentum_buffers[index] = buffer;
             result?;
         }
@@ -197,10 +153,6 @@ impl Optimizer for Sgd {
     }
 
     fn state_bytes(&self) -> usize {
-        self.momentum_buffers
-            .iter()
-            .flatten()
-            .map(tensor_bytes)
-            .sum()
+        self.momentum_buffers.iter().flatten().map(tensor_bytes).sum()
     }
 }
