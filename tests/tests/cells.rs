@@ -309,9 +309,16 @@ async fn a_question_mark_error_or_a_cell_that_is_not_rust_fails_the_cell() {
 
 /// Every cell library links its own copy of candle; tensors made in two
 /// cells must still have different ids, or backprop adds one tensor's
-/// gradient to another's (patches/candle-core).
+/// gradient to another's (patches/candle-core). The patches reach the cells
+/// even when another checkout sharing the build cache left its own paths.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_trainer_built_in_one_cell_trains_in_the_next() {
+    if let Some(cache) = std::env::var_os("VRAMLAB_CACHE_DIR") {
+        let config = std::path::Path::new(&cache).join("evcxr/.cargo");
+        std::fs::create_dir_all(&config).unwrap();
+        std::fs::write(config.join("config.toml"), "[patch.crates-io.candle-core]\npath = \"/another/checkout/patches/candle-core\"\n")
+            .unwrap();
+    }
     let mut kernel = Kernel::start().await;
     let first = kernel.execute("use vramlab::candle::{DType, Device, Tensor};\nlet a = Tensor::zeros(1, DType::F32, &Device::Cpu)?;").await;
     assert_eq!(first.reply.status, ReplyStatus::Ok, "{:?}", first.error());

@@ -37,6 +37,11 @@ pub(super) struct Worker {
 
 impl Worker {
     pub(super) fn run(slot: BuildSlot, library: Library, jobs: Receiver<Job>, running: Arc<Running>, memory: Option<Arc<CellProbe>>) {
+        // Before evcxr's first compile, which reads the build directory's cargo
+        // configuration: another checkout sharing the cache may have left its own.
+        if let Some(workspace) = library.dir.as_ref().and_then(|d| d.parent()) {
+            slot.patch_dependencies(workspace);
+        }
         let command = cell_process_command().map(|mut command| {
             if let Some(probe) = &memory {
                 probe.share_with(&mut command);
@@ -192,12 +197,10 @@ impl Worker {
                 .to_owned()
         };
         output.stream(Stdio::Stderr, note);
-        if let Some(workspace) = self.library.dir.as_ref().and_then(|d| d.parent()) {
-            let workspace_lock = workspace.join("Cargo.lock");
+        if let Some(workspace_lock) = self.library.dir.as_ref().and_then(|d| d.parent()).map(|w| w.join("Cargo.lock")) {
             if workspace_lock.exists() {
                 self.slot.pin_dependencies(&workspace_lock);
             }
-            self.slot.patch_dependencies(workspace);
         }
         let started = Instant::now();
         self.ctx.execute(&command).map_err(|err| {
