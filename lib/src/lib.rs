@@ -17,5 +17,6 @@ pub mod models;
 pub mod oom;
 pub mod ops;
 pub mod render;
+pub mod smoke;
 pub mod train;
 pub mod units;

@@ -168,3 +168,26 @@ fn a_bad_budget_is_a_one_line_error_naming_it() {
         assert!(err.contains(&format!("budget `{budget}`")) && err.contains(says), "{err}");
     }
 }
+
+/// On this machine every check passes, each with the figure behind it; the
+/// table names every check, and a device this build cannot open is a usage error.
+#[test]
+fn smoke_passes_here_with_a_figure_for_every_check() {
+    let report = json("smoke --json");
+    let checks = report["checks"].as_array().unwrap();
+    let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    for wanted in
+        ["loader", "f32", "f16 mixed precision", "accumulation", "checkpointing", "below the predicted peak", "above the predicted peak"]
+    {
+        assert!(names.iter().any(|n| n.contains(wanted)), "no check of {wanted}: {names:?}");
+    }
+    for check in checks {
+        assert_eq!(check["passed"], Value::Bool(true), "{check}");
+        assert!(!check["figure"].as_str().unwrap().is_empty(), "{check}");
+    }
+    if !cfg!(feature = "cuda") {
+        let out = vramlab("smoke --device cuda");
+        assert_eq!(out.status.code(), Some(2));
+        assert!(stderr(&out).contains("CUDA device 0"), "{}", stderr(&out));
+    }
+}

@@ -38,6 +38,8 @@ enum Command {
     Measure(WithJson<MeasureArgs>),
     /// Train a zoo model on an image folder through the loader: validation accuracy per class against the baselines
     Train(WithJson<FitArgs>),
+    /// Check that the loader, a training step with each lever and the simulated budget work on this machine
+    Smoke(WithJson<vramlab::cli::SmokeArgs>),
     /// Benchmarks on this machine
     #[command(subcommand)]
     Bench(Bench),
@@ -83,6 +85,7 @@ fn main() -> ExitCode {
             Err(Measured::OutOfMemory(error)) => return out_of_memory(&error, cmd.json),
             Err(Measured::Usage(error)) => Err(error),
         },
+        Command::Smoke(cmd) => return smoke(&cmd.args, cmd.json),
         Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args).and_then(|report| emit(cmd.json, &report, || report_text(&report))),
         Command::Synth(cmd) => data_error(cmd.args.generator().generate(&cmd.args.out)).and_then(|manifest| {
             emit(cmd.json, &manifest, || format!("wrote {}\n{}\n{}", cmd.args.out.display(), manifest.table(), manifest.size_table()))
@@ -188,6 +191,31 @@ fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, Measured> {
             e if vramlab::train::is_out_of_memory(&e.to_string()) => Measured::OutOfMemory(e.to_string()),
             e => usage(&e),
         })
+}
+
+/// The checks' table (or JSON); exit status 1 when any failed, 2 when the
+/// device cannot be opened.
+fn smoke(args: &vramlab::cli::SmokeArgs, json: bool) -> ExitCode {
+    let device = match args.device {
+        vramlab::cli::SmokeDevice::Cpu => vramlab::candle::Device::Cpu,
+        vramlab::cli::SmokeDevice::Cuda => match vramlab::candle::Device::new_cuda(0) {
+            Ok(device) => device,
+            Err(err) => {
+                eprintln!("error: CUDA device 0: {err}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let report = vramlab::smoke::smoke(&device);
+    if let Err(err) = emit(json, &report, || report.table().to_string()) {
+        eprintln!("error: {err}");
+        return ExitCode::from(2);
+    }
+    if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 /// The step ran out of memory: the error, then the investigation, as text

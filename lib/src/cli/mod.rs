@@ -6,6 +6,7 @@ mod data;
 mod fit;
 mod flags;
 mod report;
+mod smoke;
 mod train;
 
 pub use args::{InputShape, MemArgs, OomcheckArgs, SummaryArgs, SummaryOfArgs};
@@ -15,6 +16,7 @@ pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 pub use fit::FitArgs;
 pub use flags::{measure_flags, oomcheck_flags};
 pub use report::Oomcheck;
+pub use smoke::{SmokeArgs, SmokeDevice};
 pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 
 use clap::error::ErrorKind;
