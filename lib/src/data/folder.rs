@@ -43,36 +43,50 @@ pub struct ImageFolder {
 }
 
 impl ImageFolder {
-    /// Lists `root/class/*` without decoding. Files with other extensions are
-    /// listed as skipped (or fail, by policy); groups come from `root/manifest.csv` when present.
+    /// Lists `root/class/*` without decoding. Hidden files (`.DS_Store`,
+    /// macOS's `._` copies) are always skipped; files with other extensions
+    /// and class folders without an image are skipped or fail, by policy.
+    /// Groups come from `root/manifest.csv` when present.
     pub fn open(root: &Path, policy: OnError) -> Result<Self, DataError> {
-        let mut classes: Vec<String> = Vec::new();
+        let mut folders: Vec<String> = Vec::new();
         for entry in std::fs::read_dir(root).map_err(DataError::io("listing", root))? {
             let entry = entry.map_err(DataError::io("listing", root))?;
-            if entry.path().is_dir() {
-                classes.push(entry.file_name().to_string_lossy().into_owned());
+            if entry.path().is_dir() && !is_hidden(&entry.path()) {
+                folders.push(entry.file_name().to_string_lossy().into_owned());
             }
         }
-        classes.sort();
+        folders.sort();
+        let mut classes = Vec::with_capacity(folders.len());
         let mut items = Vec::new();
         let mut skipped = Vec::new();
-        for (label, class) in classes.iter().enumerate() {
-            let dir = root.join(class);
+        for class in folders {
+            let dir = root.join(&class);
             let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
                 .map_err(DataError::io("listing", &dir))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.is_file())
                 .collect();
             files.sort();
+            let label = classes.len() as u32;
+            let before = items.len();
             for path in files {
                 let ext = path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()).unwrap_or_default();
-                if IMAGE_EXTENSIONS.contains(&ext.as_str()) {
-                    items.push(ImageItem { path, label: label as u32, group: None });
+                if is_hidden(&path) {
+                    skipped.push((path, "hidden file (such as .DS_Store), not a photo".into()));
+                } else if IMAGE_EXTENSIONS.contains(&ext.as_str()) {
+                    items.push(ImageItem { path, label, group: None });
                 } else if policy == OnError::Fail {
                     return Err(DataError::Decode { path, message: "not an image file (expected .jpg, .jpeg or .png)".into() });
                 } else {
                     skipped.push((path, "not an image file (expected .jpg, .jpeg or .png)".into()));
                 }
+            }
+            if items.len() > before {
+                classes.push(class);
+            } else if policy == OnError::Fail {
+                return Err(DataError::EmptyClass { dir });
+            } else {
+                skipped.push((dir, "class folder without an image (.jpg, .jpeg or .png): left out of the classes".into()));
             }
         }
         if items.is_empty() {
@@ -197,4 +211,9 @@ impl Dataset for ImageDataset {
             },
         })
     }
+}
+
+/// Finder's `.DS_Store`, macOS's `._photo.jpg` resource forks, other dotfiles.
+fn is_hidden(path: &Path) -> bool {
+    path.file_name().is_some_and(|name| name.to_string_lossy().starts_with('.'))
 }

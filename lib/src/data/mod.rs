@@ -52,6 +52,8 @@ pub enum DataError {
     Resize { from_w: u32, from_h: u32, to_w: u32, to_h: u32, message: String },
     #[error("no images found under {root} (expected root/class/*.jpg or *.png)")]
     Empty { root: PathBuf },
+    #[error("class folder {dir} has no image (.jpg, .jpeg or .png): add its photos or remove it, or open the folder with OnError::Skip to leave it out")]
+    EmptyClass { dir: PathBuf },
     #[error("manifest {path}, line {line}: {message}")]
     Manifest { path: PathBuf, line: usize, message: String },
     #[error("{what}: {message}")]

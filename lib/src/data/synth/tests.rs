@@ -102,6 +102,28 @@ fn folder_policy_reports_non_images_and_corrupt_files_by_path() {
 }
 
 #[test]
+fn hidden_files_are_skipped_and_an_empty_class_is_named_or_left_out() {
+    let dir = tempfile::tempdir().unwrap();
+    tiny(24, 3).generate(dir.path()).unwrap();
+    let classes = ImageFolder::open(dir.path(), OnError::Fail).unwrap().classes;
+    std::fs::write(dir.path().join(&classes[0]).join(".DS_Store"), b"\0\0\0\x01Bud1").unwrap();
+    std::fs::write(dir.path().join(&classes[1]).join("._leaf.jpg"), b"\0\x05\x16\x07").unwrap();
+    std::fs::create_dir(dir.path().join(".thumbnails")).unwrap();
+    let folder = ImageFolder::open(dir.path(), OnError::Fail).unwrap();
+    assert_eq!(folder.classes, classes, "a hidden folder is no class");
+    assert_eq!(folder.items.len(), 24);
+    assert_eq!(folder.skipped.len(), 2, "{:?}", folder.skipped);
+
+    let empty = dir.path().join("zz-unlabelled");
+    std::fs::create_dir(&empty).unwrap();
+    let err = ImageFolder::open(dir.path(), OnError::Fail).unwrap_err().to_string();
+    assert!(err.contains("zz-unlabelled") && err.contains("has no image"), "{err}");
+    let folder = ImageFolder::open(dir.path(), OnError::Skip).unwrap();
+    assert_eq!(folder.classes, classes);
+    assert!(folder.skipped.iter().any(|(path, why)| *path == empty && why.contains("left out")), "{:?}", folder.skipped);
+}
+
+#[test]
 fn the_loader_reads_the_generated_folder_into_normalised_batches() {
     let dir = tempfile::tempdir().unwrap();
     tiny(30, 5).generate(dir.path()).unwrap();
