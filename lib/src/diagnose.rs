@@ -234,7 +234,7 @@ impl<'a> Investigation<'a> {
             message: self.message.clone(),
             requested_bytes: self.simulated.as_ref().map(|o| o.requested),
             phase: self.step.map(|s| s.phase_name.clone()),
-            growing: self.step.map(|s| s.growing),
+            growing: self.step.map(|s| s.phase.growing_bill()),
             steps,
             fixes,
             reproduce,

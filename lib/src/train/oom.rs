@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::config::TrainConfig;
 use super::error::TrainError;
-use crate::ledger::{BillKind, StepPhase, StepPlan};
+use crate::ledger::{StepPhase, StepPlan};
 use crate::memory::OutOfMemory;
 use crate::models::{ModelSpec, Shape};
 
@@ -25,8 +25,6 @@ pub struct StepOom {
     /// phase after the last one that completed.
     pub phase: StepPhase,
     pub phase_name: String,
-    /// The bill that grows during that phase.
-    pub growing: BillKind,
     /// The model, its input and the micro-batch of the step.
     pub spec: ModelSpec,
     pub input: Shape,

@@ -218,7 +218,6 @@ impl Trainer {
         oom::remember(&StepOom {
             message,
             simulated: simulated.clone(),
-            growing: phase.growing_bill(),
             phase_name: self.plan.name(phase),
             phase,
             spec: self.net.spec().clone(),
