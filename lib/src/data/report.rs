@@ -8,8 +8,10 @@ use crate::units::human;
 use super::baseline::BaselineReport;
 use super::bench::{DecoderBench, LoaderBench};
 use super::decode::RgbImage;
+use super::folder::ImageFolder;
 use super::manifest::Manifest;
 use super::preprocess::PreprocessReport;
+use super::split::Split;
 use super::DataError;
 
 impl Manifest {
@@ -55,6 +57,35 @@ impl Manifest {
         let mut table = Table::new(["resolution", "photos", "mean file"]).title("resolutions (either orientation)").right_align(&[1, 2]);
         for ((long, short), (n, bytes)) in sizes.into_iter().rev() {
             table.push_row([format!("{long}x{short}"), n.to_string(), human(bytes / n.max(1) as u64)]);
+        }
+        table
+    }
+}
+
+impl ImageFolder {
+    /// Per class: photos and plants on each side of `split`, and the
+    /// validation share; a note names any class that validation lacks.
+    pub fn split_table(&self, split: &Split) -> Table {
+        let labels = self.labels();
+        let groups = self.groups();
+        let side = |indices: &[usize], class: u32| {
+            let of_class: Vec<usize> = indices.iter().copied().filter(|&i| labels[i] == class).collect();
+            (of_class.len(), of_class.iter().map(|&i| groups[i]).collect::<BTreeSet<u64>>().len())
+        };
+        let mut table = Table::new(["class", "train photos", "train plants", "val photos", "val plants", "val share"])
+            .title(format!("{} train / {} val photos, no plant on both sides", split.train.len(), split.val.len()))
+            .right_align(&[1, 2, 3, 4, 5]);
+        let mut unvalidated = Vec::new();
+        for (class, name) in self.classes.iter().enumerate() {
+            let ((train, train_plants), (val, val_plants)) = (side(&split.train, class as u32), side(&split.val, class as u32));
+            if val == 0 {
+                unvalidated.push(format!("{name} ({} plant{})", train_plants, if train_plants == 1 { "" } else { "s" }));
+            }
+            let share = if train + val == 0 { "-".to_owned() } else { format!("{:.0}%", 100.0 * val as f64 / (train + val) as f64) };
+            table.push_row([name.clone(), train.to_string(), train_plants.to_string(), val.to_string(), val_plants.to_string(), share]);
+        }
+        if !unvalidated.is_empty() {
+            table = table.note(format!("Not validated: {}. A class of one plant cannot be on both sides.", unvalidated.join(", ")));
         }
         table
     }

@@ -48,12 +48,64 @@ pub fn stratified_split(labels: &[u32], val_fraction: f64, seed: u64) -> Result<
 
 /// Whole groups (plants) to one side, aiming at `val_fraction` of the
 /// samples with class shares close to the whole set's: fold 0 of
-/// [`stratified_group_kfold`] with round(1 / fraction) folds.
+/// [`stratified_group_kfold`] with round(1 / fraction) folds, then every
+/// class put on both sides. A fold holds only some of a rare class's
+/// plants, so fold 0 alone can leave such a class out of validation: a class
+/// with two or more plants gets the plant nearest its validation share moved
+/// over. A class of one plant cannot be on both sides; it goes to training,
+/// since a class never trained on cannot be recognised.
 pub fn group_split(labels: &[u32], groups: &[u64], val_fraction: f64, seed: u64) -> Result<Split, DataError> {
     check_fraction(val_fraction)?;
     let k = (1.0 / val_fraction).round().max(2.0) as usize;
     let mut folds = stratified_group_kfold(labels, groups, k, seed)?;
-    Ok(folds.swap_remove(0))
+    let fold = folds.swap_remove(0);
+    Ok(place_every_class(labels, groups, fold, val_fraction))
+}
+
+/// Each plant's photos per class, and which side it is on.
+struct Plant {
+    photos: BTreeMap<u32, usize>,
+    in_val: bool,
+}
+
+fn place_every_class(labels: &[u32], groups: &[u64], split: Split, val_fraction: f64) -> Split {
+    let mut plants: BTreeMap<u64, Plant> = BTreeMap::new();
+    for (indices, in_val) in [(&split.train, false), (&split.val, true)] {
+        for &i in indices {
+            *plants.entry(groups[i]).or_insert_with(|| Plant { photos: BTreeMap::new(), in_val }).photos.entry(labels[i]).or_default() += 1;
+        }
+    }
+    let classes: std::collections::BTreeSet<u32> = labels.iter().copied().collect();
+    let plants_of = |plants: &BTreeMap<u64, Plant>, class: u32, in_val: bool| -> Vec<u64> {
+        plants.iter().filter(|(_, p)| p.in_val == in_val && p.photos.contains_key(&class)).map(|(&g, _)| g).collect()
+    };
+    // A move may not take away the last plant of another class on the side it leaves.
+    let safe_to_move = |plants: &BTreeMap<u64, Plant>, plant: u64, class: u32| {
+        let from_val = plants[&plant].in_val;
+        plants[&plant].photos.keys().filter(|&&other| other != class).all(|&other| plants_of(plants, other, from_val).len() > 1)
+    };
+    for &class in &classes {
+        let in_train = plants_of(&plants, class, false);
+        let in_val = plants_of(&plants, class, true);
+        let photos: usize = plants.values().filter_map(|p| p.photos.get(&class)).sum();
+        let moving = match (in_train.len(), in_val.len()) {
+            (0, 1) => Some((in_val, photos)),
+            (n, 0) if n >= 2 => Some((in_train, ((photos as f64 * val_fraction).round() as usize).max(1))),
+            (0, n) if n >= 2 => Some((in_val, ((photos as f64 * (1.0 - val_fraction)).round() as usize).max(1))),
+            _ => None,
+        };
+        let Some((candidates, wanted)) = moving else { continue };
+        let chosen = candidates
+            .into_iter()
+            .filter(|&g| safe_to_move(&plants, g, class))
+            .min_by_key(|&g| (plants[&g].photos[&class].abs_diff(wanted), g));
+        if let Some(g) = chosen {
+            let plant = plants.get_mut(&g).expect("a candidate is a plant");
+            plant.in_val = !plant.in_val;
+        }
+    }
+    let (val, train): (Vec<usize>, Vec<usize>) = (0..labels.len()).partition(|&i| plants[&groups[i]].in_val);
+    Split { train, val }
 }
 
 /// k folds; no group in two folds; each fold's class shares near the whole
@@ -191,6 +243,39 @@ mod tests {
             let whole = share(&(0..labels.len()).collect::<Vec<_>>(), &labels, class);
             assert!((share(&split.val, &labels, class) - whole).abs() < 0.05, "class {class}");
         }
+    }
+
+    #[test]
+    fn group_split_validates_every_class_of_two_plants_or_more_and_trains_a_class_of_one() {
+        // Classes 0-2 have 40 plants; class 3 has three and class 4 two (rarer
+        // than the five folds, so fold 0 alone misses one of them); class 5 one.
+        let (mut labels, mut groups) = (Vec::new(), Vec::new());
+        let mut plant = 0u64;
+        for (class, plants) in [(0u32, 40), (1, 40), (2, 40), (3, 3), (4, 2), (5, 1)] {
+            for _ in 0..plants {
+                for _ in 0..3 {
+                    labels.push(class);
+                    groups.push(plant);
+                }
+                plant += 1;
+            }
+        }
+        for seed in 0..20 {
+            let split = group_split(&labels, &groups, 0.2, seed).unwrap();
+            let train_groups: HashSet<u64> = split.train.iter().map(|&i| groups[i]).collect();
+            assert!(split.val.iter().all(|&i| !train_groups.contains(&groups[i])), "seed {seed}: a plant leaked");
+            assert_eq!(split.train.len() + split.val.len(), labels.len());
+            for class in 0..5u32 {
+                assert!(split.val.iter().any(|&i| labels[i] == class), "seed {seed}: class {class} has no validation photo");
+                assert!(split.train.iter().any(|&i| labels[i] == class), "seed {seed}: class {class} has no training photo");
+            }
+            assert!(split.train.iter().filter(|&&i| labels[i] == 5).count() == 3, "seed {seed}: the one-plant class is trained on");
+        }
+        let missed = (0..20u64).filter(|&seed| {
+            let fold = stratified_group_kfold(&labels, &groups, 5, seed).unwrap().swap_remove(0);
+            (3..5u32).any(|class| !fold.val.iter().any(|&i| labels[i] == class))
+        });
+        assert!(missed.count() > 0, "fold 0 alone always placed the rare classes, so the test shows nothing");
     }
 
     #[test]
