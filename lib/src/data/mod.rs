@@ -5,6 +5,7 @@ mod bench;
 mod decode;
 mod folder;
 mod footprint;
+mod inventory;
 mod loader;
 mod manifest;
 mod mix;
@@ -20,6 +21,7 @@ pub use bench::{bench_decoders, bench_loader, DecoderBench, LoaderBench, LoaderB
 pub use decode::{decode_bytes, decode_file, DecodeOptions, Decoded, Decoder, RgbImage};
 pub use folder::{ImageDataset, ImageFolder, ImageItem, OnError, IMAGE_EXTENSIONS};
 pub use footprint::{HostFootprint, LoaderShape};
+pub use inventory::{Inventory, InventoryEntry};
 pub use loader::{loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 pub use mix::{cutmix, mixup, one_hot, Mixed};
