@@ -10,8 +10,8 @@ use serde::Serialize;
 use crate::data::{
     histogram_baseline, BaselineReport, DataError, DataLoader, Dataset, ImageFolder, LoaderConfig, Split, Symptom, Transform, Transforms,
 };
-use crate::models::{ModelError, ModelName, Network, Pass, Shape};
-use crate::train::{BatchSource, OptimizerConfig, TrainConfig, TrainError, TrainEvent, Trainer};
+use crate::models::{ModelError, ModelName, Network, Pass, Precision, Shape};
+use crate::train::{BatchSource, OptimizerConfig, Schedule, TrainConfig, TrainError, TrainEvent, Trainer};
 
 mod report;
 
@@ -81,15 +81,22 @@ impl<S: BatchSource> BatchSource for OnDevice<S> {
 }
 
 /// How [`fit_folder`] trains. Defaults: small-cnn at 64x64, 12 epochs of
-/// batch 32, Adam at 0.002, two loader workers, resize and flip only.
+/// batch 32 in f32, Adam at 0.002, two loader workers, resize and flip only.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LearnConfig {
     pub model: ModelName,
     /// Square input side in pixels.
     pub res: u32,
     pub epochs: usize,
+    /// Images per micro-batch: what one forward and backward hold at once.
     pub batch_size: usize,
+    /// Micro-batches per optimizer step (gradient accumulation).
+    pub accumulation: usize,
+    pub precision: Precision,
     pub optimizer: OptimizerConfig,
+    /// Anneal the learning rate to zero over the run on a cosine
+    /// (`CosineAnnealingLR`), so the last epochs settle instead of jumping.
+    pub cosine: bool,
     pub workers: usize,
     /// The full training augmentation (random resized crop, rotation, colour
     /// jitter) instead of resize and horizontal flip.
@@ -108,7 +115,10 @@ impl Default for LearnConfig {
             // 12 reach about 70% on the synthetic leaf set; 6 only tie the colour histogram.
             epochs: 12,
             batch_size: 32,
+            accumulation: 1,
+            precision: Precision::F32,
             optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 0.002),
+            cosine: false,
             workers: 2,
             augment: false,
             seed: 0,
@@ -153,6 +163,8 @@ pub struct LearnReport {
     /// The mean of the per-class accuracies (classes with validation images).
     pub balanced_accuracy: f64,
     pub per_class: Vec<ClassScore>,
+    /// Validation images by true class (rows) and predicted class (columns).
+    pub confusion: Vec<Vec<usize>>,
     /// Always answering the most frequent training class.
     pub majority_accuracy: f64,
     pub baseline: Option<BaselineReport>,
@@ -190,16 +202,19 @@ pub fn fit_folder(
     watch: &mut dyn FnMut(&TrainEvent),
 ) -> Result<LearnReport, LearnError> {
     let invalid = |m: String| Err(DataError::invalid("fit_folder", m).into());
-    if config.epochs == 0 || config.batch_size == 0 || config.res < 8 {
+    if config.epochs == 0 || config.batch_size == 0 || config.accumulation == 0 || config.res < 8 {
         return invalid(format!(
-            "needs at least 1 epoch, a batch of at least 1 and a side of at least 8 pixels; got {} epochs, batch {}, {} pixels",
-            config.epochs, config.batch_size, config.res
+            "needs at least 1 epoch, a batch of at least 1, at least 1 micro-batch per step and a side of at least 8 pixels; \
+             got {} epochs, batch {}, {} micro-batches, {} pixels",
+            config.epochs, config.batch_size, config.accumulation, config.res
         ));
     }
-    if split.train.len() < config.batch_size || split.val.is_empty() {
+    let per_step = config.batch_size * config.accumulation;
+    if split.train.len() < per_step || split.val.is_empty() {
         return invalid(format!(
-            "{} training images cannot fill one batch of {} (or validation is empty: {} images)",
+            "{} training images cannot fill one optimizer step of {} x {} (or validation is empty: {} images)",
             split.train.len(),
+            config.accumulation,
             config.batch_size,
             split.val.len()
         ));
@@ -229,7 +244,16 @@ pub fn fit_folder(
     let classes = folder.classes.len();
     let spec = config.model.spec(classes);
     let net = Network::new(&spec, Shape::map(3, res as usize, res as usize), device, config.seed)?;
-    let train_config = TrainConfig { optimizer: config.optimizer.clone(), ..TrainConfig::default() };
+    let steps = (config.epochs * (train.batches_per_epoch() / config.accumulation)) as u64;
+    let schedule =
+        if config.cosine { Some(Schedule::cosine(config.optimizer.learning_rate(), steps, 0.0).map_err(TrainError::from)?) } else { None };
+    let train_config = TrainConfig {
+        precision: config.precision,
+        accumulation: config.accumulation,
+        optimizer: config.optimizer.clone(),
+        schedule,
+        ..TrainConfig::default()
+    };
     let mut trainer = Trainer::new(net, train_config)?;
     trainer.fit(&mut train, Some(&mut val), config.epochs, watch)?;
 
@@ -272,6 +296,10 @@ pub fn fit_folder(
             baseline_accuracy: baseline.as_ref().and_then(|b| b.per_class.get(c).copied().filter(|a| !a.is_nan())),
         });
     }
+    let mut confusion = vec![vec![0usize; classes]; classes];
+    for (&t, &p) in truth.iter().zip(&predicted) {
+        confusion[t as usize][p as usize] += 1;
+    }
     let scored: Vec<f64> = per_class.iter().filter_map(|s| s.accuracy).collect();
     let balanced_accuracy = scored.iter().sum::<f64>() / scored.len().max(1) as f64;
 
@@ -291,6 +319,7 @@ pub fn fit_folder(
         val_accuracy,
         balanced_accuracy,
         per_class,
+        confusion,
         majority_accuracy,
         baseline,
         seconds: started.elapsed().as_secs_f64(),

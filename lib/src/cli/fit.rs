@@ -5,14 +5,14 @@ use std::path::PathBuf;
 
 use clap::{ColorChoice, Parser};
 
-use super::args::{parse_model, positive};
+use super::args::{amp_parser, parse_model, positive};
 use crate::data::{group_split, ImageFolder, OnError, Split};
 use crate::learn::LearnConfig;
 use crate::ledger::OptimizerKind;
-use crate::models::ModelName;
+use crate::models::{ModelName, Precision};
 use crate::train::OptimizerConfig;
 
-/// `train --root DIR [--model small-cnn] [--res 64] [--epochs 12] [--batch 32] [--opt adam] [--lr 0.002] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
+/// `train --root DIR [--model small-cnn] [--res 64] [--epochs 12] [--batch 32] [--accum 1] [--amp f16] [--opt adam] [--lr 0.002] [--cosine] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "train",
@@ -33,13 +33,23 @@ pub struct FitArgs {
     /// leaf set; 6 only tie the colour-histogram baseline)
     #[arg(long, default_value_t = 12, value_parser = positive)]
     pub epochs: usize,
+    /// Images per forward pass (the micro-batch when accumulating)
     #[arg(long, default_value_t = 32, value_parser = positive)]
     pub batch: usize,
+    /// Micro-batches per optimizer step (gradient accumulation)
+    #[arg(long, default_value_t = 1, value_parser = positive)]
+    pub accum: usize,
+    /// Mixed precision: f16 (with loss scaling) or bf16 (CUDA only); f32 without it
+    #[arg(long, value_parser = amp_parser())]
+    pub amp: Option<Precision>,
     #[arg(long, value_enum, default_value_t = OptimizerKind::Adam)]
     pub opt: OptimizerKind,
     /// Learning rate
     #[arg(long, default_value_t = 0.002)]
     pub lr: f64,
+    /// Anneal the learning rate to zero over the run on a cosine
+    #[arg(long)]
+    pub cosine: bool,
     /// Share of the photos held out for validation, whole plants at a time, class shares kept
     #[arg(long, default_value_t = 0.2)]
     pub val: f64,
@@ -64,7 +74,10 @@ impl FitArgs {
             res: self.res,
             epochs: self.epochs,
             batch_size: self.batch,
+            accumulation: self.accum,
+            precision: self.amp.unwrap_or(Precision::F32),
             optimizer: OptimizerConfig::for_kind(self.opt, self.lr),
+            cosine: self.cosine,
             workers: self.workers,
             augment: self.augment,
             seed: self.seed,

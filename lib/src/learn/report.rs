@@ -13,10 +13,11 @@ impl LearnReport {
         let baseline = self.baseline.as_ref().map(|b| format!(", colour histogram {:.1}%", 100.0 * b.val_accuracy)).unwrap_or_default();
         let mut table = Table::new(["class", "symptom", "val photos", "accuracy", "colour histogram"])
             .title(format!(
-                "{} at {}x{}, {} epochs: val accuracy {:.1}% (balanced {:.1}%; majority class {:.1}%{baseline}); {} train / {} val photos",
+                "{} at {}x{}{}, {} epochs: val accuracy {:.1}% (balanced {:.1}%; majority class {:.1}%{baseline}); {} train / {} val photos",
                 c.model.as_str(),
                 c.res,
                 c.res,
+                self.levers(),
                 c.epochs,
                 100.0 * self.val_accuracy,
                 100.0 * self.balanced_accuracy,
@@ -44,6 +45,19 @@ impl LearnReport {
         table
     }
 
+    /// The levers pulled, as ", f16 mixed precision, 2 x 16 accumulated"; empty for none.
+    fn levers(&self) -> String {
+        let c = &self.config;
+        let mut levers = String::new();
+        if c.precision != crate::models::Precision::F32 {
+            levers.push_str(&format!(", {}", c.precision));
+        }
+        if c.accumulation > 1 {
+            levers.push_str(&format!(", {} x {} accumulated", c.accumulation, c.batch_size));
+        }
+        levers
+    }
+
     /// Loss and accuracy per epoch, training side and validation side.
     pub fn epoch_table(&self) -> Table {
         let mut table = Table::new(["epoch", "train loss", "train acc", "val loss", "val acc", "seconds"]).right_align(&[0, 1, 2, 3, 4, 5]);
@@ -56,6 +70,34 @@ impl LearnReport {
                 percent_of_one(Some(e.val_accuracy)),
                 format!("{:.1}", e.seconds),
             ]);
+        }
+        table
+    }
+
+    /// Validation photos by true class (rows) and predicted class (columns,
+    /// numbered as the rows), with the most frequent confusions in a note.
+    pub fn confusion_table(&self) -> Table {
+        let classes: Vec<&str> = self.per_class.iter().map(|s| s.class.as_str()).collect();
+        let columns = std::iter::once("true \\ predicted".to_owned()).chain((0..classes.len()).map(|c| c.to_string()));
+        let mut table = Table::new(columns)
+            .title(format!("confusion matrix: {} validation photos, {:.1}% on the diagonal", self.val_images, 100.0 * self.val_accuracy))
+            .right_align(&(1..=classes.len()).collect::<Vec<_>>());
+        let mut confusions = Vec::new();
+        for (t, row) in self.confusion.iter().enumerate() {
+            table.push_row(std::iter::once(format!("{t} {}", classes[t])).chain(row.iter().map(|&n| {
+                if n == 0 {
+                    ".".to_owned()
+                } else {
+                    n.to_string()
+                }
+            })));
+            confusions.extend(row.iter().enumerate().filter(|&(p, &n)| p != t && n > 0).map(|(p, &n)| (n, t, p)));
+        }
+        confusions.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        let top: Vec<String> =
+            confusions.iter().take(4).map(|&(n, t, p)| format!("{} taken for {} {n} times", classes[t], classes[p])).collect();
+        if !top.is_empty() {
+            table = table.note(format!("Most confused: {}.", top.join("; ")));
         }
         table
     }

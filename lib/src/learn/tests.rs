@@ -71,3 +71,46 @@ fn the_loader_as_a_batch_source_gives_its_batches_and_names_a_broken_file() {
     assert!(failure.contains(&broken.display().to_string()), "{failure}");
     assert!(seen < 3);
 }
+
+#[test]
+fn mixed_precision_and_accumulation_reach_the_trainer_and_the_confusion_matrix_counts_every_validation_photo() {
+    let dir = tempfile::tempdir().unwrap();
+    two_colours(dir.path(), 48);
+    let folder = ImageFolder::open(dir.path(), OnError::Fail).unwrap();
+    let split = group_split(&folder.labels(), &folder.groups(), 0.25, 0).unwrap();
+    let config = LearnConfig {
+        res: 16,
+        epochs: 2,
+        batch_size: 4,
+        accumulation: 2,
+        precision: Precision::F16Amp,
+        optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 0.01),
+        cosine: true,
+        workers: 1,
+        baseline: false,
+        ..LearnConfig::default()
+    };
+    let mut steps = Vec::new();
+    let report = fit_folder(&folder, &split, &config, &Device::Cpu, &mut |e| {
+        if let TrainEvent::Step(s) = e {
+            steps.push((s.samples, s.loss_scale, s.learning_rate));
+        }
+    })
+    .unwrap();
+    assert_eq!(steps.len(), 2 * (split.train.len() / 4 / 2), "one step per two micro-batches");
+    assert!(steps.iter().all(|&(samples, scale, _)| samples == 8 && scale.is_some()), "{steps:?}");
+    let rates: Vec<f64> = steps.iter().map(|s| s.2).collect();
+    assert!(rates.windows(2).all(|w| w[1] < w[0]), "the cosine only falls: {rates:?}");
+    assert!(rates[rates.len() - 1] < 0.1 * 0.01 + 1e-12, "it ends near zero: {rates:?}");
+    assert_eq!(report.confusion.len(), 2);
+    assert_eq!(report.confusion.iter().flatten().sum::<usize>(), split.val.len());
+    let diagonal: usize = (0..2).map(|c| report.confusion[c][c]).sum();
+    assert_eq!(diagonal as f64 / split.val.len() as f64, report.val_accuracy);
+    assert!(report.table().to_string().contains("small-cnn at 16x16, f16 mixed precision, 2 x 4 accumulated, 2 epochs"));
+    let confusion = report.confusion_table().to_string();
+    assert!(confusion.contains("0 green") && confusion.contains("1 red"), "{confusion}");
+
+    let one_short = LearnConfig { accumulation: split.train.len(), ..config };
+    let err = fit_folder(&folder, &split, &one_short, &Device::Cpu, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("cannot fill one optimizer step"), "{err}");
+}

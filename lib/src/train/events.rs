@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::render::Progress;
+use crate::render::{display, Chart, Composer, DisplayHandle, Progress, Render, Series};
 
 /// One event of a training run. Computation emits these; renderers consume them.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -136,5 +136,110 @@ impl ProgressView {
 
     pub fn finish(&mut self) {
         self.bar.finish();
+    }
+}
+
+/// Loss and accuracy charts that redraw in place as a run trains (once per
+/// epoch): the training loss of every step beside the validation loss, and
+/// each epoch's training and validation accuracy against reference lines.
+#[derive(Debug)]
+pub struct LiveCurves {
+    title: String,
+    step_losses: Vec<(f64, f64)>,
+    val_losses: Vec<(f64, f64)>,
+    train_accuracy: Vec<(f64, f64)>,
+    val_accuracy: Vec<(f64, f64)>,
+    references: Vec<(String, f64)>,
+    last_step: u64,
+    handle: Option<DisplayHandle>,
+}
+
+impl LiveCurves {
+    pub fn new(title: impl Into<String>) -> Self {
+        LiveCurves {
+            title: title.into(),
+            step_losses: Vec::new(),
+            val_losses: Vec::new(),
+            train_accuracy: Vec::new(),
+            val_accuracy: Vec::new(),
+            references: Vec::new(),
+            last_step: 0,
+            handle: None,
+        }
+    }
+
+    /// A horizontal line on the accuracy chart (a baseline's accuracy, as a fraction).
+    pub fn reference(mut self, name: impl Into<String>, accuracy: f64) -> Self {
+        self.references.push((name.into(), accuracy));
+        self
+    }
+
+    pub fn on_event(&mut self, event: &TrainEvent) {
+        match event {
+            TrainEvent::Step(s) => {
+                self.last_step = s.step;
+                if s.loss.is_finite() {
+                    self.step_losses.push((s.step as f64, s.loss as f64));
+                }
+            }
+            TrainEvent::Epoch(e) => self.train_accuracy.push(((e.epoch + 1) as f64, 100.0 * e.accuracy)),
+            TrainEvent::Eval(e) => {
+                self.val_losses.push((self.last_step as f64, e.loss as f64));
+                self.val_accuracy.push(((e.epoch + 1) as f64, 100.0 * e.accuracy));
+                self.draw();
+            }
+        }
+    }
+
+    /// Draws the last state (for a run without validation, whose epochs never redraw).
+    pub fn finish(&mut self) {
+        self.draw();
+    }
+
+    fn draw(&mut self) {
+        let bundle = self.bundle();
+        match &self.handle {
+            Some(handle) => handle.update(&bundle),
+            None => self.handle = Some(display(&bundle)),
+        }
+    }
+
+    pub fn loss_chart(&self) -> Chart {
+        Chart::new(format!("{}: loss", self.title))
+            .x_label("optimizer step")
+            .y_label("cross-entropy")
+            .series(Series::line("train (each step)", self.step_losses.iter().copied()))
+            .series(Series::line("validation", self.val_losses.iter().copied()))
+    }
+
+    pub fn accuracy_chart(&self) -> Chart {
+        let mut chart = Chart::new(format!("{}: accuracy", self.title))
+            .x_label("epoch")
+            .y_label("%")
+            .series(Series::line("train", self.train_accuracy.iter().copied()))
+            .series(Series::line("validation", self.val_accuracy.iter().copied()));
+        for (name, accuracy) in &self.references {
+            chart = chart.series(Series::limit(name.clone(), 100.0 * accuracy));
+        }
+        chart
+    }
+
+    fn summary(&self) -> String {
+        let last = |points: &[(f64, f64)]| points.last().map_or("-".to_owned(), |p| format!("{:.1}%", p.1));
+        format!(
+            "{}: {} epochs, {} steps; last train accuracy {}, validation accuracy {}",
+            self.title,
+            self.train_accuracy.len(),
+            self.last_step,
+            last(&self.train_accuracy),
+            last(&self.val_accuracy)
+        )
+    }
+}
+
+impl Render for LiveCurves {
+    fn bundle(&self) -> crate::render::Bundle {
+        let charts = Composer::new().html_only(&self.loss_chart().bundle()).html_only(&self.accuracy_chart().bundle()).finish();
+        charts.with("text/plain", self.summary())
     }
 }

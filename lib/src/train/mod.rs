@@ -19,7 +19,7 @@ pub use bench::{bench_train, measure_train, BenchReport, BenchSpec};
 pub use clip::{clip_grad_norm, grad_norm};
 pub use config::TrainConfig;
 pub use error::TrainError;
-pub use events::{EpochReport, EvalReport, History, MemorySample, ProgressView, StepReport, TrainEvent};
+pub use events::{EpochReport, EvalReport, History, LiveCurves, MemorySample, ProgressView, StepReport, TrainEvent};
 pub use measure::{Comparison, MeasuredStep, PhaseSample};
 pub(crate) use oom::remember as remember_step_oom;
 pub use oom::{clear_last_step_oom, is_out_of_memory, last_step_oom, StepOom};

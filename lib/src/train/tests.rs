@@ -3,6 +3,7 @@ use candle_core::{DType, Device, Tensor};
 use super::*;
 use crate::ledger::{self, Checkpointing, StepPlan};
 use crate::models::{Conv2d, Layer, ModelName, ModelSpec, Network, Op, Pass, Shape, Stage};
+use crate::render::Render;
 
 fn net(name: ModelName, classes: usize, res: usize) -> Network {
     Network::new(&name.spec(classes), Shape::map(3, res, res), &Device::Cpu, 3).unwrap()
@@ -230,4 +231,30 @@ fn a_step_runs_every_phase_the_ledger_predicts_in_its_order() {
         assert_eq!(predicted[0], ledger::StepPhase::Loaded);
         assert_eq!(ran, predicted[1..], "accumulation {accumulation}, checkpointing {checkpointing}");
     }
+}
+
+#[test]
+fn live_curves_follow_a_run_step_by_step_and_epoch_by_epoch() {
+    let task = Stripes::new(4, 16);
+    let (x, y) = task.generate(64, 3, &Device::Cpu).unwrap();
+    let (vx, vy) = task.generate(32, 4, &Device::Cpu).unwrap();
+    let mut trainer = Trainer::new(net(ModelName::SmallCnn, 4, 16), TrainConfig::default()).unwrap();
+    let mut curves = LiveCurves::new("stripes").reference("chance", 0.25);
+    let history = trainer
+        .fit(&mut InMemory::new(x, y, 16), Some(&mut InMemory::new(vx, vy, 32)), 2, &mut |event| curves.on_event(event))
+        .unwrap()
+        .clone();
+    let losses: Vec<(f64, f64)> = history.steps().map(|s| (s.step as f64, s.loss as f64)).collect();
+    assert_eq!(losses.len(), 8);
+    let described = curves.loss_chart().bundle().text().to_owned();
+    for (step, loss) in &losses {
+        assert!(described.contains(&format!("({step}, {loss})")), "step {step} missing from {described}");
+    }
+    let accuracy = curves.accuracy_chart().bundle().text().to_owned();
+    let val: Vec<f64> = history.evals().map(|e| 100.0 * e.accuracy).collect();
+    assert!(accuracy.contains(&format!("validation: (1, {}) (2, {})", val[0], val[1])), "{accuracy}");
+    assert!(accuracy.contains("chance: (0, 25)"), "{accuracy}");
+    let shown = curves.bundle();
+    assert!(shown.text().starts_with("stripes: 2 epochs, 8 steps"), "{}", shown.text());
+    assert_eq!(shown.get("text/html").and_then(|h| h.as_str()).map(|h| h.matches("<svg").count()), Some(2));
 }
