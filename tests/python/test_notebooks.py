@@ -11,6 +11,21 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+# The lessons command runs each notebook with the values of its `parameters` cell;
+# the tests run the same notebooks with these, so that they stay inside CI's time.
+QUICK = {
+    "05-leaf-disease-project.ipynb": {
+        "photos": 240,
+        "bench_photos": 24,
+        "step_batch": 2,
+        "step_res": 64,
+        "r50_batch": 1,
+        "epochs": 2,
+        "cv_photos": 120,
+        "cv_epochs": 1,
+        "memory_every": 5,
+    },
+}
 
 
 def test_kernelspec_is_listed() -> None:
@@ -29,8 +44,9 @@ def test_kernelspec_is_listed() -> None:
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_runs_without_error(notebook: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    overrides = [arg for name, value in QUICK.get(notebook.name, {}).items() for arg in ("-p", name, json.dumps(value))]
     subprocess.run(
-        [sys.executable, str(ROOT / "scripts/run_notebooks.py"), "--out", str(tmp_path), str(notebook)],
+        [sys.executable, str(ROOT / "scripts/run_notebooks.py"), "--out", str(tmp_path), str(notebook), *overrides],
         check=True,
     )
     executed = nbformat.read(tmp_path / notebook.name, as_version=4)
@@ -42,6 +58,15 @@ def test_notebook_runs_without_error(notebook: pathlib.Path, tmp_path: pathlib.P
     # purpose: it must really fail, or the prose around it is wrong.
     for cell in expected:
         assert any(o.output_type == "error" for o in cell.outputs), f"{notebook.name}: a raises-exception cell did not fail:\n{cell.source}"
+
+
+def test_quick_values_name_parameters_the_notebooks_declare() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from run_notebooks import declared_parameters
+
+    for name, values in QUICK.items():
+        _, declared = declared_parameters(nbformat.read(ROOT / "notebooks" / name, as_version=4))
+        assert set(values) <= set(declared), f"{name}: {sorted(set(values) - set(declared))} not in its parameters cell"
 
 
 def test_committed_notebooks_keep_their_outputs() -> None:
