@@ -110,3 +110,37 @@ async fn a_simulated_budget_raises_the_cuda_shaped_error_and_mem_shows_the_regis
     assert!(text.contains("registered: a test step") && text.contains("+10.0%"), "{text}");
     assert!(text.contains("last step's samples"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn training_and_measuring_leave_the_users_peak_alone() {
+    let mut kernel = Kernel::start().await;
+    let setup = kernel
+        .execute(
+            "use vramlab::candle::Device;\nuse vramlab::models::{ModelName, Network, Shape};\nuse vramlab::train::*;\n\
+             let (x, y) = Stripes::new(4, 16).generate(8, 0, &Device::Cpu).unwrap();\n\
+             let mut trainer = Trainer::new(Network::new(&ModelName::SmallCnn.spec(4), Shape::map(3, 16, 16), &Device::Cpu, 0).unwrap(), TrainConfig::default()).unwrap();",
+        )
+        .await;
+    assert_eq!(setup.reply.status, ReplyStatus::Ok, "{:?}", setup.error());
+    kernel.execute("%mem --reset-peak").await;
+    let burst = kernel.execute("{ let burst = std::hint::black_box(vec![1u8; 96 << 20]); burst.len() }").await;
+    assert_eq!(burst.reply.status, ReplyStatus::Ok, "{:?}", burst.error());
+    let before = kernel.execute("%mem").await;
+    assert!(row(&before, "peak") >= row(&before, "in use") + 96 * MIB, "{:?}", before.result_text());
+
+    let trained = kernel
+        .execute("let report = trainer.step(&[(x.clone(), y.clone())], 0).unwrap();\nlet measured = trainer.measure_step(&[(x.clone(), y.clone())], 0).unwrap();\n(report.memory.unwrap().peak, measured.peak)")
+        .await;
+    assert_eq!(trained.reply.status, ReplyStatus::Ok, "{:?}", trained.error());
+    let after = kernel.execute("%mem").await;
+    assert!(
+        row(&after, "peak") >= row(&before, "peak"),
+        "a step reset the user's peak: {:?} then {:?}",
+        before.result_text(),
+        after.result_text()
+    );
+    // The step's own peak is its own: far below the burst before it.
+    let text = trained.result_text().unwrap();
+    let step_peaks: Vec<u64> = text.trim_matches(|c| c == '(' || c == ')').split(", ").map(|v| v.trim().parse().unwrap()).collect();
+    assert!(step_peaks.iter().all(|&p| p < row(&before, "in use") + 96 * MIB), "a step's peak includes the earlier burst: {text}");
+}

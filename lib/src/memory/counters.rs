@@ -61,6 +61,11 @@ pub struct Counters {
     /// buffers), and the most they have held.
     pub(crate) loader_held: AtomicU64,
     pub(crate) loader_peak: AtomicU64,
+    /// The peak since the library last opened a window of its own (a
+    /// training step, a measured phase), kept apart from `peak` so that
+    /// training and measuring leave the user's peak alone. Last, so that a
+    /// region written by an older build reads the same up to here.
+    pub(crate) window_peak: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Counters>() <= HEADER_BYTES);
@@ -88,6 +93,7 @@ impl Counters {
             snapshot_len: AtomicU64::new(0),
             loader_held: AtomicU64::new(0),
             loader_peak: AtomicU64::new(0),
+            window_peak: AtomicU64::new(0),
         }
     }
 
@@ -100,6 +106,9 @@ impl Counters {
         }
         if now > self.mark_peak.load(Relaxed) {
             self.mark_peak.fetch_max(now, Relaxed);
+        }
+        if now > self.window_peak.load(Relaxed) {
+            self.window_peak.fetch_max(now, Relaxed);
         }
         let budget = self.budget.load(Relaxed);
         if budget != 0
@@ -146,6 +155,15 @@ impl Counters {
 
     pub(crate) fn mark_peak(&self) -> u64 {
         self.mark_peak.load(Relaxed)
+    }
+
+    /// Starts the library's own measurement window from what is in use now.
+    pub(crate) fn open_window(&self) {
+        self.window_peak.store(self.in_use(), Relaxed);
+    }
+
+    pub(crate) fn window_peak(&self) -> u64 {
+        self.window_peak.load(Relaxed)
     }
 
     /// The simulated card's usable bytes and its context's share of them.

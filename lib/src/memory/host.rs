@@ -78,6 +78,18 @@ impl HostMemory {
         HostMemory::sample()
     }
 
+    /// Starts the library's window for the peak of a step or a phase, from
+    /// what is in use now. The user's peak (since [`HostMemory::reset_peak`])
+    /// is left as it is. False when this process does not count its allocations.
+    pub(crate) fn open_window() -> bool {
+        counters::find().map(|c| c.open_window()).is_some()
+    }
+
+    /// The most in use since [`HostMemory::open_window`]; `None` when not exact.
+    pub(crate) fn window_peak() -> Option<u64> {
+        counters::find().map(|c| c.window_peak())
+    }
+
     /// Gives the heap's free memory back to the OS (`malloc_trim(0)`): the
     /// CPU's `empty_cache`. Returns the readings before and after.
     pub fn empty_cache() -> EmptyCache {

@@ -140,10 +140,10 @@ impl Trainer {
                 phase,
                 name: plan.name(phase),
                 in_use: now.in_use.saturating_sub(outside),
-                peak: now.peak.unwrap_or(now.in_use).saturating_sub(outside),
+                peak: HostMemory::window_peak().unwrap_or(now.in_use).saturating_sub(outside),
                 gradients,
             });
-            HostMemory::reset_peak();
+            HostMemory::open_window();
         })?;
         let highest = phases.iter().max_by_key(|p| p.peak.max(p.in_use)).cloned().expect("every step reports its input phase");
         let peak = highest.peak.max(highest.in_use);

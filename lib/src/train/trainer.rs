@@ -168,9 +168,7 @@ impl Trainer {
         }
         oom::clear_raised();
         let before = HostMemory::sample();
-        if before.exact {
-            HostMemory::reset_peak();
-        }
+        HostMemory::open_window();
         let outside = self.outside(before.in_use, micro_batches);
         let last_phase = RefCell::new(None);
         let mut tracked = |done: StepPhase, bytes: u64| {
@@ -298,7 +296,7 @@ impl Trainer {
             loss_scale,
             skipped: !stepped,
             grad_norm,
-            memory: after.peak.map(|peak| MemorySample { in_use: after.in_use, peak }),
+            memory: HostMemory::window_peak().map(|peak| MemorySample { in_use: after.in_use, peak }),
         };
         self.history.events.push(TrainEvent::Step(report.clone()));
         Ok(report)
