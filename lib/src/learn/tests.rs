@@ -17,13 +17,15 @@ fn two_colours(root: &std::path::Path, per_class: usize) {
     }
 }
 
-#[test]
-fn the_trainer_learns_through_the_loader() {
-    let dir = tempfile::tempdir().unwrap();
-    two_colours(dir.path(), 64);
-    let folder = ImageFolder::open(dir.path(), OnError::Fail).unwrap();
+fn open_and_split(root: &std::path::Path) -> (ImageFolder, crate::data::Split) {
+    let folder = ImageFolder::open(root, OnError::Fail).unwrap();
     let split = group_split(&folder.labels(), &folder.groups(), 0.25, 0).unwrap();
-    let config = LearnConfig {
+    (folder, split)
+}
+
+/// Two epochs of batch 4 at 16x16 with Adam, one worker, no baseline.
+fn quick() -> LearnConfig {
+    LearnConfig {
         res: 16,
         epochs: 2,
         batch_size: 4,
@@ -31,7 +33,15 @@ fn the_trainer_learns_through_the_loader() {
         workers: 1,
         baseline: false,
         ..LearnConfig::default()
-    };
+    }
+}
+
+#[test]
+fn the_trainer_learns_through_the_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    two_colours(dir.path(), 64);
+    let (folder, split) = open_and_split(dir.path());
+    let config = quick();
     let mut steps = 0;
     let report = fit_folder(&folder, &split, &config, &Device::Cpu, &mut |e| steps += matches!(e, TrainEvent::Step(_)) as usize).unwrap();
     assert_eq!(steps, 2 * (split.train.len() / 4), "every full batch of both epochs was a step");
@@ -76,20 +86,8 @@ fn the_loader_as_a_batch_source_gives_its_batches_and_names_a_broken_file() {
 fn mixed_precision_and_accumulation_reach_the_trainer_and_the_confusion_matrix_counts_every_validation_photo() {
     let dir = tempfile::tempdir().unwrap();
     two_colours(dir.path(), 48);
-    let folder = ImageFolder::open(dir.path(), OnError::Fail).unwrap();
-    let split = group_split(&folder.labels(), &folder.groups(), 0.25, 0).unwrap();
-    let config = LearnConfig {
-        res: 16,
-        epochs: 2,
-        batch_size: 4,
-        accumulation: 2,
-        precision: Precision::F16Amp,
-        optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 0.01),
-        cosine: true,
-        workers: 1,
-        baseline: false,
-        ..LearnConfig::default()
-    };
+    let (folder, split) = open_and_split(dir.path());
+    let config = LearnConfig { accumulation: 2, precision: Precision::F16Amp, cosine: true, ..quick() };
     let mut steps = Vec::new();
     let report = fit_folder(&folder, &split, &config, &Device::Cpu, &mut |e| {
         if let TrainEvent::Step(s) = e {
