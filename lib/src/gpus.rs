@@ -129,6 +129,9 @@ pub enum GpuError {
     BadSize(#[from] crate::units::SizeError),
     #[error("cannot read the host's memory from /proc/meminfo: {reason}")]
     HostMemory { reason: String },
+    #[cfg(feature = "cuda")]
+    #[error("cannot read the CUDA device's name and memory: {reason}")]
+    Device { reason: String },
 }
 
 /// Finds a catalogue card by a forgiving name: case, spaces, dashes, vendor
@@ -236,6 +239,28 @@ impl Card {
             bf16: false,
             tensor_cores: false,
         })
+    }
+
+    /// The card behind `device`: the host for the CPU; for a CUDA GPU its
+    /// catalogue entry when the driver's name is in the catalogue, otherwise a
+    /// generic card of the driver's total memory.
+    pub fn for_device(device: &candle_core::Device) -> Result<Card, GpuError> {
+        match device {
+            #[cfg(feature = "cuda")]
+            candle_core::Device::Cuda(cuda) => {
+                let context = cuda.cuda_stream().context().clone();
+                let unread = |e: candle_core::cuda_backend::cudarc::driver::DriverError| GpuError::Device { reason: e.to_string() };
+                let name = context.name().map_err(unread)?;
+                match lookup(&name) {
+                    Ok(gpu) => Ok(Card::from(gpu)),
+                    Err(_) => {
+                        let total = context.total_mem().map_err(unread)? as u64;
+                        Ok(Card { name, ..Card::sized(total) })
+                    }
+                }
+            }
+            _ => Card::host(),
+        }
     }
 
     pub fn is_cpu(&self) -> bool {

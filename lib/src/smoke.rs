@@ -1,8 +1,9 @@
 //! `vramlab smoke`: on a new machine, does everything a project needs work
 //! here? The loader on a small synthetic folder, a ResNet-18 step with each
-//! lever (its measured peak beside the ledger's), and the simulated budget
-//! failing a step where the ledger says it will. Each check keeps the figure
-//! behind its verdict.
+//! lever (its measured peak beside the ledger's), and then on the CPU the
+//! simulated budget failing a step where the ledger says it will, on a CUDA
+//! GPU the device pool's readings following a tensor of known size. Each
+//! check keeps the figure behind its verdict.
 
 use std::time::Instant;
 
@@ -81,8 +82,14 @@ pub fn smoke(device: &Device) -> SmokeReport {
     for (name, config) in levers {
         checks.push(timed(name, || step(device, config)));
     }
-    checks.push(timed("simulated budget below the predicted peak: out of memory", || budget(device, TIGHT)));
-    checks.push(timed("simulated budget above the predicted peak: the step fits", || budget(device, ROOMY)));
+    if device.is_cpu() {
+        checks.push(timed("simulated budget below the predicted peak: out of memory", || budget(device, TIGHT)));
+        checks.push(timed("simulated budget above the predicted peak: the step fits", || budget(device, ROOMY)));
+    }
+    #[cfg(feature = "cuda")]
+    if device.is_cuda() {
+        checks.push(timed("CUDA pool probes follow a 64 MiB tensor", || pool(device)));
+    }
     SmokeReport { device: device_name(device), checks }
 }
 
@@ -167,6 +174,63 @@ fn budget(device: &Device, share: f64) -> Result<String, String> {
         (Ok(_), false) => Ok(format!("{figure}, it fit")),
         (Err(error), _) => Err(format!("{figure}; got: {error}")),
         (Ok((_, comparison)), true) => Err(format!("{figure}; the step ran, peak {}", human(comparison.measured_peak))),
+    }
+}
+
+/// The pool's readings around one tensor of known size: used rises by it
+/// and falls back once it is dropped, the high-water mark and the reserve
+/// cover what is used, `empty_cache` never grows the reserve, and the driver's
+/// free memory is within its total.
+#[cfg(feature = "cuda")]
+fn pool(device: &Device) -> Result<String, String> {
+    use crate::memory::cuda::CudaProbe;
+    const BYTES: u64 = 64 << 20;
+    const SLACK: u64 = 2 << 20;
+    let read = |e: crate::memory::MemoryError| e.to_string();
+    let probe = CudaProbe::new(device).map_err(read)?;
+    let before = probe.settled().map_err(read)?;
+    let tensor = candle_core::Tensor::zeros(BYTES as usize / 4, candle_core::DType::F32, device).map_err(|e| e.to_string())?;
+    let holding = probe.settled().map_err(read)?;
+    drop(tensor);
+    let after = probe.settled().map_err(read)?;
+    let trimmed = probe.empty_cache().map_err(read)?;
+    let rose = holding.used.saturating_sub(before.used);
+    let fell = holding.used.saturating_sub(after.used);
+    let mut wrong = Vec::new();
+    if !(BYTES..=BYTES + SLACK).contains(&rose) {
+        wrong.push(format!("used rose by {}", human(rose)));
+    }
+    if !(BYTES..=BYTES + SLACK).contains(&fell) {
+        wrong.push(format!("used fell by {} once it was dropped", human(fell)));
+    }
+    if holding.used_high < holding.used || holding.reserved < holding.used {
+        wrong.push(format!(
+            "high-water {} and reserved {} below used {}",
+            human(holding.used_high),
+            human(holding.reserved),
+            human(holding.used)
+        ));
+    }
+    if trimmed.after.reserved > trimmed.before.reserved {
+        wrong.push(format!("empty_cache grew reserved from {} to {}", human(trimmed.before.reserved), human(trimmed.after.reserved)));
+    }
+    if holding.free > holding.total {
+        wrong.push(format!("free {} above total {}", human(holding.free), human(holding.total)));
+    }
+    let figure = format!(
+        "used +{} then -{}; reserved {} while held; empty_cache gave back {}; context {}; {} free of {}",
+        human(rose),
+        human(fell),
+        human(holding.reserved),
+        human(trimmed.released()),
+        human(holding.context),
+        human(holding.free),
+        human(holding.total)
+    );
+    if wrong.is_empty() {
+        Ok(figure)
+    } else {
+        Err(format!("{}: {figure}", wrong.join("; ")))
     }
 }
 

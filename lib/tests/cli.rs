@@ -188,6 +188,29 @@ fn smoke_passes_here_with_a_figure_for_every_check() {
     if !cfg!(feature = "cuda") {
         let out = vramlab("smoke --device cuda");
         assert_eq!(out.status.code(), Some(2));
-        assert!(stderr(&out).contains("CUDA device 0"), "{}", stderr(&out));
+        assert!(stderr(&out).contains("CUDA device 0: this vramlab was built without the cuda feature"), "{}", stderr(&out));
     }
+}
+
+/// `measure` and `bench train` take the device too; a build without CUDA
+/// says so, and the simulated budget is refused on a GPU, where the card is the budget.
+#[test]
+fn measure_and_bench_name_a_device_they_cannot_open() {
+    if cfg!(feature = "cuda") {
+        return;
+    }
+    for command in ["measure", "bench train"] {
+        let out = vramlab(&format!("{command} --model small-cnn --batch 2 --res 32 --device cuda"));
+        assert_eq!(out.status.code(), Some(2), "{command}: {}", stderr(&out));
+        assert!(stderr(&out).contains("built without the cuda feature"), "{command}: {}", stderr(&out));
+    }
+    let out = vramlab("measure --model small-cnn --batch 2 --res 32 --device cuda --budget 8GiB");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--budget simulates a card on the CPU"), "{}", stderr(&out));
+    let out = vramlab("measure --model small-cnn --batch 2 --res 32 --device tpu");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("possible values: cpu, cuda"), "{}", stderr(&out));
+    let comparison = json("measure --model small-cnn --batch 2 --res 32 --device cpu --json");
+    assert!(comparison["measured_with"].as_str().unwrap().contains("allocation counters"), "{comparison}");
+    assert!(comparison["device"].as_str().unwrap().starts_with("cpu"), "{comparison}");
 }

@@ -38,7 +38,7 @@ enum Command {
     Measure(WithJson<MeasureArgs>),
     /// Train a zoo model on an image folder through the loader: validation accuracy per class against the baselines
     Train(WithJson<FitArgs>),
-    /// Check that the loader, a training step with each lever and the simulated budget work on this machine
+    /// Check that the loader, a training step with each lever and the memory readings work on this machine
     Smoke(WithJson<vramlab::cli::SmokeArgs>),
     /// Benchmarks on this machine
     #[command(subcommand)]
@@ -169,8 +169,8 @@ fn spec(setup: &TrainSetup, warmup: usize, steps: usize) -> vramlab::train::Benc
 }
 
 fn bench_train(args: &TrainRunArgs) -> Result<vramlab::train::BenchReport, UsageError> {
-    vramlab::train::bench_train(&spec(&args.setup, args.warmup, args.steps), &vramlab::candle::Device::Cpu)
-        .map_err(|e| UsageError(e.to_string()))
+    let device = args.setup.device.open().map_err(UsageError)?;
+    vramlab::train::bench_train(&spec(&args.setup, args.warmup, args.steps), &device).map_err(|e| UsageError(e.to_string()))
 }
 
 enum Measured {
@@ -180,31 +180,30 @@ enum Measured {
 
 fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, Measured> {
     let usage = |e: &dyn std::fmt::Display| Measured::Usage(UsageError(e.to_string()));
+    if args.budget.is_some() && args.setup.device != vramlab::cli::DeviceArg::Cpu {
+        return Err(usage(&"--budget simulates a card on the CPU; on a GPU the card's own memory is the budget"));
+    }
+    let device = args.setup.device.open().map_err(|e| usage(&e))?;
     if let Some(budget) = &args.budget {
         let budget = vramlab::memory::Budget::parse(budget).map_err(|e| usage(&e))?;
         vramlab::memory::set_budget(Some(budget)).map_err(|e| usage(&e))?;
     }
-    vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &vramlab::candle::Device::Cpu)
-        .map(|(_, comparison)| comparison)
-        .map_err(|e| match e {
-            vramlab::train::TrainError::OutOfMemory(_) => Measured::OutOfMemory(e.to_string()),
-            e if vramlab::train::is_out_of_memory(&e.to_string()) => Measured::OutOfMemory(e.to_string()),
-            e => usage(&e),
-        })
+    vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &device).map(|(_, comparison)| comparison).map_err(|e| match e {
+        vramlab::train::TrainError::OutOfMemory(_) => Measured::OutOfMemory(e.to_string()),
+        e if vramlab::train::is_out_of_memory(&e.to_string()) => Measured::OutOfMemory(e.to_string()),
+        e => usage(&e),
+    })
 }
 
 /// The checks' table (or JSON); exit status 1 when any failed, 2 when the
 /// device cannot be opened.
 fn smoke(args: &vramlab::cli::SmokeArgs, json: bool) -> ExitCode {
-    let device = match args.device {
-        vramlab::cli::SmokeDevice::Cpu => vramlab::candle::Device::Cpu,
-        vramlab::cli::SmokeDevice::Cuda => match vramlab::candle::Device::new_cuda(0) {
-            Ok(device) => device,
-            Err(err) => {
-                eprintln!("error: CUDA device 0: {err}");
-                return ExitCode::from(2);
-            }
-        },
+    let device = match args.device.open() {
+        Ok(device) => device,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
     };
     let report = vramlab::smoke::smoke(&device);
     if let Err(err) = emit(json, &report, || report.table().to_string()) {

@@ -3,20 +3,20 @@
 
 mod args;
 mod data;
+mod device;
 mod fit;
 mod flags;
 mod report;
-mod smoke;
 mod train;
 
 pub use args::{InputShape, MemArgs, OomcheckArgs, SummaryArgs, SummaryOfArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
+pub use device::{DeviceArg, SmokeArgs};
 pub use fit::FitArgs;
 pub use flags::{measure_flags, oomcheck_flags};
 pub use report::Oomcheck;
-pub use smoke::{SmokeArgs, SmokeDevice};
 pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 
 use clap::error::ErrorKind;

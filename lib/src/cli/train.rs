@@ -4,6 +4,7 @@
 use clap::{Args, ColorChoice, Parser};
 
 use super::args::{amp_parser, parse_checkpointing, parse_model, positive};
+use super::device::DeviceArg;
 use crate::ledger::Checkpointing;
 use crate::ledger::OptimizerKind;
 use crate::models::{ModelName, Precision};
@@ -42,6 +43,9 @@ pub struct TrainSetup {
     /// Seed of the weights and the synthetic images
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Where the steps run (cuda needs a build with the cuda feature)
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub device: DeviceArg,
 }
 
 /// `bench train --model M --batch B --res R [--amp f16] [--ckpt stages] [--opt adam] [--accum N] --steps N`

@@ -151,6 +151,13 @@ impl CudaProbe {
         })
     }
 
+    /// A reading once the device has finished the work queued so far: candle
+    /// frees in stream order, so before that `used` still counts freed tensors.
+    pub fn settled(&self) -> Result<CudaMemory, MemoryError> {
+        self.context.synchronize().map_err(cuda("cuCtxSynchronize"))?;
+        self.sample()
+    }
+
     /// Starts both high-water marks again from the current values.
     pub fn reset_peak(&self) -> Result<CudaMemory, MemoryError> {
         use sys::CUmemPool_attribute::*;

@@ -35,6 +35,8 @@ pub struct StepReport {
     pub skipped: bool,
     /// The gradients' global L2 norm before clipping, when clipping is on.
     pub grad_norm: Option<f64>,
+    /// The norm of the gradients the optimizer then got, measured after clipping.
+    pub applied_grad_norm: Option<f64>,
     pub memory: Option<MemorySample>,
 }
 

@@ -15,7 +15,7 @@ use super::error::TrainError;
 use super::events::StepReport;
 use super::trainer::{tensor_bytes, Trainer};
 use crate::ledger::{estimate, BillKind, Ledger, StepConfig, StepPhase};
-use crate::memory::{BillBytes, HostMemory, MeasuredPhase, Measurement, Prediction, Snapshot};
+use crate::memory::{BillBytes, MeasuredPhase, Measurement, Prediction, Snapshot};
 
 /// One phase as measured: bytes in use after it (above what was there before
 /// the model), and the most in use during it.
@@ -65,6 +65,9 @@ pub struct Comparison {
     /// Both timelines, phase by phase, for `--json` readers.
     pub predicted_phases: Vec<crate::ledger::Phase>,
     pub measured_phases: Vec<PhaseSample>,
+    /// The device the ledger predicted for, and how the measurement was read.
+    pub device: String,
+    pub measured_with: String,
 }
 
 impl Comparison {
@@ -96,10 +99,12 @@ impl Comparison {
         table.footer(["peak".to_owned(), human(self.predicted_peak), human(self.measured_peak), pct(self.peak_error_percent())]).note(
             format!(
                 "Peak during \"{}\" (predicted: \"{}\"); gradients then held: {} (inside parameters); \
-             workspace is what the peak's phase held only briefly. Exact allocation counters; the host has no CUDA context.",
+             workspace is what the peak's phase held only briefly. Predicted for {}; measured with {}.",
                 self.measured_peak_phase,
                 self.predicted_peak_phase,
-                human(self.measured_gradients)
+                human(self.measured_gradients),
+                self.device,
+                self.measured_with,
             ),
         )
     }
@@ -117,36 +122,52 @@ impl Trainer {
             checkpointing: self.config().checkpointing.clone(),
             mode: crate::ledger::Mode::Training,
         };
-        let device = crate::gpus::Card::host()?;
+        let device = crate::gpus::Card::for_device(self.net().device())?;
         Ok(estimate(self.net().spec(), &config, &device)?)
     }
 
     /// One optimizer step on `micro_batches`, measured phase by phase with the
     /// allocation counters. Fails when the process does not count allocations.
     pub fn measure_step(&mut self, micro_batches: &[(Tensor, Tensor)], epoch: usize) -> Result<MeasuredStep, TrainError> {
-        let start = HostMemory::sample();
-        if !start.exact {
+        let meter = self.meter().clone();
+        if !meter.exact() {
             return Err(TrainError::NotCounting);
         }
         // Everything in use now besides the model and the batch (the notebook's
         // data, the runtime) is not the step's.
         let input: u64 = micro_batches.iter().map(|(x, y)| tensor_bytes(x) + tensor_bytes(y)).sum();
-        let outside = self.outside(start.in_use, micro_batches);
+        let outside = self.outside(meter.in_use()?, micro_batches);
         let mut phases: Vec<PhaseSample> = Vec::new();
+        let mut unread = None;
         let plan = self.plan().clone();
         let report = self.step_watched(micro_batches, epoch, &mut |phase, gradients| {
-            let now = HostMemory::sample();
-            phases.push(PhaseSample {
-                phase,
-                name: plan.name(phase),
-                in_use: now.in_use.saturating_sub(outside),
-                peak: HostMemory::window_peak().unwrap_or(now.in_use).saturating_sub(outside),
-                gradients,
-            });
-            HostMemory::open_window();
+            let read = || -> Result<(u64, Option<u64>), crate::memory::MemoryError> {
+                let in_use = meter.in_use()?;
+                let peak = meter.window_peak()?;
+                meter.open_window()?;
+                Ok((in_use, peak))
+            };
+            match read() {
+                Ok((in_use, peak)) => phases.push(PhaseSample {
+                    phase,
+                    name: plan.name(phase),
+                    in_use: in_use.saturating_sub(outside),
+                    peak: peak.unwrap_or(in_use).saturating_sub(outside),
+                    gradients,
+                }),
+                Err(error) => {
+                    unread.get_or_insert(error);
+                }
+            }
         })?;
+        if let Some(error) = unread {
+            return Err(error.into());
+        }
         let highest = phases.iter().max_by_key(|p| p.peak.max(p.in_use)).cloned().expect("every step reports its input phase");
-        let peak = highest.peak.max(highest.in_use);
+        // On a GPU the device also holds the context, kernels and cuBLAS's
+        // workspace outside the pool: part of the peak, as the ledger counts it.
+        let beyond_pool = meter.outside_pool()?;
+        let peak = highest.peak.max(highest.in_use) + beyond_pool;
         let model = self.net().param_bytes() + self.net().buffer_bytes();
         let optimizer_state = self.optimizer().state_bytes() as u64;
         let parameters = model + highest.gradients;
@@ -184,6 +205,8 @@ impl Trainer {
             measured_gradients: measured.gradients,
             predicted_phases: ledger.timeline.clone(),
             measured_phases: measured.phases.clone(),
+            device: ledger.device.name.clone(),
+            measured_with: self.meter().source().to_owned(),
         };
         let snapshot = Snapshot {
             label,

@@ -161,6 +161,27 @@ fn mixed_precision_training_reaches_the_f32_accuracy() {
     assert_eq!(scales.len(), 36);
 }
 
+/// The report's applied norm is read off the clipped gradients, not derived
+/// from the limit: under it when clipping engages, the norm itself when not.
+#[test]
+fn a_clipped_step_reports_the_norm_it_applied() {
+    let (x, y) = Stripes::new(4, 16).generate(8, 3, &Device::Cpu).unwrap();
+    for (max_norm, engages) in [(1e-3, true), (1e6, false)] {
+        let mut trainer =
+            Trainer::new(net(ModelName::SmallCnn, 4, 16), TrainConfig { clip_norm: Some(max_norm), ..TrainConfig::default() }).unwrap();
+        let report = trainer.step(&[(x.clone(), y.clone())], 0).unwrap();
+        let (before, applied) = (report.grad_norm.unwrap(), report.applied_grad_norm.unwrap());
+        if engages {
+            assert!(before > max_norm && (applied - max_norm).abs() < max_norm * 1e-3, "{before} clipped to {applied}");
+        } else {
+            assert!((applied - before).abs() < before * 1e-6, "{before} left alone, applied {applied}");
+        }
+    }
+    let mut unclipped = Trainer::new(net(ModelName::SmallCnn, 4, 16), TrainConfig::default()).unwrap();
+    let report = unclipped.step(&[(x, y)], 0).unwrap();
+    assert_eq!((report.grad_norm, report.applied_grad_norm), (None, None));
+}
+
 #[test]
 fn bf16_on_the_cpu_is_refused_before_any_step() {
     let net = net(ModelName::SmallCnn, 4, 16);

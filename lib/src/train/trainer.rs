@@ -13,7 +13,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::amp::GradScaler;
-use super::clip::clip_grad_norm;
+use super::clip::{clip_grad_norm, grad_norm};
 use super::config::TrainConfig;
 use super::error::TrainError;
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
@@ -21,7 +21,7 @@ use super::oom::{self, StepOom};
 use super::optim::Optimizer;
 use super::step::{accumulate, cross_entropy, forward_backward_watched, grad_bytes};
 use crate::ledger::{StepPhase, StepPlan};
-use crate::memory::HostMemory;
+use crate::memory::StepMeter;
 use crate::models::{Network, Pass, Precision};
 
 /// Batches of `(images N x C x H x W f32, labels N u32)`, epoch after epoch.
@@ -97,6 +97,7 @@ pub struct Trainer {
     pass: Pass,
     steps: u64,
     history: History,
+    meter: StepMeter,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -115,7 +116,8 @@ impl Trainer {
         let scaler = if config.precision == Precision::F16Amp { GradScaler::new(config.scaler.clone())? } else { GradScaler::disabled() };
         let plan = StepPlan::training(&net.stage_names(), &config.checkpointing, config.accumulation, config.optimizer.kind())?;
         let pass = Pass::train(config.precision.compute_dtype());
-        Ok(Trainer { net, config, optimizer, scaler, plan, pass, steps: 0, history: History::default() })
+        let meter = StepMeter::for_device(net.device())?;
+        Ok(Trainer { net, config, optimizer, scaler, plan, pass, steps: 0, history: History::default(), meter })
     }
 
     pub fn net(&self) -> &Network {
@@ -143,6 +145,11 @@ impl Trainer {
         &self.history
     }
 
+    /// What this trainer's steps are measured with: the host's counters or the device's pool.
+    pub fn meter(&self) -> &StepMeter {
+        &self.meter
+    }
+
     /// Optimizer steps taken (skipped ones included).
     pub fn steps(&self) -> u64 {
         self.steps
@@ -167,9 +174,9 @@ impl Trainer {
             return Err(TrainError::MicroBatches { expected: self.config.accumulation, got: micro_batches.len() });
         }
         oom::clear_raised();
-        let before = HostMemory::sample();
-        HostMemory::open_window();
-        let outside = self.outside(before.in_use, micro_batches);
+        let before = self.meter.in_use()?;
+        self.meter.open_window()?;
+        let outside = self.outside(before, micro_batches);
         let last_phase = RefCell::new(None);
         let mut tracked = |done: StepPhase, bytes: u64| {
             *last_phase.borrow_mut() = Some(done);
@@ -270,9 +277,12 @@ impl Trainer {
         }
         let vars = self.net.vars();
         self.scaler.unscale(&mut grads, &vars)?;
-        let grad_norm = match self.config.clip_norm {
-            Some(max_norm) => Some(clip_grad_norm(&mut grads, &vars, max_norm, 2.0)?),
-            None => None,
+        let (grad_norm, applied_grad_norm) = match self.config.clip_norm {
+            Some(max_norm) => {
+                let before = clip_grad_norm(&mut grads, &vars, max_norm, 2.0)?;
+                (Some(before), Some(grad_norm(&grads, &vars, 2.0)?))
+            }
+            None => (None, None),
         };
         let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
         phase(StepPhase::OptimizerStep, grads_bytes);
@@ -283,7 +293,7 @@ impl Trainer {
         phase(StepPhase::StepDone, 0);
         self.steps += 1;
         let seconds = started.elapsed().as_secs_f64();
-        let after = HostMemory::sample();
+        let in_use = self.meter.in_use()?;
         let report = StepReport {
             epoch,
             step: self.steps,
@@ -296,7 +306,8 @@ impl Trainer {
             loss_scale,
             skipped: !stepped,
             grad_norm,
-            memory: HostMemory::window_peak().map(|peak| MemorySample { in_use: after.in_use, peak }),
+            applied_grad_norm,
+            memory: self.meter.window_peak()?.map(|peak| MemorySample { in_use, peak }),
         };
         self.history.events.push(TrainEvent::Step(report.clone()));
         Ok(report)
