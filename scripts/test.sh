@@ -19,4 +19,4 @@ say "cargo test"
 cargo test --release --locked --workspace -- --test-threads=1
 
 say "Jupyter clients: jupyter_kernel_test, kernelspec, notebooks"
-.venv/bin/python -m pytest -q tests/python
+.venv/bin/python -m pytest -q -rs tests/python
