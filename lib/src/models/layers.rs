@@ -22,15 +22,30 @@ pub struct Pass {
     pub update_stats: bool,
     /// The dtype convolutions and matmuls run in: f32, or f16/bf16 under mixed precision.
     pub compute: DType,
+    /// Whether the pass records what backward needs. Candle tracks every op on
+    /// a `Var`, so a forward over the weights as they are keeps every layer's
+    /// output alive with the result; without gradients the layers read detached
+    /// weights and each intermediate is freed once the next layer has used it.
+    pub grad: bool,
 }
 
 impl Pass {
     pub fn train(compute: DType) -> Self {
-        Pass { train: true, update_stats: true, compute }
+        Pass { train: true, update_stats: true, compute, grad: true }
     }
 
+    /// Inference: batch-norm on its running statistics, no gradients.
     pub fn eval(compute: DType) -> Self {
-        Pass { train: false, update_stats: false, compute }
+        Pass { train: false, update_stats: false, compute, grad: false }
+    }
+
+    /// A parameter or buffer as this pass reads it: tracked for backward, or detached.
+    fn param(&self, var: &Var) -> Tensor {
+        if self.grad {
+            var.as_tensor().clone()
+        } else {
+            var.as_tensor().detach()
+        }
     }
 
     /// The same pass, run again in backward: running statistics stay as they are.
@@ -123,10 +138,10 @@ impl Conv {
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        let y = ops::conv2d(x, &cast(self.weight.as_tensor(), pass.compute)?, self.params)?;
+        let y = ops::conv2d(x, &cast(&pass.param(&self.weight), pass.compute)?, self.params)?;
         match &self.bias {
             Some(bias) => {
-                let bias = cast(bias.as_tensor(), pass.compute)?;
+                let bias = cast(&pass.param(bias), pass.compute)?;
                 y.broadcast_add(&bias.reshape((1, (), 1, 1))?)
             }
             None => Ok(y),
@@ -163,7 +178,7 @@ impl BatchNorm {
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         if pass.train {
-            let out = ops::batch_norm_train(x, self.weight.as_tensor(), self.bias.as_tensor(), Self::EPS)?;
+            let out = ops::batch_norm_train(x, &pass.param(&self.weight), &pass.param(&self.bias), Self::EPS)?;
             if pass.update_stats {
                 self.update_running_stats(&out)?;
             }
@@ -171,12 +186,12 @@ impl BatchNorm {
         }
         let channels = self.weight.dim(0)?;
         let per_channel = |t: &Tensor| t.reshape((1, channels, 1, 1));
-        let std = (self.running_var.as_tensor() + Self::EPS)?.sqrt()?;
+        let std = (pass.param(&self.running_var) + Self::EPS)?.sqrt()?;
         let y = cast(x, DType::F32)?
-            .broadcast_sub(&per_channel(self.running_mean.as_tensor())?)?
+            .broadcast_sub(&per_channel(&pass.param(&self.running_mean))?)?
             .broadcast_div(&per_channel(&std)?)?
-            .broadcast_mul(&per_channel(self.weight.as_tensor())?)?
-            .broadcast_add(&per_channel(self.bias.as_tensor())?)?;
+            .broadcast_mul(&per_channel(&pass.param(&self.weight))?)?
+            .broadcast_add(&per_channel(&pass.param(&self.bias))?)?;
         cast(&y, x.dtype())
     }
 
@@ -213,10 +228,10 @@ impl Linear {
     }
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        let w = cast(self.weight.as_tensor(), pass.compute)?;
+        let w = cast(&pass.param(&self.weight), pass.compute)?;
         let y = x.matmul(&w.t()?)?;
         match &self.bias {
-            Some(bias) => y.broadcast_add(&cast(bias.as_tensor(), pass.compute)?),
+            Some(bias) => y.broadcast_add(&cast(&pass.param(bias), pass.compute)?),
             None => Ok(y),
         }
     }

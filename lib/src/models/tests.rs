@@ -135,6 +135,28 @@ mod network {
         }
     }
 
+    /// Inference keeps no graph: its logits reach no weight in backward, so
+    /// nothing holds the layers' outputs once the next layer has run.
+    #[test]
+    fn an_inference_pass_records_nothing_for_backward() {
+        for name in ModelName::ALL {
+            let net = build(name, 10, 32);
+            let x = Tensor::ones((2, 3, 32, 32), DType::F32, &Device::Cpu).unwrap();
+            let reached = |pass: Pass| {
+                let grads = net.forward(&x, pass).unwrap().sum_all().unwrap().backward().unwrap();
+                net.params().iter().filter(|p| grads.get(p.var.as_tensor()).is_some()).count()
+            };
+            assert_eq!(reached(Pass::eval(DType::F32)), 0, "{}", name.as_str());
+            assert_eq!(reached(Pass::train(DType::F32)), net.params().len(), "{}", name.as_str());
+            assert_eq!(
+                reached(Pass { grad: true, ..Pass::eval(DType::F32) }),
+                net.params().len(),
+                "{}: eval with gradients",
+                name.as_str()
+            );
+        }
+    }
+
     #[test]
     fn every_parameter_sits_in_its_layers_row_in_order() {
         for name in ModelName::ALL {
