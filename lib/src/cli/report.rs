@@ -58,20 +58,25 @@ impl Render for Oomcheck {
             Verdict::Tight => "#b36b00",
             Verdict::DoesNotFit => "#b22222",
         };
-        let mut composer = Composer::new()
-            .headline(&report.verdict_line(), color)
-            .part(&report.ledger.table().bundle())
-            .html_only(&report.ledger.chart().bundle())
-            .part(&report.ledger.timeline_table().bundle());
-        if report.verdict != Verdict::Fits && report.ledger.config.mode == crate::ledger::Mode::Training {
-            composer = composer.part(&report.fixes_table().bundle());
-        }
-        if let Some(sweep) = &self.sweep {
-            composer = composer.html_only(&sweep.chart().bundle()).part(&sweep.table().bundle());
-        }
+        let mut composer = Composer::new().headline(&report.verdict_line(), color);
+        // Loader settings ask about host RAM: its verdict comes before the card's detail.
         if let Some(host) = &self.host {
             let color = if host.too_large() { "#b22222" } else { "#2a7d2a" };
             composer = composer.headline(&host.verdict_line(), color).part(&host.table().bundle());
+        }
+        // A sweep answers its own question; the step's bills are one `--sweep` less away.
+        if let Some(sweep) = &self.sweep {
+            composer = composer
+                .html_only(&sweep.chart().bundle())
+                .part(&sweep.table().note("The step's bills, timeline and fixes: the same command without --sweep.").bundle());
+        } else {
+            composer = composer
+                .part(&report.ledger.table().bundle())
+                .html_only(&report.ledger.chart().bundle())
+                .part(&report.ledger.timeline_table().bundle());
+            if report.verdict != Verdict::Fits && report.ledger.config.mode == crate::ledger::Mode::Training {
+                composer = composer.part(&report.fixes_table().bundle());
+            }
         }
         composer.finish()
     }

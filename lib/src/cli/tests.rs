@@ -50,7 +50,9 @@ fn oomcheck_with_a_sweep_draws_peak_against_batch() {
     let bundle = oomcheck(&words("resnet18 --batch 16 --res 224 --gpu 4090 --sweep batch=8..64:8")).unwrap();
     let html = bundle.get("text/html").and_then(|v| v.as_str()).unwrap();
     assert!(html.contains("peak memory vs batch"));
-    assert!(bundle.text().contains("sweep on"));
+    let text = bundle.text();
+    assert!(text.contains("sweep on") && text.starts_with("FITS"), "{text}");
+    assert!(!text.contains("1. parameters") && text.contains("the same command without --sweep"), "the sweep alone: {text}");
 }
 
 #[test]
@@ -90,6 +92,8 @@ fn oomcheck_reports_the_loaders_host_memory_when_given_workers() {
     let text = bundle.text();
     assert!(text.contains("HOST RAM AT RISK"), "{text}");
     assert!(text.contains("--workers 8") && text.contains("batches in flight"), "{text}");
+    let (host, bills) = (text.find("HOST RAM AT RISK").unwrap(), text.find("1. parameters").unwrap());
+    assert!(host < bills, "the host verdict the flags ask about comes before the card's bills: {text}");
     let without = oomcheck(&words("resnet18 --batch 32 --res 224")).unwrap();
     assert!(!without.text().contains("Host RAM"));
     let err = oomcheck(&words("resnet18 --batch 32 --res 224 --workers 2 --host-ram 32")).unwrap_err();

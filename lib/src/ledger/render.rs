@@ -52,7 +52,15 @@ impl Ledger {
         for kind in BillKind::ALL {
             let bytes = self.peak.bill(kind);
             if bytes > 0 {
-                chart = chart.series(Series::stacked(format!("{} {}", kind.title(), human(bytes)), [(1.0, bytes as f64 / GIB)]));
+                // A bill's lines need not all be resident at the peak (the optimizer's
+                // temporaries come after backward's), so the bar can be less than the table's bill.
+                let whole = self.bill(kind).bytes;
+                let label = if whole == bytes {
+                    format!("{} {}", kind.title(), human(bytes))
+                } else {
+                    format!("{} {} at the peak (bill {})", kind.title(), human(bytes), human(whole))
+                };
+                chart = chart.series(Series::stacked(label, [(1.0, bytes as f64 / GIB)]));
             }
         }
         chart.series(Series::limit(

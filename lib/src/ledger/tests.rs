@@ -140,4 +140,6 @@ fn tables_and_charts_render() {
     assert!(ledger.timeline_table().to_string().contains("<- peak"));
     let svg = ledger.chart().to_svg().unwrap();
     assert!(svg.contains("3. activations"));
+    // Adam's temporaries come after backward's peak: the bar says so beside the bill.
+    assert!(svg.contains("at the peak (bill 1.55 GiB)"), "{svg}");
 }

@@ -144,9 +144,15 @@ impl Render for MemReport {
         if self.memory.budget.is_some() {
             composer = composer.headline("The device budget is simulated: tensors live in host memory; past the budget, check_budget() raises CUDA's out-of-memory error.", "#b36b00");
         }
-        match self.bills_table() {
-            Some(bills) => composer.part(&bills.bundle()),
-            None => composer.headline("No prediction or measurement registered (vramlab::memory::publish).", "#555555"),
+        // After an action (`--reset-peak`, `--empty-cache`) the registered step is what it was:
+        // one line names it, and plain `%mem` shows its bills.
+        let acted = self.peak_reset || self.emptied.is_some();
+        match (self.bills_table(), &self.snapshot) {
+            (Some(_), Some(snapshot)) if acted => {
+                composer.headline(&format!("registered: {} (unchanged; %mem shows its bills)", snapshot.label), "#555555")
+            }
+            (Some(bills), _) => composer.part(&bills.bundle()),
+            _ => composer.headline("No prediction or measurement registered (vramlab::memory::publish).", "#555555"),
         }
         .finish()
     }

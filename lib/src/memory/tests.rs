@@ -100,7 +100,10 @@ fn the_report_puts_bills_side_by_side_with_their_difference() {
     assert!(text.contains("+5.0%"), "activations 210 vs 200: {text}");
     assert!(text.contains("+3.3%"), "peak 310 vs 300: {text}");
     assert!(text.contains("simulated"), "{text}");
-    let plain = MemReport { snapshot: None, ..report }.bundle().text().to_owned();
+    let reset = MemReport { peak_reset: true, ..report };
+    let text = reset.bundle().text().to_owned();
+    assert!(text.contains("(unchanged; %mem shows its bills)") && !text.contains("+3.3%"), "an action names the step once: {text}");
+    let plain = MemReport { snapshot: None, ..reset }.bundle().text().to_owned();
     assert!(plain.contains("No prediction or measurement registered"), "{plain}");
 }
 
