@@ -7,7 +7,10 @@ saves goes through `torch.autograd.graph.saved_tensors_hooks`, and the unique
 storages are summed (a saved tensor that is a view, or saved twice, counts once;
 the parameters and the input batch, which forward does not add, are left out).
 
-    VRAMLAB_BENCH_VENV=.venv-bench python3 scripts/bench_saved.py
+    VRAMLAB_BENCH_VENV=.venv-bench python3 scripts/bench_saved.py [MODEL:BATCH:RES ...]
+
+Without arguments it measures ResNet-18 b32@64, ResNet-50 b8@224 and
+EfficientNet-B0 b8@224; `resnet50:32:224` is the lesson's configuration.
 
 The venv is created from scripts/bench-requirements.txt when it does not exist.
 Prints a Markdown table for BENCHMARKS.md.
@@ -70,7 +73,14 @@ def main() -> int:
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
             subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "scripts/bench-requirements.txt")], check=True)
         env = dict(os.environ, VRAMLAB_BENCH_INSIDE="1")
-        return subprocess.run([str(python), __file__], env=env).returncode
+        return subprocess.run([str(python), __file__, *sys.argv[1:]], env=env).returncode
+    rows = ROWS
+    if len(sys.argv) > 1:
+        try:
+            rows = [(model, int(batch), int(res)) for model, batch, res in (arg.split(":") for arg in sys.argv[1:])]
+        except ValueError:
+            print(f"usage: {sys.argv[0]} [MODEL:BATCH:RES ...], e.g. resnet50:32:224", file=sys.stderr)
+            return 2
     import torch
 
     torch.set_num_threads(2)
@@ -78,7 +88,7 @@ def main() -> int:
     print()
     print("| model, batch @ resolution | vramlab kept by forward | PyTorch saved tensors | ratio |")
     print("|---|---:|---:|---:|")
-    for model, batch, res in ROWS:
+    for model, batch, res in rows:
         ours, theirs = vramlab_kept(model, batch, res), torch_kept(model, batch, res)
         print(f"| {model} b{batch}@{res} | {ours / MIB:.1f} MiB | {theirs / MIB:.1f} MiB | {ours / theirs:.2f}x |")
     return 0
