@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
     say "creating the Python venv (.venv)"
     python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import jupyter_client, jupyter_kernel_test, nbclient, nbformat, pytest' >/dev/null 2>&1; then
+if ! .venv/bin/python -c 'import jupyter_client, jupyter_kernel_test, nbclient, nbformat, pytest; from papermill.translators import papermill_translators as t; t.find_translator("vramlab", "rust")' >/dev/null 2>&1; then
     say "installing the Jupyter clients into .venv"
     .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 fi
