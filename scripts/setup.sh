@@ -36,6 +36,10 @@ if ! .venv/bin/python -c 'import jupyter_client, jupyter_kernel_test, nbclient, 
     say "installing the Jupyter clients into .venv"
     .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements.txt
 fi
+if ! .venv/bin/python -c 'import jupyterlab, playwright, jupyter_console, pexpect, nbconvert' >/dev/null 2>&1; then
+    say "installing JupyterLab, jupyter console, nbconvert and Playwright into .venv"
+    .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/frontend-requirements.txt
+fi
 
 say "building (release; the first build takes about 20 minutes on 2 cores)"
 cargo build --release --locked --workspace --bins
