@@ -308,6 +308,12 @@ def test_parameterize_notebook_alone_infers_the_types_from_the_values(monkeypatc
     assert nb.cells[2].source.splitlines()[1:] == ["let photos: i64 = 240;", "let rate: f64 = 0.5;"]
 
 
+def test_the_declared_types_serve_one_codify_only() -> None:
+    RustTranslator.inspect(notebook().cells[1])
+    assert RustTranslator.codify({"photos": 2}).splitlines()[1] == "let photos: usize = 2;"
+    assert RustTranslator.codify({"photos": 2}).splitlines()[1] == "let photos: i64 = 2;"
+
+
 @pytest.mark.parametrize("first", ["import papermill", "import papermill_vramlab.translator", "import papermill_vramlab.rust"])
 def test_the_translator_is_registered_whichever_module_a_program_imports_first(first: str) -> None:
     check = f"{first}; from papermill.translators import papermill_translators as t; print(t.find_translator('vramlab', None).__name__)"

@@ -14,7 +14,9 @@ class RustTranslator(Translator):
     # papermill inspects the parameters cell before it calls codify, and codify gets
     # only the values: the types that cell declares are kept here in between, so each
     # override is bound with its declared type (evcxr makes `let photos = 240;` an
-    # i32, which the cells that use photos as a usize would refuse).
+    # i32, which the cells that use photos as a usize would refuse). codify takes
+    # them, so a later notebook without a parameters cell, which papermill does not
+    # inspect, never gets another notebook's types.
     declared_types: dict[str, str | None] = {}
 
     @classmethod
@@ -30,7 +32,8 @@ class RustTranslator(Translator):
 
     @classmethod
     def codify(cls, parameters: Mapping[str, object], comment: str = "Parameters") -> str:
-        return bindings(parameters, cls.declared_types, comment) + "\n"
+        types, cls.declared_types = cls.declared_types, {}
+        return bindings(parameters, types, comment) + "\n"
 
 
 def inject(notebook: nbformat.NotebookNode, parameters: Mapping[str, object]) -> None:
