@@ -348,16 +348,32 @@ pub struct InputRequest {
 
 pub struct EvalCallbacks<'a> {
     pub input_reader: &'a dyn Fn(InputRequest) -> String,
+    /// Called as cargo reports its progress while it builds a cell and its dependencies.
+    pub build_progress: &'a dyn Fn(BuildProgress),
+}
+
+/// Where a build stands: units cargo has finished out of all it needs (those already
+/// built count as finished), and the dependencies it is compiling now (never the cell's
+/// own crate, so a cell whose dependencies are all built reports none).
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildProgress {
+    pub finished: usize,
+    pub total: usize,
+    pub compiling: Vec<String>,
 }
 
 fn default_input_reader(_: InputRequest) -> String {
     String::new()
 }
 
+fn ignore_build_progress(_: BuildProgress) {}
+
 impl Default for EvalCallbacks<'_> {
     fn default() -> Self {
         EvalCallbacks {
             input_reader: &default_input_reader,
+            build_progress: &ignore_build_progress,
         }
     }
 }
@@ -804,7 +820,9 @@ impl EvalContext {
         callbacks: &mut EvalCallbacks,
     ) -> Result<ExecutionArtifacts, Error> {
         let code = state.code_to_compile(user_code, compilation_mode);
-        let so_file = self.module.compile(&code, &state.config)?;
+        let so_file = self
+            .module
+            .compile(&code, &state.config, callbacks.build_progress)?;
 
         if compilation_mode == CompilationMode::NoCatchExpectError {
             // Uh-oh, caller was expecting an error, return OK and the caller can return the

@@ -32,6 +32,7 @@ pub use crate::command_context::CommandContext;
 pub use crate::errors::CompilationError;
 pub use crate::errors::Error;
 pub use crate::errors::Theme;
+pub use crate::eval_context::BuildProgress;
 pub use crate::eval_context::EvalCallbacks;
 pub use crate::eval_context::EvalContext;
 pub use crate::eval_context::EvalContextOutputs;

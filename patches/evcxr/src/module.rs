@@ -11,6 +11,7 @@ use crate::code_block::CodeBlock;
 use crate::errors::CompilationError;
 use crate::errors::Error;
 use crate::errors::bail;
+use crate::eval_context::BuildProgress;
 use crate::eval_context::Config;
 use crate::eval_context::ContextState;
 use anyhow::Context;
@@ -175,6 +176,7 @@ impl Module {
         &mut self,
         code_block: &CodeBlock,
         config: &Config,
+        progress: &dyn Fn(BuildProgress),
     ) -> Result<SoFile, Error> {
         if self.last_allow_static == Some(!config.allow_static_linking) {
             // If allow_static_linking has changed, then we need to rebuild everything.
@@ -198,7 +200,7 @@ impl Module {
             Err(error) => return Err(error.into()),
         }
 
-        let cargo_output = run_cargo(command, code_block)?;
+        let cargo_output = run_cargo(command, code_block, progress)?;
         if config.time_passes {
             let output = String::from_utf8_lossy(&cargo_output.stderr);
             eprintln!("{output}");
@@ -517,11 +519,16 @@ fn map_extern_arg(ext: &str) -> OsString {
 fn run_cargo(
     mut command: std::process::Command,
     code_block: &CodeBlock,
+    progress: &dyn Fn(BuildProgress),
 ) -> Result<std::process::Output, Error> {
     use std::io::BufRead;
     use std::io::Read;
 
+    // Cargo draws its progress bar only on a terminal unless told to; a wide bar keeps
+    // the names of the crates being compiled.
     let mb_child = command
+        .env("CARGO_TERM_PROGRESS_WHEN", "always")
+        .env("CARGO_TERM_PROGRESS_WIDTH", "1000")
         .stderr(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn();
@@ -541,11 +548,17 @@ fn run_cargo(
     // Collect stderr synchronously
     let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
     let mut all_errors = Vec::new();
-    for mb_line in stderr.split(10) {
-        let mut line = mb_line?;
-        tee_error_line(&line);
-        all_errors.append(&mut line);
-        all_errors.push(10);
+    for mb_line in stderr.split(b'\n') {
+        // A progress bar is redrawn with `\r`, on the line a message then overwrites.
+        for piece in mb_line?.split(|&byte| byte == b'\r') {
+            if let Some(report) = build_progress(piece) {
+                progress(report);
+            } else if !piece.iter().all(u8::is_ascii_whitespace) {
+                tee_error_line(piece);
+                all_errors.extend_from_slice(piece);
+                all_errors.push(b'\n');
+            }
+        }
     }
 
     let status = child.wait()?;
@@ -575,6 +588,28 @@ fn run_cargo(
             bail!(Error::CompilationErrors(errors));
         }
     }
+}
+
+/// Cargo's progress bar, `    Building [====>   ] 12/180: crate-a, crate-b(build)`, read;
+/// the cell's own crate is left out of the crates being compiled.
+fn build_progress(piece: &[u8]) -> Option<BuildProgress> {
+    static BAR: Lazy<regex::bytes::Regex> = Lazy::new(|| {
+        regex::bytes::Regex::new(r"^\s*Building \[[^\]]*\] (\d+)/(\d+)(?:: (.*?))?\s*$").unwrap()
+    });
+    let captures = BAR.captures(piece)?;
+    let number = |i| std::str::from_utf8(&captures[i]).ok()?.parse().ok();
+    let names = captures.get(3).map_or(String::new(), |names| {
+        String::from_utf8_lossy(names.as_bytes()).into_owned()
+    });
+    Some(BuildProgress {
+        finished: number(1)?,
+        total: number(2)?,
+        compiling: names
+            .split(", ")
+            .filter(|name| !name.is_empty() && name.split('(').next() != Some(CRATE_NAME))
+            .map(str::to_owned)
+            .collect(),
+    })
 }
 
 /// Process one line from cargo, either copying it to stderr or ignoring.
