@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Everything the lessons and the tests need on a fresh machine: cmake and nasm
 # (system packages), the rust-src component (evcxr's rust-analyzer reads it), a
-# Python venv with the Jupyter clients, the release build, and the kernelspec
-# inside the venv.
+# Python venv with the Jupyter clients, the release build, the kernelspec
+# inside the venv, and the library built for notebook cells.
 # Sourced by scripts/lessons.sh and scripts/test.sh.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,4 +47,10 @@ cargo build --release --locked --workspace --bins
 KERNEL_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab-kernel"
 say "installing the kernelspec into .venv"
 VIRTUAL_ENV="$ROOT/.venv" "$KERNEL_BIN" install --sys-prefix
+
+# Cells link the library as evcxr builds it (its own profile and flags), which
+# shares nothing with the build above; without this the first notebook cell
+# that uses vramlab would do it.
+say "building vramlab for notebook cells (the first time about 10 minutes on 2 cores; then seconds)"
+"$KERNEL_BIN" build-cells
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Every test: formatting and lints, the Rust unit and end-to-end tests (the kernel binary driven
 # over ZeroMQ), then jupyter_kernel_test and the notebooks through nbclient.
-source "$(dirname "$0")/setup.sh"
 # One build cache for every kernel the tests start, so the library that cells
-# use is compiled once (kernel tests run one at a time for the same reason).
-# It must lie outside this Cargo workspace for evcxr to build there.
+# use is compiled once, by set-up (kernel tests run one at a time for the same
+# reason). It must lie outside this Cargo workspace for evcxr to build there.
 export VRAMLAB_CACHE_DIR="${TMPDIR:-/tmp}/vramlab-test-cache"
+source "$(dirname "$0")/setup.sh"
 
 say "cargo fmt --check, cargo clippy"
 for component in rustfmt clippy; do

@@ -54,6 +54,9 @@ struct Cli {
 enum Command {
     /// Install the kernelspec `vramlab` ("Rust (vramlab)") where Jupyter finds it.
     Install(install::InstallArgs),
+    /// Build the vramlab library for notebook cells now (the first cell that
+    /// uses it otherwise does, for many minutes), in the build cache kernels use.
+    BuildCells,
 }
 
 fn main() -> ExitCode {
@@ -67,6 +70,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match (cli.command, cli.connection_file) {
         (Some(Command::Install(args)), _) => install::install(&args),
+        (Some(Command::BuildCells), _) => {
+            ensure_cargo_on_path();
+            evcxr_engine::build_cells().map(|()| std::process::exit(0))
+        }
         (None, Some(file)) => run_kernel(&file, cli.max_message_size),
         (None, None) => Err(anyhow::anyhow!("nothing to do: pass --connection-file FILE (as Jupyter does) or `install`; see --help")),
     };

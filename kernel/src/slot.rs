@@ -15,6 +15,8 @@ const MAX_SLOTS: usize = 16;
 
 pub struct BuildSlot {
     dir: PathBuf,
+    /// Slots passed over because running kernels hold them.
+    busy: Vec<PathBuf>,
     _lock: File,
 }
 
@@ -39,15 +41,23 @@ impl BuildSlot {
                 project.display()
             );
         }
+        let unwritable = |dir: &Path| {
+            format!(
+                "cannot write the build cache {} (cells are compiled there); make it writable or set VRAMLAB_CACHE_DIR \
+                 to a writable directory outside any Cargo project, in the kernelspec's env or before starting Jupyter",
+                dir.display()
+            )
+        };
+        let mut busy = Vec::new();
         for n in 0..MAX_SLOTS {
             let dir = root.join(format!("slot-{n}"));
-            std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::create_dir_all(&dir).with_context(|| unwritable(&dir))?;
             // rust-analyzer, inside evcxr, cannot load a project through a path with `..` in it.
             let dir = dir.canonicalize()?;
-            let lock = File::create(dir.join(".lock"))?;
+            let lock = File::create(dir.join(".lock")).with_context(|| unwritable(&dir))?;
             match lock.try_lock() {
-                Ok(()) => return Ok(BuildSlot { dir, _lock: lock }),
-                Err(TryLockError::WouldBlock) => continue,
+                Ok(()) => return Ok(BuildSlot { dir, busy, _lock: lock }),
+                Err(TryLockError::WouldBlock) => busy.push(dir),
                 Err(TryLockError::Error(err)) => return Err(err).with_context(|| format!("cannot lock {}", dir.display())),
             }
         }
@@ -60,9 +70,13 @@ impl BuildSlot {
 
     /// Whether a previous kernel already compiled the library here.
     pub fn has_compiled(&self, crate_name: &str) -> bool {
-        let deps = self.dir.join("target");
-        let prefix = format!("lib{crate_name}-");
-        walk_has_prefix(&deps, &prefix, 4)
+        compiled_in(&self.dir, crate_name)
+    }
+
+    /// A slot held by a running kernel that has the library compiled, which
+    /// this kernel could have used had it been free.
+    pub fn busy_with(&self, crate_name: &str) -> Option<&Path> {
+        self.busy.iter().find(|dir| compiled_in(dir, crate_name)).map(PathBuf::as_path)
     }
 
     /// Puts the workspace's lock file in place before the library is added,
@@ -117,6 +131,10 @@ fn patch_table(workspace: &Path) -> Result<toml::Table, String> {
         .collect())
 }
 
+fn compiled_in(slot: &Path, crate_name: &str) -> bool {
+    walk_has_prefix(&slot.join("target"), &format!("lib{crate_name}-"), 4)
+}
+
 fn walk_has_prefix(dir: &Path, prefix: &str, depth: usize) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else { return false };
     entries.flatten().any(|entry| {
@@ -161,6 +179,28 @@ mod tests {
         let third = BuildSlot::acquire_in(&root).unwrap();
         assert_eq!(third.dir(), first_dir);
         std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_kernel_passed_over_a_busy_slot_knows_whether_it_holds_the_library() {
+        let root = tempfile::tempdir().unwrap();
+        let first = BuildSlot::acquire_in(root.path()).unwrap();
+        let second = BuildSlot::acquire_in(root.path()).unwrap();
+        assert_eq!(second.busy_with("vramlab"), None);
+        let deps = first.dir().join("target/x86_64-unknown-linux-gnu/debug/deps");
+        std::fs::create_dir_all(&deps).unwrap();
+        std::fs::write(deps.join("libvramlab-0123.rlib"), b"").unwrap();
+        assert_eq!(second.busy_with("vramlab"), Some(first.dir()));
+        assert!(!second.has_compiled("vramlab"));
+    }
+
+    #[test]
+    fn an_unwritable_cache_says_what_to_do() {
+        // A file where the cache should be: refused for root too, unlike permission bits.
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("cache"), b"").unwrap();
+        let err = format!("{:#}", BuildSlot::acquire_in(&root.path().join("cache")).err().unwrap());
+        assert!(err.contains("cannot write the build cache") && err.contains("VRAMLAB_CACHE_DIR"), "{err}");
     }
 
     #[test]

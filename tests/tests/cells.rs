@@ -273,6 +273,69 @@ async fn a_restarted_kernel_does_not_recompile_its_dependencies() {
     assert_eq!(compiled_artifacts("evcxr_input"), before, "nothing recompiled after the restart ({elapsed:?})");
 }
 
+/// The texts of a cell's display_data and update_display_data outputs, with their display ids.
+fn displays(run: &common::Execution) -> Vec<(&'static str, String, String)> {
+    run.outputs
+        .iter()
+        .filter_map(|m| {
+            let (kind, data, transient) = match &m.content {
+                JupyterMessageContent::DisplayData(d) => ("display", serde_json::to_value(&d.data).ok()?, d.transient.clone()?),
+                JupyterMessageContent::UpdateDisplayData(u) => ("update", serde_json::to_value(&u.data).ok()?, u.transient.clone()),
+                _ => return None,
+            };
+            Some((kind, transient.display_id?, data["text/plain"].as_str()?.to_owned()))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dependency_build_shows_cargos_progress_in_one_display_updated_in_place() {
+    let cache = tempfile::tempdir().unwrap();
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut kernel = Kernel::start_with(&key, &[], &[("VRAMLAB_CACHE_DIR", cache.path().to_str().unwrap())]).await;
+    let run = kernel.execute(":dep itoa = \"1\"\nitoa::Buffer::new().format(1234).len()").await;
+    assert_eq!(run.result_text().as_deref(), Some("4"), "{:?}", run.error());
+    let shown = displays(&run);
+    let (kind, id, first) = shown.first().cloned().expect("a notice while the dependency builds");
+    assert_eq!(kind, "display");
+    assert!(first.starts_with("Building the crates this cell depends on") && first.contains("crates built"), "{first}");
+    assert!(shown[1..].iter().all(|(kind, other, _)| *kind == "update" && *other == id), "one output, updated: {shown:?}");
+    let last = &shown.last().unwrap().2;
+    assert!(last.starts_with("Built the crates this cell depends on ("), "{last}");
+    assert!(run.stderr().is_empty(), "nothing on stderr: {}", run.stderr());
+
+    let again = kernel.execute("itoa::Buffer::new().format(7).len()").await;
+    assert!(displays(&again).is_empty(), "a cell whose dependencies are built shows no notice: {:?}", displays(&again));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_moved_library_is_named_in_the_cell_that_uses_it() {
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut kernel = Kernel::start_with(&key, &[], &[("VRAMLAB_LIB", "/moved/checkout/lib")]).await;
+    let run = kernel.execute("use vramlab::units;").await;
+    assert_eq!(run.reply.status, ReplyStatus::Error);
+    let error = run.error().expect("an error output");
+    assert_eq!(error.ename, "LibraryUnavailable");
+    assert!(error.evalue.contains("/moved/checkout/lib") && error.evalue.contains("vramlab-kernel install"), "{}", error.evalue);
+    assert_eq!(kernel.execute("1 + 1").await.result_text().as_deref(), Some("2"), "the kernel goes on");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_build_cache_that_cannot_be_written_is_named_in_every_cell() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_directory = dir.path().join("cache");
+    std::fs::write(&not_a_directory, b"").unwrap();
+    let key = uuid::Uuid::new_v4().to_string();
+    let mut kernel = Kernel::start_with(&key, &[], &[("VRAMLAB_CACHE_DIR", not_a_directory.to_str().unwrap())]).await;
+    for code in ["1 + 1", "let x = 2;"] {
+        let run = kernel.execute(code).await;
+        assert_eq!(run.reply.status, ReplyStatus::Error, "{code}");
+        let error = run.error().expect("an error output");
+        assert!(error.evalue.contains("cannot write the build cache") && error.evalue.contains("VRAMLAB_CACHE_DIR"), "{}", error.evalue);
+    }
+    assert!(kernel.is_running() && kernel.heartbeat_ok().await);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_question_mark_error_or_a_cell_that_is_not_rust_fails_the_cell() {
     let mut kernel = Kernel::start().await;
@@ -322,6 +385,9 @@ async fn a_trainer_built_in_one_cell_trains_in_the_next() {
     let mut kernel = Kernel::start().await;
     let first = kernel.execute("use vramlab::candle::{DType, Device, Tensor};\nlet a = Tensor::zeros(1, DType::F32, &Device::Cpu)?;").await;
     assert_eq!(first.reply.status, ReplyStatus::Ok, "{:?}", first.error());
+    let notice = displays(&first).last().map(|(_, _, text)| text.clone()).unwrap_or_default();
+    assert!(notice.starts_with("vramlab ready ("), "the library's notice ends ready, as a display: {notice}");
+    assert!(!first.stderr().contains("vramlab"), "the notice is not on stderr: {}", first.stderr());
     let ids = kernel.execute("let b = Tensor::zeros(1, DType::F32, &Device::Cpu)?; a.id() != b.id()").await;
     assert_eq!(ids.result_text().as_deref(), Some("true"), "{:?}", ids.error());
     let build = "use vramlab::{models::*, train::*};\n\

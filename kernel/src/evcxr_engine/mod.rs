@@ -2,17 +2,22 @@
 //! interrupts. The worker runs evcxr; the pump streams a cell's output while it
 //! runs; the traceback module turns what went wrong into what Jupyter shows.
 
+mod build_notice;
 mod library;
 mod process;
 mod pump;
 mod traceback;
 mod worker;
 
+use std::io::IsTerminal;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context};
 use crossbeam_channel::Sender;
+use evcxr::BuildProgress;
 use tokio::sync::oneshot;
 use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
@@ -49,9 +54,12 @@ impl EvcxrEngine {
     /// context itself is created on that thread (a few seconds), so the
     /// kernel answers kernel_info at once; cells wait for it.
     pub fn start() -> anyhow::Result<EvcxrEngine> {
-        let slot = BuildSlot::acquire()?;
-        // Read by evcxr when it creates its context; set before any other thread runs.
-        std::env::set_var("EVCXR_TMPDIR", slot.dir());
+        // A cache that cannot be used is said in every cell, not only in the server's log.
+        let slot = BuildSlot::acquire().map_err(|err| format!("{err:#}"));
+        if let Ok(slot) = &slot {
+            // Read by evcxr when it creates its context; set before any other thread runs.
+            std::env::set_var("EVCXR_TMPDIR", slot.dir());
+        }
         let library = Library::locate();
         let probe = match CellProbe::create() {
             Ok(probe) => Some(Arc::new(probe)),
@@ -64,9 +72,10 @@ impl EvcxrEngine {
         let running = Arc::new(Running::default());
         let worker_running = Arc::clone(&running);
         let worker_probe = probe.clone();
-        std::thread::Builder::new()
-            .name("evcxr".into())
-            .spawn(move || Worker::run(slot, library, receiver, worker_running, worker_probe))?;
+        std::thread::Builder::new().name("evcxr".into()).spawn(move || match slot {
+            Ok(slot) => Worker::run(slot, library, receiver, worker_running, worker_probe),
+            Err(why) => Worker::refuse_all(receiver, why),
+        })?;
         Ok(EvcxrEngine { jobs, running, probe })
     }
 
@@ -76,6 +85,71 @@ impl EvcxrEngine {
             log::error!("the evcxr engine thread has stopped");
         }
         rx
+    }
+}
+
+/// Builds the library for the cells in the first free build slot, as the first
+/// cell that uses it would, printing cargo's progress: a kernel started later
+/// with that slot only loads it.
+pub fn build_cells() -> anyhow::Result<()> {
+    let slot = BuildSlot::acquire()?;
+    let dir = slot.dir().to_owned();
+    // Read by evcxr when it creates its context; no other thread runs yet.
+    std::env::set_var("EVCXR_TMPDIR", &dir);
+    eprintln!("building the vramlab library for notebook cells in {}", dir.display());
+    let started = Instant::now();
+    let mut worker = Worker::start(slot, Library::locate(), Arc::default(), None).map_err(anyhow::Error::msg)?;
+    let terminal = TerminalProgress::new(started);
+    let built = worker.build_library_ahead(&|progress| terminal.report(&progress));
+    match built {
+        None => bail!("the vramlab library was not found (set {})", crate::install::LIB_ENV),
+        Some(result) => result.with_context(|| format!("the vramlab library could not be built for the cells in {}", dir.display()))?,
+    }
+    terminal.finish();
+    eprintln!(
+        "the cells' library is built ({:.0} s); kernels that take this build directory load it in seconds",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Cargo's progress on stderr: redrawn in place on a terminal, otherwise a
+/// line for every tenth of the build or every half minute, for logs.
+struct TerminalProgress {
+    started: Instant,
+    redraw: bool,
+    last: Mutex<(usize, Instant)>,
+}
+
+impl TerminalProgress {
+    fn new(started: Instant) -> Self {
+        TerminalProgress { started, redraw: std::io::stderr().is_terminal(), last: Mutex::new((0, started)) }
+    }
+
+    fn report(&self, progress: &BuildProgress) {
+        let line = format!(
+            "  {}/{} crates built ({:.0} s){}",
+            progress.finished,
+            progress.total,
+            self.started.elapsed().as_secs_f64(),
+            if progress.compiling.is_empty() { String::new() } else { format!(": compiling {}", progress.compiling.join(", ")) }
+        );
+        if self.redraw {
+            eprint!("\r\x1b[2K{line}");
+            return;
+        }
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let step = (progress.total / 10).max(1);
+        if progress.finished >= last.0 + step || last.1.elapsed() >= Duration::from_secs(30) {
+            *last = (progress.finished, Instant::now());
+            eprintln!("{line}");
+        }
+    }
+
+    fn finish(&self) {
+        if self.redraw {
+            eprintln!();
+        }
     }
 }
 

@@ -5,14 +5,15 @@ use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crossbeam_channel::Receiver;
-use evcxr::{CommandContext, EvalCallbacks, EvalContext};
+use evcxr::{BuildProgress, CommandContext, EvalCallbacks, EvalContext};
 use jupyter_protocol::Stdio;
 use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
 
+use super::build_notice::BuildNotice;
 use super::library::Library;
 use super::process::cell_process_command;
 use super::pump::Pump;
@@ -22,6 +23,9 @@ use crate::engine::{panic_text, Completion, ExecuteJob, Output};
 use crate::final_value::FinalValue;
 use crate::outcome::{CellError, Outcome};
 use crate::slot::BuildSlot;
+
+/// Measured on 2 cores, the machine the README's timings are for.
+const FIRST_BUILD: &str = "about 10 minutes on 2 cores";
 
 const PANIC_HOOK_CELL: &str = include_str!("../../assets/panic_hook.rs");
 
@@ -37,6 +41,18 @@ pub(super) struct Worker {
 
 impl Worker {
     pub(super) fn run(slot: BuildSlot, library: Library, jobs: Receiver<Job>, running: Arc<Running>, memory: Option<Arc<CellProbe>>) {
+        match Self::start(slot, library, running, memory) {
+            Ok(mut worker) => jobs.into_iter().for_each(|job| worker.handle(job)),
+            Err(why) => Self::refuse_all(jobs, why),
+        }
+    }
+
+    pub(super) fn start(
+        slot: BuildSlot,
+        library: Library,
+        running: Arc<Running>,
+        memory: Option<Arc<CellProbe>>,
+    ) -> Result<Worker, String> {
         // Before evcxr's first compile, which reads the build directory's cargo
         // configuration: another checkout sharing the cache may have left its own.
         if let Some(workspace) = library.dir.as_ref().and_then(|d| d.parent()) {
@@ -48,10 +64,10 @@ impl Worker {
             }
             command
         });
-        let (ctx, outputs) = match command.and_then(EvalContext::with_subprocess_command) {
-            Ok((eval, outputs)) => (CommandContext::with_eval_context(eval), outputs),
-            Err(err) => return Self::refuse_all(jobs, format!("the Rust engine (evcxr) failed to start: {err}")),
-        };
+        let (ctx, outputs) = command
+            .and_then(EvalContext::with_subprocess_command)
+            .map(|(eval, outputs)| (CommandContext::with_eval_context(eval), outputs))
+            .map_err(|err| format!("the Rust engine (evcxr) failed to start: {err}"))?;
         let final_value = FinalValue::default();
         let mut worker = Worker { ctx, pump: Pump::start(outputs), slot, library, running, memory, final_value };
         // One compile for both: the start of the first cell waits for it.
@@ -59,12 +75,10 @@ impl Worker {
         if let Err(err) = worker.ctx.execute(&prepare) {
             log::error!("could not prepare the cell process (panic hook, final values): {err}");
         }
-        for job in jobs {
-            worker.handle(job);
-        }
+        Ok(worker)
     }
 
-    fn refuse_all(jobs: Receiver<Job>, why: String) {
+    pub(super) fn refuse_all(jobs: Receiver<Job>, why: String) {
         log::error!("{why}");
         for job in jobs {
             match job {
@@ -129,7 +143,7 @@ impl Worker {
             ));
         }
         crate::syntax::check(&job.code)?;
-        if !self.library.loaded && job.code.contains("vramlab") {
+        if !self.library.loaded && job.code.contains("vramlab") && !job.code.contains(":dep vramlab") {
             self.load_library(&job.output)?;
         }
         let after = self.final_value.after(&job.code);
@@ -142,11 +156,13 @@ impl Worker {
         *self.running.process.lock().unwrap_or_else(|e| e.into_inner()) = Some(self.ctx.process_handle());
         self.running.interrupted.store(false, Ordering::SeqCst);
         let input = job.input.clone();
+        let dependencies = BuildNotice::on_first_dependency(&job.output, "Building the crates this cell depends on");
         let mut callbacks = EvalCallbacks {
             input_reader: &move |request| match &input {
                 Some(ask) => ask(&request.prompt, request.is_password).unwrap_or_default(),
                 None => String::new(),
             },
+            build_progress: &|progress| dependencies.report(progress),
         };
         let ctx = &mut self.ctx;
         let mut run = || ctx.execute_with_callbacks(&job.code, &mut callbacks);
@@ -155,6 +171,7 @@ impl Worker {
             None => run(),
         };
         *self.running.process.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        dependencies.finish(if result.is_ok() { "Built the crates this cell depends on" } else { "The build stopped" });
         let report = self.pump.detach();
         if after.cleared {
             self.define_final_value();
@@ -185,25 +202,42 @@ impl Worker {
         }
     }
 
-    /// Adds the `vramlab` crate to the cells' dependencies, telling the user
-    /// when that means a long first build.
+    /// Adds the `vramlab` crate to the cells' dependencies, with a notice
+    /// that follows cargo while it builds.
     fn load_library(&mut self, output: &Output) -> Result<(), CellError> {
-        let Some(command) = self.library.dep_command() else { return Ok(()) };
-        let note = if self.slot.has_compiled("vramlab") {
-            "Loading vramlab (compiled by an earlier kernel; a few seconds)...\n".to_owned()
-        } else {
-            "Building vramlab and candle for this kernel's cells. The first build takes a few minutes; \
-             restarts and later kernels reuse it.\n"
-                .to_owned()
+        let Some(command) = self.library.dep_command() else {
+            return match self.library.missing_message() {
+                Some(message) => Err(CellError::new("LibraryUnavailable", message.clone(), vec![message])),
+                None => Ok(()),
+            };
         };
-        output.stream(Stdio::Stderr, note);
-        if let Some(workspace_lock) = self.library.dir.as_ref().and_then(|d| d.parent()).map(|w| w.join("Cargo.lock")) {
-            if workspace_lock.exists() {
-                self.slot.pin_dependencies(&workspace_lock);
-            }
+        let built_before = self.slot.has_compiled("vramlab");
+        let headline = if built_before {
+            "Loading vramlab, built for the cells before".to_owned()
+        } else if let Some(busy) = self.slot.busy_with("vramlab") {
+            format!(
+                "Building vramlab and candle for the cells ({FIRST_BUILD}): another running kernel holds {}, where they are \
+                 built, so this kernel builds its own copy in {}. To load the built one in seconds instead, shut the other \
+                 kernel down and restart this one",
+                busy.display(),
+                self.slot.dir().display()
+            )
+        } else {
+            format!(
+                "Building vramlab and candle for the cells, once: {FIRST_BUILD}; restarts and later kernels reuse it \
+                 (`vramlab-kernel build-cells` does it ahead of time)"
+            )
+        };
+        let mut notice = BuildNotice::now(output, headline);
+        if built_before {
+            notice = notice.when_compiling(format!(
+                "Rebuilding vramlab for the cells: its sources or dependencies changed since they were built here \
+                 (a few minutes for vramlab alone, up to {FIRST_BUILD} when candle changed)"
+            ));
         }
-        let started = Instant::now();
-        self.ctx.execute(&command).map_err(|err| {
+        let built = self.build_library(&command, &|progress| notice.report(progress));
+        notice.finish(if built.is_ok() { "vramlab ready" } else { "vramlab could not be built" });
+        built.map_err(|err| {
             let text = match &err {
                 evcxr::Error::CompilationErrors(errors) => errors.iter().map(|e| e.rendered()).collect::<Vec<_>>().join("\n"),
                 other => other.to_string(),
@@ -211,8 +245,24 @@ impl Worker {
             CellError::new("LibraryUnavailable", format!("the vramlab library could not be built: {err}"), vec![text])
         })?;
         self.library.loaded = true;
-        output.stream(Stdio::Stderr, format!("vramlab ready ({:.1} s).\n", started.elapsed().as_secs_f64()));
         Ok(())
+    }
+
+    /// Builds the `vramlab` crate for the cells ahead of the first cell that
+    /// uses it; `None` when the library's folder is not known.
+    pub(super) fn build_library_ahead(&mut self, progress: &dyn Fn(BuildProgress)) -> Option<Result<(), evcxr::Error>> {
+        let command = self.library.dep_command()?;
+        Some(self.build_library(&command, progress))
+    }
+
+    fn build_library(&mut self, dep_command: &str, progress: &dyn Fn(BuildProgress)) -> Result<(), evcxr::Error> {
+        if let Some(workspace_lock) = self.library.dir.as_ref().and_then(|d| d.parent()).map(|w| w.join("Cargo.lock")) {
+            if workspace_lock.exists() {
+                self.slot.pin_dependencies(&workspace_lock);
+            }
+        }
+        let mut callbacks = EvalCallbacks { build_progress: progress, ..EvalCallbacks::default() };
+        self.ctx.execute_with_callbacks(dep_command, &mut callbacks).map(drop)
     }
 }
 

@@ -127,8 +127,8 @@ impl Kernel {
             .arg("--connection-file")
             .arg(&file)
             .args(args)
-            .envs(envs.iter().copied())
             .env("VRAMLAB_CACHE_DIR", cache_dir())
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .spawn()
             .expect("start the kernel binary (built by cargo test --release)");
