@@ -7,6 +7,13 @@
 export VRAMLAB_CACHE_DIR="${TMPDIR:-/tmp}/vramlab-test-cache"
 source "$(dirname "$0")/setup.sh"
 
+# Headless Chromium for the JupyterLab test: Debian's package, which Playwright drives
+# (Playwright's own browser download is not used).
+if ! command -v chromium >/dev/null 2>&1; then
+    say "installing chromium"
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; else sudo apt-get update -qq && sudo apt-get install -y -qq chromium; fi
+fi
+
 say "cargo fmt --check, cargo clippy"
 for component in rustfmt clippy; do
     rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
