@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: formatting and lints, the Rust unit and end-to-end tests (the kernel binary driven
-# over ZeroMQ), then jupyter_kernel_test and the notebooks through nbclient.
+# over ZeroMQ), then jupyter_kernel_test, papermill and the notebooks, JupyterLab in headless
+# Chromium, jupyter console and the rendered HTML.
 # One build cache for every kernel the tests start, so the library that cells
 # use is compiled once, by set-up (kernel tests run one at a time for the same
 # reason). It must lie outside this Cargo workspace for evcxr to build there.
