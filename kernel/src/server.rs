@@ -390,8 +390,9 @@ impl Kernel {
             let sent_before = request.header.date < failed_at;
             if sent_before && matches!(request.content, JupyterMessageContent::ExecuteRequest(_)) {
                 self.status(request, ExecutionState::Busy);
-                let count = ExecutionCount::new(*self.execution_count.lock().unwrap_or_else(|e| e.into_inner()));
-                let aborted = ExecuteReply { status: ReplyStatus::Aborted, execution_count: count, ..Default::default() };
+                // Without an execution_count, as ipykernel sends it: front ends then show the
+                // cell as never run (`[ ]`), not with the failed cell's number.
+                let aborted = UnknownMessage { msg_type: "execute_reply".into(), content: serde_json::json!({"status": "aborted"}) };
                 reply(send, "shell", aborted.as_child_of(request)).await;
                 self.status(request, ExecutionState::Idle);
                 continue;

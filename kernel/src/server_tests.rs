@@ -254,6 +254,21 @@ async fn a_replayed_request_runs_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_request_aborted_after_a_failure_carries_no_execution_count() {
+    use zeromq::SocketSend;
+    let (info, _server) = start().await;
+    let mut shell = dealer(&info.shell_url()).await;
+    let failing = r#"{"code": "fail:no", "silent": false, "store_history": true, "stop_on_error": true}"#;
+    shell.send(signed("execute_request", failing).1).await.unwrap();
+    shell.send(signed("execute_request", r#"{"code": "never", "silent": false, "store_history": true}"#).1).await.unwrap();
+    let (_, failed) = answer(&mut shell).await.unwrap();
+    assert_eq!((failed["status"].as_str(), failed["execution_count"].as_u64()), (Some("error"), Some(1)));
+    let (reply_type, aborted) = answer(&mut shell).await.unwrap();
+    assert_eq!(reply_type, "execute_reply");
+    assert_eq!(aborted, serde_json::json!({"status": "aborted"}));
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_panic_while_handling_a_request_is_an_error_reply() {
     use zeromq::SocketSend;
     let (info, _server) = start().await;
