@@ -70,7 +70,9 @@ def ours_cpu_per_step(binary: pathlib.Path, model: str, batch: int, res: int) ->
 
 def main() -> None:
     target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    subprocess.run(["cargo", "build", "-q", "--release", "-p", "vramlab", "--bin", "vramlab"], cwd=ROOT, check=True)
+    # The workspace's build, as set-up runs it: `-p vramlab` alone unifies features
+    # differently and would compile candle and a hundred crates again.
+    subprocess.run(["cargo", "build", "-q", "--release", "--locked", "--workspace", "--bins"], cwd=ROOT, check=True)
     python = bench_python()
     rows = []
     for model, batch, res in CONFIGS:

@@ -65,7 +65,9 @@ def bench_python() -> pathlib.Path:
 
 def vramlab_binary() -> pathlib.Path:
     target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
-    subprocess.run(["cargo", "build", "--release", "--locked", "-p", "vramlab", "--bin", "vramlab"], cwd=ROOT, check=True)
+    # The workspace's build, as set-up runs it: `-p vramlab` alone unifies features
+    # differently and would compile candle and a hundred crates again.
+    subprocess.run(["cargo", "build", "--release", "--locked", "--workspace", "--bins"], cwd=ROOT, check=True)
     return target / "release" / "vramlab"
 
 
