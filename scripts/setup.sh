@@ -41,7 +41,7 @@ if ! .venv/bin/python -c 'import jupyterlab, playwright, jupyter_console, pexpec
     .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/frontend-requirements.txt
 fi
 
-say "building (release; the first build takes about 20 minutes on 2 cores)"
+say "building (release; the first build takes about 11 minutes on 2 cores)"
 cargo build --release --locked --workspace --bins
 
 KERNEL_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab-kernel"
@@ -51,6 +51,6 @@ VIRTUAL_ENV="$ROOT/.venv" "$KERNEL_BIN" install --sys-prefix
 # Cells link the library as evcxr builds it (its own profile and flags), which
 # shares nothing with the build above; without this the first notebook cell
 # that uses vramlab would do it.
-say "building vramlab for notebook cells (the first time about 10 minutes on 2 cores; then seconds)"
+say "building vramlab for notebook cells (the first time about 5 minutes on 2 cores; then seconds)"
 "$KERNEL_BIN" build-cells
 export PATH="$ROOT/.venv/bin:$PATH"

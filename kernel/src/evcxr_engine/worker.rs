@@ -25,7 +25,7 @@ use crate::outcome::{CellError, Outcome};
 use crate::slot::BuildSlot;
 
 /// Measured on 2 cores, the machine the README's timings are for.
-const FIRST_BUILD: &str = "about 10 minutes on 2 cores";
+const FIRST_BUILD: &str = "about 5 minutes on 2 cores";
 
 const PANIC_HOOK_CELL: &str = include_str!("../../assets/panic_hook.rs");
 
