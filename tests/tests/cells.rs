@@ -186,11 +186,9 @@ async fn vramlab_renders_live_displays_and_rich_results() {
         )
         .await;
     assert_eq!(progress.reply.status, ReplyStatus::Ok, "{:?}", progress.error());
-    let shown = progress.outputs.iter().find_map(|m| match &m.content {
-        JupyterMessageContent::DisplayData(d) => d.transient.as_ref().and_then(|t| t.display_id.clone()),
-        _ => None,
-    });
-    let display_id = shown.expect("a display_data with a display_id for the bar");
+    // The first cell that uses the library may also show the library's notice.
+    let shown = displays(&progress).into_iter().find(|(kind, _, text)| *kind == "display" && text.starts_with("steps"));
+    let (_, display_id, _) = shown.expect("a display_data with a display_id for the bar");
     let updates: Vec<String> = progress
         .outputs
         .iter()
