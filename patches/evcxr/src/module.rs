@@ -534,7 +534,11 @@ fn run_cargo(
         .spawn();
     let mut child = match mb_child {
         Ok(out) => out,
-        Err(err) => bail!("Error running 'cargo rustc': {}", err),
+        Err(err) => bail!(
+            "could not start {:?} to build the cell: {} (is it installed, and on PATH?)",
+            command.get_program(),
+            err
+        ),
     };
 
     // Collect stdout in a parallel thread
