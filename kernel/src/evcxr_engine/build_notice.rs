@@ -1,10 +1,13 @@
-//! What a cell shows while cargo builds dependencies for it: one output,
-//! updated in place, with the units built out of the total, the crates being
-//! compiled and the time so far. It is a display, not stderr, so front ends do
-//! not draw it as an error.
+//! How a build is followed. In a cell, while cargo builds dependencies for
+//! it: one output, updated in place, with the units built out of the total,
+//! the crates being compiled and the time so far; a display, not stderr, so
+//! front ends do not draw it as an error. On a terminal, for `build-cells`:
+//! the same counts on stderr.
 
 use std::cell::RefCell;
+use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use evcxr::BuildProgress;
@@ -93,11 +96,7 @@ impl<'a> BuildNotice<'a> {
             let html = format!("<div style=\"font-family:monospace\">{} ({took})</div>", escape_html(headline));
             return Bundle::plain(format!("{headline} ({took})")).with("text/html", html);
         };
-        let compiling = match progress.compiling.as_slice() {
-            [] => String::new(),
-            names => format!(", compiling {}", names.join(", ")),
-        };
-        let counts = format!("{}/{} crates built, {took}{compiling}", progress.finished, progress.total);
+        let counts = counts(progress, self.started.elapsed());
         let html = format!(
             "<div style=\"font-family:monospace\">{}<br><progress value=\"{}\" max=\"{}\" style=\"width:40%\"></progress> {}</div>",
             escape_html(headline),
@@ -111,6 +110,50 @@ impl<'a> BuildNotice<'a> {
     fn send(&self, kind: FrameKind, data: Bundle) {
         self.output.frame(DisplayFrame { kind, display_id: Some(self.id.clone()), data });
     }
+}
+
+/// Cargo's progress on stderr: redrawn in place on a terminal, otherwise a
+/// line for every tenth of the build or every half minute, for logs.
+pub(super) struct TerminalProgress {
+    started: Instant,
+    redraw: bool,
+    last: Mutex<(usize, Instant)>,
+}
+
+impl TerminalProgress {
+    pub(super) fn new() -> Self {
+        let started = Instant::now();
+        TerminalProgress { started, redraw: std::io::stderr().is_terminal(), last: Mutex::new((0, started)) }
+    }
+
+    pub(super) fn report(&self, progress: &BuildProgress) {
+        let line = format!("  {}", counts(progress, self.started.elapsed()));
+        if self.redraw {
+            eprint!("\r\x1b[2K{line}");
+            return;
+        }
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let step = (progress.total / 10).max(1);
+        if progress.finished >= last.0 + step || last.1.elapsed() >= Duration::from_secs(30) {
+            *last = (progress.finished, Instant::now());
+            eprintln!("{line}");
+        }
+    }
+
+    pub(super) fn finish(&self) {
+        if self.redraw {
+            eprintln!();
+        }
+    }
+}
+
+/// `12/180 crates built, 3 min 05 s, compiling a, b`.
+fn counts(progress: &BuildProgress, took: Duration) -> String {
+    let compiling = match progress.compiling.as_slice() {
+        [] => String::new(),
+        names => format!(", compiling {}", names.join(", ")),
+    };
+    format!("{}/{} crates built, {}{compiling}", progress.finished, progress.total, elapsed(took))
 }
 
 /// `4.2 s`, `3 min 05 s`.

@@ -6,8 +6,8 @@ use crate::install::LIB_ENV;
 
 pub(super) struct Library {
     pub(super) dir: Option<PathBuf>,
-    /// Where the library was looked for, when nothing is there.
-    pub(super) missing: Option<PathBuf>,
+    /// Where the library was looked for.
+    wanted: PathBuf,
     pub(super) loaded: bool,
 }
 
@@ -19,7 +19,7 @@ impl Library {
         if dir.is_none() {
             log::warn!("the vramlab library is not at {} (set {LIB_ENV}); cells must add it with :dep", wanted.display());
         }
-        Library { missing: dir.is_none().then_some(wanted), dir, loaded: false }
+        Library { dir, wanted, loaded: false }
     }
 
     pub(super) fn dep_command(&self) -> Option<String> {
@@ -32,13 +32,15 @@ impl Library {
     /// What to tell a cell that uses the library when it is not where the
     /// kernelspec says.
     pub(super) fn missing_message(&self) -> Option<String> {
-        let wanted = self.missing.as_ref()?;
+        if self.dir.is_some() {
+            return None;
+        }
         Some(format!(
             "the vramlab library is not at {} ({LIB_ENV} in the kernelspec): the checkout has moved or been deleted. \
              Install the kernelspec again from where the checkout is now (`target/release/vramlab-kernel install --user`, \
              or `--lib DIR` for the library's folder), then restart the kernel; or add it in a cell with \
              `:dep vramlab = {{ path = \"DIR\" }}`",
-            wanted.display()
+            self.wanted.display()
         ))
     }
 }

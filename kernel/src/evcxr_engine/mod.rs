@@ -9,15 +9,13 @@ mod pump;
 mod traceback;
 mod worker;
 
-use std::io::IsTerminal;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context};
 use crossbeam_channel::Sender;
-use evcxr::BuildProgress;
 use tokio::sync::oneshot;
 use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
@@ -26,6 +24,7 @@ use crate::engine::{Completion, Engine, ExecuteJob};
 use crate::outcome::Outcome;
 use crate::slot::BuildSlot;
 
+use build_notice::TerminalProgress;
 use library::Library;
 use worker::Worker;
 
@@ -99,7 +98,7 @@ pub fn build_cells() -> anyhow::Result<()> {
     eprintln!("building the vramlab library for notebook cells in {}", dir.display());
     let started = Instant::now();
     let mut worker = Worker::start(slot, Library::locate(), Arc::default(), None).map_err(anyhow::Error::msg)?;
-    let terminal = TerminalProgress::new(started);
+    let terminal = TerminalProgress::new();
     let built = worker.build_library_ahead(&|progress| terminal.report(&progress));
     match built {
         None => bail!("the vramlab library was not found (set {})", crate::install::LIB_ENV),
@@ -111,46 +110,6 @@ pub fn build_cells() -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// Cargo's progress on stderr: redrawn in place on a terminal, otherwise a
-/// line for every tenth of the build or every half minute, for logs.
-struct TerminalProgress {
-    started: Instant,
-    redraw: bool,
-    last: Mutex<(usize, Instant)>,
-}
-
-impl TerminalProgress {
-    fn new(started: Instant) -> Self {
-        TerminalProgress { started, redraw: std::io::stderr().is_terminal(), last: Mutex::new((0, started)) }
-    }
-
-    fn report(&self, progress: &BuildProgress) {
-        let line = format!(
-            "  {}/{} crates built ({:.0} s){}",
-            progress.finished,
-            progress.total,
-            self.started.elapsed().as_secs_f64(),
-            if progress.compiling.is_empty() { String::new() } else { format!(": compiling {}", progress.compiling.join(", ")) }
-        );
-        if self.redraw {
-            eprint!("\r\x1b[2K{line}");
-            return;
-        }
-        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        let step = (progress.total / 10).max(1);
-        if progress.finished >= last.0 + step || last.1.elapsed() >= Duration::from_secs(30) {
-            *last = (progress.finished, Instant::now());
-            eprintln!("{line}");
-        }
-    }
-
-    fn finish(&self) {
-        if self.redraw {
-            eprintln!();
-        }
-    }
 }
 
 impl Engine for EvcxrEngine {
