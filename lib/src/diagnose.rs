@@ -296,6 +296,7 @@ fn step_config(step: &StepOom) -> StepConfig {
         accumulation: step.config.accumulation,
         checkpointing: step.config.checkpointing.clone(),
         mode: Mode::Training,
+        layers: step.layers,
     }
 }
 

@@ -134,7 +134,17 @@ fn loader() -> Result<String, String> {
 }
 
 fn spec(config: TrainConfig) -> BenchSpec {
-    BenchSpec { model: ModelName::Resnet18, classes: 4, batch: BATCH, res: RES, config, warmup: 2, steps: 1, seed: 0 }
+    BenchSpec {
+        model: ModelName::Resnet18,
+        classes: 4,
+        batch: BATCH,
+        res: RES,
+        config,
+        layers: crate::models::Layers::Lean,
+        warmup: 2,
+        steps: 1,
+        seed: 0,
+    }
 }
 
 fn step(device: &Device, config: TrainConfig) -> Result<String, String> {

@@ -152,9 +152,9 @@ fn the_simulated_budget_fails_where_oomcheck_says_it_will() {
 fn every_fix_the_investigation_verifies_runs_under_the_budget() {
     let binary = common::kernel_binary().with_file_name("vramlab");
     let failing: [(&str, &[&str], &str); 3] = [
-        ("resnet18", &["--batch", "32", "--res", "64"], "556MiB"),
+        ("resnet18", &["--batch", "64", "--res", "64"], "556MiB"),
         ("small-cnn", &["--batch", "64", "--res", "64", "--opt", "adam"], "480MiB"),
-        ("resnet18", &["--batch", "16", "--res", "96", "--opt", "adam"], "640MiB"),
+        ("resnet18", &["--batch", "40", "--res", "96", "--opt", "adam"], "640MiB"),
     ];
     for (model, flags, budget) in failing {
         let output =

@@ -162,6 +162,7 @@ fn spec(setup: &TrainSetup, warmup: usize, steps: usize) -> vramlab::train::Benc
         batch: setup.batch,
         res: setup.res,
         config: setup.train_config(),
+        layers: setup.layers,
         warmup,
         steps,
         seed: setup.seed,

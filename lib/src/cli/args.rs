@@ -6,7 +6,7 @@ use clap::{ColorChoice, Parser, ValueEnum};
 use crate::data::LoaderShape;
 use crate::gpus::Card;
 use crate::ledger::{Checkpointing, Mode, OptimizerKind, StepConfig};
-use crate::models::{ModelName, Precision, Shape, MAX_CLASSES};
+use crate::models::{Layers, ModelName, Precision, Shape, MAX_CLASSES};
 use crate::oom::SweepSpec;
 
 /// `summary MODEL [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]`
@@ -31,6 +31,9 @@ pub struct SummaryArgs {
     /// Number of classes of the classifier
     #[arg(long, default_value_t = 1000, value_parser = |s: &str| whole(s, 1..=MAX_CLASSES))]
     pub classes: usize,
+    /// Layers: lean (batch-norm fused with what reads it) or plain (what an ordinary autograd keeps)
+    #[arg(long, value_enum, default_value_t = Layers::Lean)]
+    pub layers: Layers,
 }
 
 /// `%summary VARIABLE [--batch N] [--dtype f32|f16|bf16] [--depth D] [--eval]`:
@@ -81,6 +84,9 @@ pub struct OomcheckArgs {
     /// Activation checkpointing: none, stages, or stage names (layer3,layer4)
     #[arg(long, value_parser = parse_checkpointing, default_value = "none")]
     pub ckpt: Checkpointing,
+    /// Layers: lean (batch-norm fused with what reads it) or plain (what an ordinary autograd keeps)
+    #[arg(long, value_enum, default_value_t = Layers::Lean)]
+    pub layers: Layers,
     /// A catalogue GPU (4090, a100-80gb, rtx4060-laptop...), a size (8GiB, 12GB) or cpu
     #[arg(long, value_parser = parse_device, default_value = "rtx4060-laptop")]
     pub gpu: Card,
@@ -128,6 +134,7 @@ impl OomcheckArgs {
             accumulation: self.accum,
             checkpointing: self.ckpt.clone(),
             mode: if self.eval { Mode::Inference } else { Mode::Training },
+            layers: self.layers,
         }
     }
 }

@@ -3,7 +3,7 @@
 //! measure`'s for a step to run. Every fix's flags round-trip (tests).
 
 use crate::ledger::{Checkpointing, Mode, StepConfig};
-use crate::models::Shape;
+use crate::models::{Layers, Shape};
 
 /// The `oomcheck MODEL` flags of `config`; `None` for an input that is not
 /// square, which `--res` cannot say.
@@ -37,7 +37,8 @@ fn square(input: Shape) -> Option<(usize, usize)> {
     }
 }
 
-/// Precision, optimizer (training only), accumulation and checkpointing.
+/// Precision, optimizer (training only), accumulation, checkpointing and
+/// the layers where they are not the default.
 fn levers(config: &StepConfig) -> String {
     let mut flags = String::new();
     if config.precision.is_mixed() {
@@ -51,6 +52,9 @@ fn levers(config: &StepConfig) -> String {
     }
     if config.checkpointing != Checkpointing::None {
         flags.push_str(&format!(" --ckpt {}", config.checkpointing));
+    }
+    if config.layers != Layers::default() {
+        flags.push_str(&format!(" --layers {}", config.layers.flag()));
     }
     flags
 }

@@ -45,7 +45,7 @@ pub fn parse<T: Parser>(command: &str, argv: &[String]) -> Result<Result<T, Stri
 /// The summary a [`SummaryArgs`] asks for.
 pub fn run_summary(args: &SummaryArgs) -> Result<Summary, UsageError> {
     let spec = args.model.spec(args.classes);
-    Summary::new(&spec, args.input.batch, args.input.sample, args.dtype, !args.eval).map_err(|e| UsageError(e.to_string()))
+    Summary::new(&spec, args.input.batch, args.input.sample, args.dtype, args.layers, !args.eval).map_err(|e| UsageError(e.to_string()))
 }
 
 /// The fit report (and sweep) an [`OomcheckArgs`] asks for.
@@ -73,7 +73,7 @@ pub fn summary_of(model: &dyn crate::models::Summarize, argv: &[&str]) -> Result
     let argv: Vec<String> = argv.iter().map(|&a| a.to_owned()).collect();
     let args = parse::<SummaryOfArgs>("%summary VARIABLE", &argv)?.map_err(UsageError)?;
     let precision = args.dtype.unwrap_or(model.summary_precision());
-    let summary = Summary::new(model.summary_spec(), args.batch, model.summary_input(), precision, !args.eval)
+    let summary = Summary::new(model.summary_spec(), args.batch, model.summary_input(), precision, model.summary_layers(), !args.eval)
         .map_err(|e| UsageError(e.to_string()))?;
     Ok(summary.table(args.depth))
 }

@@ -33,7 +33,7 @@ fn summary_depth_folds_layers_and_eval_changes_the_memory_column() {
 
 #[test]
 fn oomcheck_reports_verdict_bills_chart_and_fixes() {
-    let bundle = oomcheck(&words("resnet50 --batch 64 --res 224 --gpu rtx4060-laptop")).unwrap();
+    let bundle = oomcheck(&words("resnet50 --batch 96 --res 224 --gpu rtx4060-laptop")).unwrap();
     let text = bundle.text();
     assert!(text.starts_with("DOES NOT FIT"), "{text}");
     for bill in
@@ -131,10 +131,11 @@ fn every_fix_flag_round_trips_through_the_parser() {
     use clap::Parser;
     let mut fixes = 0;
     for line in [
-        "resnet50 --batch 64 --res 224",
-        "resnet18 --batch 128 --res 64 --opt adam --gpu 1GiB",
+        "resnet50 --batch 96 --res 224",
+        "resnet50 --batch 64 --res 224 --layers plain",
+        "resnet18 --batch 128 --res 64 --opt adam --gpu 768MiB",
         "efficientnet-b0 --batch 96 --res 224 --channels 1 --amp f16 --gpu 4GiB",
-        "resnet34 --batch 64 --res 320 --ckpt layer1,layer2 --accum 2 --opt sgd-momentum --gpu 6GiB",
+        "resnet34 --batch 64 --res 320 --ckpt layer1,layer2 --accum 2 --opt sgd-momentum --gpu 3GiB",
     ] {
         let args = OomcheckArgs::try_parse_from(std::iter::once("oomcheck").chain(line.split_whitespace())).unwrap();
         let report = crate::oom::check(&args.model.spec(args.classes), &args.step_config(), &args.gpu).unwrap();

@@ -7,7 +7,7 @@ use super::args::{amp_parser, parse_checkpointing, parse_model, positive};
 use super::device::DeviceArg;
 use crate::ledger::Checkpointing;
 use crate::ledger::OptimizerKind;
-use crate::models::{ModelName, Precision};
+use crate::models::{Layers, ModelName, Precision};
 use crate::train::{OptimizerConfig, TrainConfig};
 
 /// A zoo model and how to train it: what `bench train` times and `measure` measures.
@@ -40,6 +40,9 @@ pub struct TrainSetup {
     /// Activation checkpointing: none, stages, or stage names (layer3,layer4)
     #[arg(long, value_parser = parse_checkpointing, default_value = "none")]
     pub ckpt: Checkpointing,
+    /// Layers: lean (batch-norm fused with what reads it; CPU kernels) or plain (what an ordinary autograd keeps)
+    #[arg(long, value_enum, default_value_t = Layers::Lean)]
+    pub layers: Layers,
     /// Seed of the weights and the synthetic images
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

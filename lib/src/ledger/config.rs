@@ -2,7 +2,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::models::{Precision, Shape, StageCost};
+use crate::models::{Layers, Precision, Shape, StageCost};
 
 use super::LedgerError;
 
@@ -19,10 +19,12 @@ pub struct StepConfig {
     pub accumulation: usize,
     pub checkpointing: Checkpointing,
     pub mode: Mode,
+    /// The layers the network is built from.
+    pub layers: Layers,
 }
 
 impl StepConfig {
-    /// Training with the lesson's defaults: f32, Adam, no accumulation, no checkpointing, RGB.
+    /// Training with the lesson's defaults: f32, Adam, no accumulation, no checkpointing, RGB, lean layers.
     pub fn training(batch: usize, resolution: usize) -> Self {
         StepConfig {
             batch,
@@ -32,6 +34,7 @@ impl StepConfig {
             accumulation: 1,
             checkpointing: Checkpointing::None,
             mode: Mode::Training,
+            layers: Layers::Lean,
         }
     }
 
@@ -68,6 +71,9 @@ impl fmt::Display for StepConfig {
         }
         if self.checkpointing != Checkpointing::None {
             write!(f, ", checkpointing {}", self.checkpointing)?;
+        }
+        if self.layers != Layers::default() {
+            write!(f, ", {}", self.layers)?;
         }
         Ok(())
     }

@@ -58,7 +58,7 @@ pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<
             return Err(LedgerError::TooLarge { what, value, max: MAX_BATCH });
         }
     }
-    let cost = analyze(spec, config.input, config.precision)?;
+    let cost = analyze(spec, config.input, config.precision, config.layers)?;
     let stage_names: Vec<&str> = cost.stages.iter().map(|s| s.name.as_str()).collect();
     let plan = StepPlan::of(&stage_names, config)?;
     let step = Step { cost: &cost, config, device, plan: &plan, batch: config.batch as u64 };

@@ -97,10 +97,11 @@ fn checkpointing_lowers_the_peak_and_names_unknown_stages() {
     let plain = resnet50_at(32);
     let ckpt = StepConfig { checkpointing: Checkpointing::Stages, ..StepConfig::training(32, 224) };
     let ledger = estimate(&resnet50(1000), &ckpt, &laptop()).unwrap();
-    // Forward keeps only the stage boundaries, a tenth of the activations;
-    // the peak falls less, as a stage's recomputation and its backward come back.
-    assert!(ledger.kept_by_forward() * 10 < plain.kept_by_forward(), "{} vs {}", ledger.kept_by_forward(), plain.kept_by_forward());
-    assert!(ledger.peak.bytes * 10 < plain.peak.bytes * 7, "{} vs {}", ledger.peak.bytes, plain.peak.bytes);
+    // Forward keeps only the stage boundaries, about a tenth of the activations;
+    // the peak falls less, as a stage's recomputation and its backward come back
+    // (with the lean layers, which keep little to begin with, by a sixth).
+    assert!(ledger.kept_by_forward() * 9 < plain.kept_by_forward(), "{} vs {}", ledger.kept_by_forward(), plain.kept_by_forward());
+    assert!(ledger.peak.bytes * 6 < plain.peak.bytes * 5, "{} vs {}", ledger.peak.bytes, plain.peak.bytes);
     let bad = StepConfig { checkpointing: Checkpointing::Segments(vec!["layer9".into()]), ..StepConfig::training(32, 224) };
     let err = estimate(&resnet50(1000), &bad, &laptop()).unwrap_err().to_string();
     assert_eq!(err, "cannot checkpoint `layer9`: no such stage; stages: stem, layer1, layer2, layer3, layer4, head");
@@ -112,7 +113,8 @@ fn inference_keeps_no_graph_gradients_or_state() {
     let ledger = estimate(&resnet50(1000), &eval, &laptop()).unwrap();
     assert_eq!(ledger.bill(BillKind::OptimizerState).bytes, 0);
     assert_eq!(line(&ledger, BillKind::Parameters, "gradients"), 0);
-    assert!(ledger.peak.bytes * 5 < resnet50_at(32).peak.bytes);
+    let training = resnet50_at(32).peak.bytes;
+    assert!(ledger.peak.bytes * 3 < training, "{} vs {training}", ledger.peak.bytes);
 }
 
 #[test]
@@ -141,5 +143,5 @@ fn tables_and_charts_render() {
     let svg = ledger.chart().to_svg().unwrap();
     assert!(svg.contains("3. activations"));
     // Adam's temporaries come after backward's peak: the bar says so beside the bill.
-    assert!(svg.contains("at the peak (bill 1.55 GiB)"), "{svg}");
+    assert!(svg.contains("at the peak (bill 195 MiB)"), "{svg}");
 }

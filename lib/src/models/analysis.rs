@@ -3,10 +3,11 @@
 use serde::Serialize;
 
 use super::cost::Cost;
+use super::lean::{self, Layers};
 use super::precision::Precision;
 use super::rules;
 use super::shape::Shape;
-use super::spec::{ModelSpec, Stage};
+use super::spec::{ModelSpec, Op, Stage};
 use super::walk::{walk, Block, Fold, Shortcut, Site, STAGE_DEPTH};
 use super::ModelError;
 
@@ -39,31 +40,34 @@ pub struct ModelCost {
     pub num_classes: usize,
     pub input: Shape,
     pub precision: Precision,
+    pub layers: Layers,
     pub rows: Vec<Row>,
     pub stages: Vec<StageCost>,
     pub total: Cost,
 }
 
-/// Computes per-sample costs of `spec` for `input` (C x H x W) at `precision`.
+/// Computes per-sample costs of `spec` for `input` (C x H x W) at `precision`,
+/// built from `layers`.
 ///
 /// Under mixed precision a cast of the input opens the first stage; the
 /// cross-entropy loss closes the last one (training keeps its tensors).
-pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision) -> Result<ModelCost, ModelError> {
-    let mut costing = Costing { precision, last_stage: spec.stages.len().saturating_sub(1) };
+pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Layers) -> Result<ModelCost, ModelError> {
+    let mut costing = Costing { precision, layers, last_stage: spec.stages.len().saturating_sub(1) };
     let mut rows = Vec::with_capacity(256);
     let mut stages = Vec::with_capacity(spec.stages.len());
     let mut total = Cost::default();
-    for (stage, stage_rows) in walk(spec, input, precision, &mut costing)? {
+    for (stage, stage_rows) in walk(spec, input, precision, layers, &mut costing)? {
         total = total.then(stage.cost);
         rows.extend(stage_rows);
         stages.push(stage);
     }
-    Ok(ModelCost { model: spec.name.clone(), num_classes: spec.num_classes, input, precision, rows, stages, total })
+    Ok(ModelCost { model: spec.name.clone(), num_classes: spec.num_classes, input, precision, layers, rows, stages, total })
 }
 
 /// The walk folded into costs and summary rows.
 struct Costing {
     precision: Precision,
+    layers: Layers,
     last_stage: usize,
 }
 
@@ -108,7 +112,7 @@ impl Fold for Costing {
         Ok(Costed { cost, rows: vec![Row::at(site, output, cost)] })
     }
 
-    fn block(&mut self, site: Site<'_>, block: Block<Costed>, merged: Shape, output: Shape) -> Costed {
+    fn block(&mut self, site: Site<'_>, block: Block<Costed>, merged: Shape, output: Shape) -> Result<Costed, ModelError> {
         let body = Costed::chain(block.body);
         let (mut cost, mut inner) = (body.cost, body.rows);
         let shortcut = match block.shortcut {
@@ -116,13 +120,25 @@ impl Fold for Costing {
             Shortcut::Identity => Some(Costed::default()),
             Shortcut::Projection(layers) => Some(Costed::chain(layers)),
         };
+        // A lean block's end stores one tensor: its activation's output
+        // (counted there), or the sum itself when no activation follows.
+        let merged_into = match &site.layer.op {
+            Op::Block(spec) if self.layers == Layers::Lean => lean::merge(spec),
+            _ => None,
+        };
         if let Some(shortcut) = shortcut {
             // The residual add materialises its sum; in backward the
             // shortcut's gradient waits while the body's backward runs.
             let mut add = Cost::default();
             let out_bytes = self.bytes(merged.elems());
-            add.keep(out_bytes);
+            if matches!(merged_into, None | Some(crate::ops::Activation::Identity)) {
+                add.keep(out_bytes);
+            }
             add.backward_bytes = 3 * out_bytes;
+            if merged_into.is_some() {
+                let projected = !shortcut.rows.is_empty();
+                (add.workspace_bytes, add.backward_bytes) = rules::lean_merge(merged, self.precision, projected);
+            }
             add.eval_live_bytes = self.bytes(site.waiting) + 3 * out_bytes;
             cost.backward_bytes += out_bytes;
             cost = cost.then(shortcut.cost).then(add);
@@ -134,7 +150,7 @@ impl Fold for Costing {
         let mut rows = Vec::with_capacity(1 + inner.len());
         rows.push(Row::at(site, output, cost));
         rows.extend(inner);
-        Costed { cost, rows }
+        Ok(Costed { cost, rows })
     }
 
     fn stage(&mut self, index: usize, stage: &Stage, input: Shape, layers: Vec<Costed>, output: Shape) -> (StageCost, Vec<Row>) {

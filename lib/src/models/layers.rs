@@ -64,6 +64,7 @@ pub struct Named {
 /// Where layers put their tensors while a network is built.
 pub(crate) struct Builder<'a> {
     pub device: &'a Device,
+    pub layers: super::lean::Layers,
     pub rng: StdRng,
     pub params: Vec<Named>,
     pub buffers: Vec<Named>,
@@ -137,8 +138,21 @@ impl Conv {
         Ok(Conv { weight, bias, params: ConvParams { stride: spec.stride, padding: spec.padding, groups } })
     }
 
+    /// The kernel as this pass convolves with it.
+    pub(super) fn kernel(&self, pass: Pass) -> Result<Tensor> {
+        cast(&pass.param(&self.weight), pass.compute)
+    }
+
+    pub(super) fn params(&self) -> ConvParams {
+        self.params
+    }
+
+    pub(super) fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        let y = ops::conv2d(x, &cast(&pass.param(&self.weight), pass.compute)?, self.params)?;
+        let y = ops::conv2d(x, &self.kernel(pass)?, self.params)?;
         match &self.bias {
             Some(bias) => {
                 let bias = cast(&pass.param(bias), pass.compute)?;
@@ -163,7 +177,12 @@ pub struct BatchNorm {
 
 impl BatchNorm {
     const MOMENTUM: f64 = 0.1;
-    const EPS: f64 = 1e-5;
+    pub(super) const EPS: f64 = 1e-5;
+
+    /// Weight and bias as this pass reads them.
+    pub(super) fn affine(&self, pass: Pass) -> (Tensor, Tensor) {
+        (pass.param(&self.weight), pass.param(&self.bias))
+    }
 
     pub(crate) fn new(b: &mut Builder, name: &str, channels: usize) -> Result<Self> {
         let device = b.device.clone();
@@ -180,7 +199,7 @@ impl BatchNorm {
         if pass.train {
             let out = ops::batch_norm_train(x, &pass.param(&self.weight), &pass.param(&self.bias), Self::EPS)?;
             if pass.update_stats {
-                self.update_running_stats(&out)?;
+                self.update_running_stats(&out.stats)?;
             }
             return Ok(out.y);
         }
@@ -196,7 +215,7 @@ impl BatchNorm {
     }
 
     /// PyTorch's update: momentum-weighted, with the unbiased batch variance.
-    fn update_running_stats(&self, out: &ops::BatchNormTrain) -> Result<()> {
+    pub(super) fn update_running_stats(&self, out: &ops::BatchStatistics) -> Result<()> {
         let m = Self::MOMENTUM;
         let n = out.count as f64;
         let unbiased = (&out.var * (n / (n - 1.0)))?;

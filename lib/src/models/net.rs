@@ -8,13 +8,14 @@ use rand::SeedableRng;
 
 use super::cost::Cost;
 use super::layers::{global_avg_pool, BatchNorm, Builder, Conv, Dropout, Linear, Named, Pass, SqueezeExcite};
+use super::lean::{self, Layers};
 use super::precision::Precision;
 use super::rules;
 use super::shape::Shape;
-use super::spec::{ModelSpec, Op, Stage};
+use super::spec::{self, ModelSpec, Op, Stage};
 use super::walk::{walk, Block, Fold, Shortcut, Site};
 use super::ModelError;
-use crate::ops;
+use crate::ops::{self, Activation, Norm, Residual, Then};
 
 #[derive(Debug)]
 pub(super) enum Module {
@@ -30,6 +31,169 @@ pub(super) enum Module {
     Linear(Linear),
     SqueezeExcite(SqueezeExcite),
     Block(Box<Block<Module>>),
+    NormAct(Box<NormAct>),
+    Merge(Box<Merge>),
+}
+
+/// A batch-norm, its activation and what reads it, as one lean op.
+#[derive(Debug)]
+pub(super) struct NormAct {
+    bn: BatchNorm,
+    act: Activation,
+    then: Consumer,
+}
+
+#[derive(Debug)]
+enum Consumer {
+    Nothing,
+    Conv(Conv),
+    MaxPool { kernel: usize, stride: usize, padding: usize },
+}
+
+/// A residual block ending in one lean op: `act(bn(body(x)) + residual)`.
+#[derive(Debug)]
+pub(super) struct Merge {
+    body: Vec<Module>,
+    bn: BatchNorm,
+    residual: MergeResidual,
+    act: Activation,
+}
+
+#[derive(Debug)]
+enum MergeResidual {
+    Identity,
+    /// The projection's layers before its batch-norm, and the batch-norm.
+    Projection(Vec<Module>, BatchNorm),
+}
+
+/// Whether a pass records a graph, the only case in which the lean ops keep less.
+fn records_graph(pass: Pass) -> bool {
+    pass.train && pass.grad
+}
+
+impl NormAct {
+    fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        if !records_graph(pass) {
+            let a = self.act.forward(&self.bn.forward(x, pass)?)?;
+            return match &self.then {
+                Consumer::Nothing => Ok(a),
+                Consumer::Conv(conv) => conv.forward(&a, pass),
+                Consumer::MaxPool { kernel, stride, padding } => ops::max_pool2d(&a, *kernel, *stride, *padding),
+            };
+        }
+        let (weight, bias) = self.bn.affine(pass);
+        let norm = Norm { weight: &weight, bias: &bias, eps: BatchNorm::EPS };
+        let kernel;
+        let then = match &self.then {
+            Consumer::Nothing => Then::Nothing,
+            Consumer::Conv(conv) => {
+                kernel = conv.kernel(pass)?;
+                Then::Conv { weight: &kernel, params: conv.params() }
+            }
+            Consumer::MaxPool { kernel, stride, padding } => Then::MaxPool { kernel: *kernel, stride: *stride, padding: *padding },
+        };
+        let out = ops::norm_act(x, norm, self.act, then)?;
+        if pass.update_stats {
+            for stats in &out.stats {
+                self.bn.update_running_stats(stats)?;
+            }
+        }
+        Ok(out.y)
+    }
+}
+
+impl Merge {
+    fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let z = sequential(&self.body, x, pass)?;
+        let projected = match &self.residual {
+            MergeResidual::Identity => None,
+            MergeResidual::Projection(layers, bn) => Some((sequential(layers, x, pass)?, bn)),
+        };
+        if !records_graph(pass) {
+            let residual = match &projected {
+                None => x.clone(),
+                Some((zd, bn)) => bn.forward(zd, pass)?,
+            };
+            return self.act.forward(&(self.bn.forward(&z, pass)? + residual)?);
+        }
+        let (weight, bias) = self.bn.affine(pass);
+        let side = projected.as_ref().map(|(_, bn)| bn.affine(pass));
+        let norm = Norm { weight: &weight, bias: &bias, eps: BatchNorm::EPS };
+        let residual = match (&projected, &side) {
+            (Some((zd, _)), Some((w, b))) => Residual::Norm(zd, Norm { weight: w, bias: b, eps: BatchNorm::EPS }),
+            _ => Residual::Identity(x),
+        };
+        let out = ops::norm_add_act(&z, norm, residual, self.act)?;
+        if pass.update_stats {
+            let norms = std::iter::once(&self.bn).chain(projected.as_ref().map(|(_, bn)| *bn));
+            for (bn, stats) in norms.zip(&out.stats) {
+                bn.update_running_stats(stats)?;
+            }
+        }
+        Ok(out.y)
+    }
+}
+
+/// `modules`, made from `layers` one for one, with the lean groups of
+/// `layers` made into one module each. `skip_last` leaves the last module
+/// out of any group (a residual block's end takes it).
+fn fuse(layers: &[spec::Layer], modules: Vec<Module>, skip_last: bool) -> Vec<Module> {
+    let mut slots: Vec<Option<Module>> = modules.into_iter().map(Some).collect();
+    for g in lean::groups(layers, skip_last).iter().rev() {
+        let last = g.then.or(g.act).unwrap_or(g.bn).min(slots.len().saturating_sub(1));
+        let taken: Vec<Module> = slots[g.bn..=last].iter_mut().filter_map(Option::take).collect();
+        match group(taken) {
+            Ok(module) => slots[g.bn] = Some(module),
+            Err(unchanged) => slots.splice(g.bn..g.bn + unchanged.len(), unchanged.into_iter().map(Some)).for_each(drop),
+        }
+    }
+    slots.into_iter().flatten().collect()
+}
+
+/// A batch-norm, then an activation, a consumer or both, as one module;
+/// anything else back as it came.
+fn group(taken: Vec<Module>) -> std::result::Result<Module, Vec<Module>> {
+    let norm_act = |bn, act, then| Module::NormAct(Box::new(NormAct { bn, act, then }));
+    match taken.len() {
+        2 => match <[Module; 2]>::try_from(taken)? {
+            [Module::BatchNorm(bn), next] => match activation_of(&next) {
+                Some(act) => Ok(norm_act(bn, act, Consumer::Nothing)),
+                None => match consumer(next) {
+                    Ok(then) => Ok(norm_act(bn, Activation::Identity, then)),
+                    Err(next) => Err(vec![Module::BatchNorm(bn), next]),
+                },
+            },
+            other => Err(other.into()),
+        },
+        3 => match <[Module; 3]>::try_from(taken)? {
+            [Module::BatchNorm(bn), a, next] => match activation_of(&a) {
+                Some(act) => match consumer(next) {
+                    Ok(then) => Ok(norm_act(bn, act, then)),
+                    Err(next) => Err(vec![Module::BatchNorm(bn), a, next]),
+                },
+                None => Err(vec![Module::BatchNorm(bn), a, next]),
+            },
+            other => Err(other.into()),
+        },
+        _ => Err(taken),
+    }
+}
+
+/// What reads a lean op's activation: a convolution without bias or a max-pool.
+fn consumer(m: Module) -> std::result::Result<Consumer, Module> {
+    match m {
+        Module::Conv(conv) if !conv.has_bias() => Ok(Consumer::Conv(conv)),
+        Module::MaxPool { kernel, stride, padding } => Ok(Consumer::MaxPool { kernel, stride, padding }),
+        other => Err(other),
+    }
+}
+
+fn activation_of(m: &Module) -> Option<Activation> {
+    match m {
+        Module::Relu => Some(Activation::Relu),
+        Module::Silu => Some(Activation::Silu),
+        _ => None,
+    }
 }
 
 impl Module {
@@ -45,6 +209,8 @@ impl Module {
             Module::Dropout(dropout) => dropout.forward(x, pass),
             Module::Linear(linear) => linear.forward(x, pass),
             Module::SqueezeExcite(se) => se.forward(x, pass),
+            Module::NormAct(group) => group.forward(x, pass),
+            Module::Merge(merge) => merge.forward(x, pass),
             Module::Block(block) => {
                 let body = sequential(&block.body, x, pass)?;
                 let merged = match &block.shortcut {
@@ -72,6 +238,7 @@ pub struct Network {
     spec: ModelSpec,
     input: Shape,
     device: Device,
+    layers: Layers,
     stages: Vec<Vec<Module>>,
     params: Vec<Named>,
     buffers: Vec<Named>,
@@ -82,6 +249,7 @@ impl fmt::Debug for Network {
         f.debug_struct("Network")
             .field("model", &self.spec.name)
             .field("input", &self.input)
+            .field("layers", &self.layers)
             .field("parameters", &self.param_count())
             .finish()
     }
@@ -89,12 +257,32 @@ impl fmt::Debug for Network {
 
 impl Network {
     /// Builds `spec` for one sample of `input` (`C x H x W`), with parameters
-    /// initialised as torchvision does from a generator seeded with `seed`.
+    /// initialised as torchvision does from a generator seeded with `seed`,
+    /// from the lean layers where `device` has them (the CPU) and the plain
+    /// ones elsewhere.
     pub fn new(spec: &ModelSpec, input: Shape, device: &Device, seed: u64) -> std::result::Result<Self, ModelError> {
-        let mut builder = Builder { device, rng: rand::rngs::StdRng::seed_from_u64(seed), params: Vec::new(), buffers: Vec::new() };
+        Self::with_layers(spec, input, device, seed, Layers::Lean)
+    }
+
+    /// [`Network::new`] from the layers asked for; the lean ones are
+    /// plain on a device without their kernels (see [`Layers::on`]).
+    pub fn with_layers(
+        spec: &ModelSpec,
+        input: Shape,
+        device: &Device,
+        seed: u64,
+        layers: Layers,
+    ) -> std::result::Result<Self, ModelError> {
+        let layers = layers.on(device);
+        let mut builder = Builder { device, layers, rng: rand::rngs::StdRng::seed_from_u64(seed), params: Vec::new(), buffers: Vec::new() };
         // Shapes do not depend on the precision; the costs go unused.
-        let stages = walk(spec, input, Precision::F32, &mut builder)?;
-        Ok(Network { spec: spec.clone(), input, device: device.clone(), stages, params: builder.params, buffers: builder.buffers })
+        let stages = walk(spec, input, Precision::F32, layers, &mut builder)?;
+        Ok(Network { spec: spec.clone(), input, device: device.clone(), layers, stages, params: builder.params, buffers: builder.buffers })
+    }
+
+    /// The layers the network runs: what the ledger must cost.
+    pub fn layers(&self) -> Layers {
+        self.layers
     }
 
     pub fn spec(&self) -> &ModelSpec {
@@ -197,11 +385,45 @@ impl Fold for Builder<'_> {
         module.map_err(|source| ModelError::Build { model: site.model.to_owned(), layer: site.path.clone(), source: Box::new(source) })
     }
 
-    fn block(&mut self, _site: Site<'_>, block: Block<Module>, _merged: Shape, _output: Shape) -> Module {
-        Module::Block(Box::new(block))
+    fn block(&mut self, site: Site<'_>, block: Block<Module>, _merged: Shape, _output: Shape) -> std::result::Result<Module, ModelError> {
+        let Op::Block(spec) = &site.layer.op else {
+            return Err(site.rejected("a block's layers came without its spec".to_owned()));
+        };
+        if self.layers == Layers::Plain {
+            return Ok(Module::Block(Box::new(block)));
+        }
+        let Block { body, shortcut, post } = block;
+        let Some(act) = lean::merge(spec) else {
+            let shortcut = match (shortcut, &spec.shortcut) {
+                (Shortcut::Projection(layers), spec::Shortcut::Projection(specs)) => Shortcut::Projection(fuse(specs, layers, false)),
+                (shortcut, _) => shortcut,
+            };
+            let (body, post) = (fuse(&spec.body, body, false), fuse(&spec.post, post, false));
+            return Ok(Module::Block(Box::new(Block { body, shortcut, post })));
+        };
+        let unmerged = || site.rejected("the lean layers expected a batch-norm at the end of the body and the projection".to_owned());
+        let split = |mut layers: Vec<Module>| match layers.pop() {
+            Some(Module::BatchNorm(bn)) => Ok((layers, bn)),
+            _ => Err(unmerged()),
+        };
+        let (body, bn) = split(fuse(&spec.body, body, true))?;
+        let residual = match (shortcut, &spec.shortcut) {
+            (Shortcut::Projection(layers), spec::Shortcut::Projection(specs)) => {
+                let (layers, bn) = split(fuse(specs, layers, true))?;
+                MergeResidual::Projection(layers, bn)
+            }
+            (Shortcut::Identity, _) => MergeResidual::Identity,
+            _ => return Err(unmerged()),
+        };
+        // The post layers are the activation `act` stands for, or none.
+        drop(post);
+        Ok(Module::Merge(Box::new(Merge { body, bn, residual, act })))
     }
 
-    fn stage(&mut self, _index: usize, _stage: &Stage, _input: Shape, layers: Vec<Module>, _output: Shape) -> Vec<Module> {
-        layers
+    fn stage(&mut self, _index: usize, stage: &Stage, _input: Shape, layers: Vec<Module>, _output: Shape) -> Vec<Module> {
+        match self.layers {
+            Layers::Plain => layers,
+            Layers::Lean => fuse(&stage.layers, layers, false),
+        }
     }
 }

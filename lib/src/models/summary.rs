@@ -6,6 +6,7 @@ use crate::render::{Bundle, Render, Table};
 use crate::units::{grouped, human, si};
 
 use super::analysis::{analyze, ModelCost};
+use super::lean::Layers;
 use super::precision::{Precision, F32_BYTES};
 use super::shape::Shape;
 use super::spec::ModelSpec;
@@ -20,12 +21,19 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn new(spec: &ModelSpec, batch: usize, input: Shape, precision: Precision, training: bool) -> Result<Summary, ModelError> {
+    pub fn new(
+        spec: &ModelSpec,
+        batch: usize,
+        input: Shape,
+        precision: Precision,
+        layers: Layers,
+        training: bool,
+    ) -> Result<Summary, ModelError> {
         super::limits::check(&spec.name, "batch", batch, super::MAX_BATCH)?;
         if batch == 0 {
             return Err(ModelError::EmptyInput { model: spec.name.clone(), input });
         }
-        Ok(Summary { batch, training, cost: analyze(spec, input, precision)? })
+        Ok(Summary { batch, training, cost: analyze(spec, input, precision, layers)? })
     }
 
     /// Rows down to `depth` (1: stages, 2: blocks, 3: every layer); deeper
@@ -35,7 +43,10 @@ impl Summary {
         let total = &self.cost.total;
         let memory_column = if self.training { "saved for backward" } else { "live in inference" };
         let mut table = Table::new(["layer", "type", "output shape", "params", memory_column, "MACs"])
-            .title(format!("{} | input {} x {} | {}", self.cost.model, self.batch, self.cost.input, self.cost.precision))
+            .title(format!(
+                "{} | input {} x {} | {} | {}",
+                self.cost.model, self.batch, self.cost.input, self.cost.precision, self.cost.layers
+            ))
             .right_align(&[3, 4, 5]);
         for row in self.cost.rows.iter().filter(|r| r.depth <= depth.max(1)) {
             if !self.training && row.kind == "CrossEntropyLoss" {
@@ -81,6 +92,8 @@ pub trait Summarize {
     fn summary_precision(&self) -> Precision {
         Precision::F32
     }
+    /// The layers the model runs.
+    fn summary_layers(&self) -> Layers;
 }
 
 impl Summarize for super::Network {
@@ -90,6 +103,10 @@ impl Summarize for super::Network {
 
     fn summary_input(&self) -> Shape {
         self.input()
+    }
+
+    fn summary_layers(&self) -> Layers {
+        self.layers()
     }
 }
 

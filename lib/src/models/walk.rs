@@ -6,6 +6,7 @@
 //! folds of this walk, so their names, shapes and blocks cannot disagree.
 
 use super::cost::Cost;
+use super::lean::{self, Layers, Place, Role};
 use super::limits;
 use super::precision::Precision;
 use super::rules;
@@ -29,7 +30,7 @@ pub(super) trait Fold {
 
     /// A block, its layers made. `merged` is what reaches the post layers
     /// (the body's output, plus the shortcut's if there is one).
-    fn block(&mut self, site: Site<'_>, block: Block<Self::Layer>, merged: Shape, output: Shape) -> Self::Layer;
+    fn block(&mut self, site: Site<'_>, block: Block<Self::Layer>, merged: Shape, output: Shape) -> Result<Self::Layer, ModelError>;
 
     /// Stage `index`, its layers made.
     fn stage(&mut self, index: usize, stage: &Stage, input: Shape, layers: Vec<Self::Layer>, output: Shape) -> Self::Stage;
@@ -102,18 +103,25 @@ impl Scope<'_> {
     }
 }
 
-/// Walks `spec` for one sample of `input`, costing the leaves at `precision`.
-pub(super) fn walk<F: Fold>(spec: &ModelSpec, input: Shape, precision: Precision, fold: &mut F) -> Result<Vec<F::Stage>, ModelError> {
+/// Walks `spec` for one sample of `input`, costing the leaves at `precision`
+/// as `layers` run them.
+pub(super) fn walk<F: Fold>(
+    spec: &ModelSpec,
+    input: Shape,
+    precision: Precision,
+    layers: Layers,
+    fold: &mut F,
+) -> Result<Vec<F::Stage>, ModelError> {
     limits::check_input(&spec.name, input)?;
     if input.elems() == 0 {
         return Err(ModelError::EmptyInput { model: spec.name.clone(), input });
     }
-    let mut walker = Walker { model: &spec.name, precision, fold };
+    let mut walker = Walker { model: &spec.name, precision, layers, fold };
     let mut shape = input;
     let mut stages = Vec::with_capacity(spec.stages.len());
     for (index, stage) in spec.stages.iter().enumerate() {
         let scope = Scope { prefix: "", depth: STAGE_DEPTH + 1, stage: index, waiting: 0 };
-        let (layers, output) = walker.layers(&stage.layers, scope, shape)?;
+        let (layers, output) = walker.layers(&stage.layers, scope, shape, Place::Open)?;
         stages.push(walker.fold.stage(index, stage, shape, layers, output));
         shape = output;
     }
@@ -123,14 +131,19 @@ pub(super) fn walk<F: Fold>(spec: &ModelSpec, input: Shape, precision: Precision
 struct Walker<'a, F> {
     model: &'a str,
     precision: Precision,
+    layers: Layers,
     fold: &'a mut F,
 }
 
 impl<'a, F: Fold> Walker<'a, F> {
-    fn layers(&mut self, layers: &'a [Layer], scope: Scope<'_>, input: Shape) -> Result<(Vec<F::Layer>, Shape), ModelError> {
+    fn layers(&mut self, layers: &'a [Layer], scope: Scope<'_>, input: Shape, place: Place) -> Result<(Vec<F::Layer>, Shape), ModelError> {
+        let roles = match self.layers {
+            Layers::Plain => vec![Role::Own; layers.len()],
+            Layers::Lean => lean::roles(layers, place),
+        };
         let mut shape = input;
         let mut made = Vec::with_capacity(layers.len());
-        for layer in layers {
+        for (layer, role) in layers.iter().zip(roles) {
             let site = Site {
                 model: self.model,
                 layer,
@@ -144,6 +157,7 @@ impl<'a, F: Fold> Walker<'a, F> {
                 Op::Block(block) => self.block(block, site)?,
                 op => {
                     let (output, cost) = rules::leaf(op, shape, self.precision).map_err(|reason| site.rejected(reason))?;
+                    let cost = rules::lean(role, op, shape, output, self.precision, cost);
                     (self.fold.leaf(site, output, cost)?, output)
                 }
             };
@@ -156,8 +170,10 @@ impl<'a, F: Fold> Walker<'a, F> {
     fn block(&mut self, block: &'a spec::Block, site: Site<'a>) -> Result<(F::Layer, Shape), ModelError> {
         let input = site.input;
         let keeps_input = !matches!(block.shortcut, spec::Shortcut::None);
+        let merges = self.layers == Layers::Lean && lean::merge(block).is_some();
+        let (inner, post_place) = if merges { (Place::Merged, Place::Post) } else { (Place::Open, Place::Open) };
         let body_waiting = site.waiting + if keeps_input { input.elems() } else { 0 };
-        let (body, merged) = self.layers(&block.body, site.inner(&site.path, body_waiting), input)?;
+        let (body, merged) = self.layers(&block.body, site.inner(&site.path, body_waiting), input, inner)?;
         let shortcut = match &block.shortcut {
             spec::Shortcut::None => Shortcut::None,
             spec::Shortcut::Identity => {
@@ -167,13 +183,13 @@ impl<'a, F: Fold> Walker<'a, F> {
             spec::Shortcut::Projection(layers) => {
                 let prefix = format!("{}.downsample", site.path);
                 let scope = site.inner(&prefix, site.waiting + merged.elems());
-                let (made, projected) = self.layers(layers, scope, input)?;
+                let (made, projected) = self.layers(layers, scope, input, inner)?;
                 site.check_residual(merged, projected)?;
                 Shortcut::Projection(made)
             }
         };
-        let (post, output) = self.layers(&block.post, site.inner(&site.path, site.waiting), merged)?;
-        let made = self.fold.block(site, Block { body, shortcut, post }, merged, output);
+        let (post, output) = self.layers(&block.post, site.inner(&site.path, site.waiting), merged, post_place)?;
+        let made = self.fold.block(site, Block { body, shortcut, post }, merged, output)?;
         Ok((made, output))
     }
 }

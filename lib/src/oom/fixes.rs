@@ -173,7 +173,7 @@ impl Search<'_> {
     }
 
     fn checkpointing(&self) -> Option<Fix> {
-        let cost = analyze(self.spec, self.base.input, self.base.precision).ok()?;
+        let cost = analyze(self.spec, self.base.input, self.base.precision, self.base.layers).ok()?;
         let already = self.base.checkpointing.resolve(&cost.stages).ok()?;
         let last = cost.stages.len().saturating_sub(1);
         let mut candidates: Vec<usize> = (0..last).filter(|&i| !already[i]).collect();
@@ -294,7 +294,7 @@ fn largest_fitting<T>(largest: usize, mut fits: impl FnMut(usize) -> Option<T>) 
 /// a combination of levers when no single change keeps the recipe (only a
 /// smaller batch or resolution fits).
 pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Card) -> Vec<Fix> {
-    let base_macs = analyze(spec, base.input, base.precision).map(|c| c.total.macs).unwrap_or(1);
+    let base_macs = analyze(spec, base.input, base.precision, base.layers).map(|c| c.total.macs).unwrap_or(1);
     let s = Search { spec, base, device, target: target_bytes(device), base_macs };
     let mut fixes: Vec<Fix> = [
         s.mixed_precision(),

@@ -412,6 +412,33 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     dw
 }
 
+/// The convolution of `x` by `w`, dense, grouped or depthwise.
+pub(super) fn convolve(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
+    if g.is_depthwise() {
+        depthwise::forward(g, x, w)
+    } else {
+        forward(g, x, w)
+    }
+}
+
+/// The input gradient of [`convolve`] for the output gradient `dy`.
+pub(super) fn convolve_grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
+    if g.is_depthwise() {
+        depthwise::grad_input(g, dy, w)
+    } else {
+        grad_input(g, dy, w)
+    }
+}
+
+/// The weight gradient of [`convolve`] for the output gradient `dy`.
+pub(super) fn convolve_grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    if g.is_depthwise() {
+        depthwise::grad_weight(g, x, dy)
+    } else {
+        grad_weight(g, x, dy)
+    }
+}
+
 /// The convolution as a candle op: `x` and `weight` in, output out, and a
 /// backward made of the two ops below.
 pub(super) struct Conv2d(pub Geometry);
@@ -425,7 +452,7 @@ impl CustomOp2 for Conv2d {
         let g = &self.0;
         let x = f32_view(self.name(), s1, l1)?;
         let w = f32_view(self.name(), s2, l2)?;
-        let out = if g.is_depthwise() { depthwise::forward(g, &x, &w) } else { forward(g, &x, &w) };
+        let out = convolve(g, &x, &w);
         Ok((storage_from_f32(self.name(), out, s1.dtype())?, g.out_shape()))
     }
 
@@ -449,7 +476,7 @@ impl CustomOp2 for Conv2dGradInput {
         let g = &self.0;
         let dy = f32_view(self.name(), s1, l1)?;
         let w = f32_view(self.name(), s2, l2)?;
-        let dx = if g.is_depthwise() { depthwise::grad_input(g, &dy, &w) } else { grad_input(g, &dy, &w) };
+        let dx = convolve_grad_input(g, &dy, &w);
         Ok((storage_from_f32(self.name(), dx, s1.dtype())?, g.in_shape()))
     }
 }
@@ -466,7 +493,7 @@ impl CustomOp2 for Conv2dGradWeight {
         let g = &self.0;
         let x = f32_view(self.name(), s1, l1)?;
         let dy = f32_view(self.name(), s2, l2)?;
-        let dw = if g.is_depthwise() { depthwise::grad_weight(g, &x, &dy) } else { grad_weight(g, &x, &dy) };
+        let dw = convolve_grad_weight(g, &x, &dy);
         Ok((storage_from_f32(self.name(), dw, s1.dtype())?, g.weight_shape()))
     }
 }

@@ -12,15 +12,19 @@ mod conv;
 mod conv_geometry;
 mod depthwise;
 mod floats;
+mod lean;
 mod norm;
 mod pool;
 
+#[cfg(test)]
+mod lean_tests;
 #[cfg(test)]
 mod tests;
 
 use candle_core::{DType, Result, Tensor};
 
-pub use norm::{batch_norm_train, BatchNormTrain};
+pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, Residual, Then};
+pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
 
 /// Stride, zero padding (both sides) and groups of a square 2-D convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +61,12 @@ pub enum OpError {
     TooFewValues { op: &'static str, dims: Vec<usize> },
     #[error("{op}: expected CPU tensors, got one on {device}")]
     NotOnCpu { op: &'static str, device: String },
-    #[error("batch_norm_train: the forward did not record its batch statistics")]
+    #[error("batch-norm: the forward did not record its batch statistics")]
     MissingStatistics,
+    #[error("{op}: no {what} was given")]
+    MissingOperand { op: &'static str, what: &'static str },
+    #[error("norm_add_act: the residual {residual:?} does not match the block's output {body:?}")]
+    ResidualShape { body: Vec<usize>, residual: Vec<usize> },
 }
 
 impl From<OpError> for candle_core::Error {

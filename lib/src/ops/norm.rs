@@ -16,11 +16,17 @@ use super::{dims4, uses_own_kernels, OpError};
 const OP: &str = "batch_norm_train";
 
 /// What a training-mode batch-norm computes: the output (differentiable with
-/// respect to input, weight and bias) and the batch statistics per channel
-/// (f32, detached), from which the caller updates its running statistics.
+/// respect to input, weight and bias) and the batch statistics.
 #[derive(Debug, Clone)]
 pub struct BatchNormTrain {
     pub y: Tensor,
+    pub stats: BatchStatistics,
+}
+
+/// A batch's statistics per channel (f32, detached), from which the caller
+/// updates its running statistics.
+#[derive(Debug, Clone)]
+pub struct BatchStatistics {
     pub mean: Tensor,
     /// Biased (divided by the count): multiply by `count / (count - 1)` for the running variance.
     pub var: Tensor,
@@ -28,34 +34,29 @@ pub struct BatchNormTrain {
     pub count: usize,
 }
 
+impl BatchStatistics {
+    pub(super) fn from_kernel(stats: &Statistics, g: &Geometry, device: &candle_core::Device) -> Result<Self> {
+        Ok(BatchStatistics {
+            mean: Tensor::from_slice(&stats.mean, g.channels, device)?,
+            var: Tensor::from_slice(&stats.var, g.channels, device)?,
+            count: g.count(),
+        })
+    }
+}
+
 /// `y = (x - mean) / sqrt(var + eps) * weight + bias` with the statistics of
 /// this batch per channel; `x` is `N x C x H x W`, `weight` and `bias` hold
 /// `C` values. `y` has `x`'s dtype; the arithmetic is f32.
 pub fn batch_norm_train(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<BatchNormTrain> {
-    let [n, c, h, w] = dims4(OP, "input", x)?;
-    for (what, t) in [("weight", weight), ("bias", bias)] {
-        if t.dims() != [c] {
-            Err(OpError::PerChannel { op: OP, what, channels: c, dims: t.dims().to_vec() })?
-        }
-    }
-    let count = n * h * w;
-    if count < 2 {
-        Err(OpError::TooFewValues { op: OP, dims: x.dims().to_vec() })?
-    }
+    let geometry = Geometry::checked(OP, x, weight, bias)?;
     if !uses_own_kernels(x) {
-        return composed(x, weight, bias, eps, count);
+        return composed(x, weight, bias, eps, geometry.count());
     }
-    let geometry = Geometry { batch: n, channels: c, plane: h * w };
     let stats = Arc::new(OnceLock::new());
-    let op = BatchNormOp { geometry, shape: x.shape().clone(), eps, stats: Arc::clone(&stats) };
+    let op = BatchNormOp { geometry, eps, stats: Arc::clone(&stats) };
     let y = x.contiguous()?.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)?;
     let stats = stats.get().ok_or(OpError::MissingStatistics)?;
-    Ok(BatchNormTrain {
-        y,
-        mean: Tensor::from_slice(&stats.mean, c, x.device())?,
-        var: Tensor::from_slice(&stats.var, c, x.device())?,
-        count,
-    })
+    Ok(BatchNormTrain { y, stats: BatchStatistics::from_kernel(stats, &geometry, x.device())? })
 }
 
 /// The same from candle's operations, for devices and dtypes without our kernel.
@@ -67,18 +68,39 @@ pub(super) fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64, cou
     let centred = x32.broadcast_sub(&mean)?;
     let var = centred.sqr()?.mean_keepdim((0, 2, 3))?;
     let y = centred.broadcast_div(&(&var + eps)?.sqrt()?)?.broadcast_mul(&per_channel(weight)?)?.broadcast_add(&per_channel(bias)?)?;
-    Ok(BatchNormTrain { y: y.to_dtype(x.dtype())?, mean: mean.flatten_all()?.detach(), var: var.flatten_all()?.detach(), count })
+    let stats = BatchStatistics { mean: mean.flatten_all()?.detach(), var: var.flatten_all()?.detach(), count };
+    Ok(BatchNormTrain { y: y.to_dtype(x.dtype())?, stats })
 }
 
 #[derive(Debug, Clone, Copy)]
-struct Geometry {
-    batch: usize,
-    channels: usize,
-    plane: usize,
+pub(super) struct Geometry {
+    pub batch: usize,
+    pub channels: usize,
+    pub height: usize,
+    pub plane: usize,
 }
 
 impl Geometry {
-    fn count(&self) -> usize {
+    /// The geometry of a batch-norm of `x` (`N x C x H x W`) by `weight` and
+    /// `bias` (`C` values each), refused where it cannot normalise.
+    pub fn checked(op: &'static str, x: &Tensor, weight: &Tensor, bias: &Tensor) -> std::result::Result<Self, OpError> {
+        let [n, c, h, w] = dims4(op, "input", x)?;
+        for (what, t) in [("weight", weight), ("bias", bias)] {
+            if t.dims() != [c] {
+                return Err(OpError::PerChannel { op, what, channels: c, dims: t.dims().to_vec() });
+            }
+        }
+        if n * h * w < 2 {
+            return Err(OpError::TooFewValues { op, dims: x.dims().to_vec() });
+        }
+        Ok(Geometry { batch: n, channels: c, height: h, plane: h * w })
+    }
+
+    pub fn shape(&self) -> Shape {
+        (self.batch, self.channels, self.height, self.plane / self.height).into()
+    }
+
+    pub fn count(&self) -> usize {
         self.batch * self.plane
     }
 
@@ -90,10 +112,10 @@ impl Geometry {
 }
 
 #[derive(Debug)]
-struct Statistics {
-    mean: Vec<f32>,
-    var: Vec<f32>,
-    inv_std: Vec<f32>,
+pub(super) struct Statistics {
+    pub mean: Vec<f32>,
+    pub var: Vec<f32>,
+    pub inv_std: Vec<f32>,
 }
 
 const LANES: usize = 16;
@@ -111,7 +133,7 @@ fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
     lanes.iter().map(|&v| v as f64).sum::<f64>() + tail
 }
 
-fn statistics(g: &Geometry, x: &[f32], eps: f64) -> Statistics {
+pub(super) fn statistics(g: &Geometry, x: &[f32], eps: f64) -> Statistics {
     let per_channel: Vec<(f32, f32)> = (0..g.channels)
         .into_par_iter()
         .map(|c| {
@@ -127,7 +149,7 @@ fn statistics(g: &Geometry, x: &[f32], eps: f64) -> Statistics {
 }
 
 /// `out[n, c, i] = x[n, c, i] * scale[c] + shift[c]`, and `+ dy * dy_scale[c]` when given.
-fn affine(g: &Geometry, x: &[f32], scale: &[f32], shift: &[f32], dy: Option<(&[f32], &[f32])>) -> Vec<f32> {
+pub(super) fn affine(g: &Geometry, x: &[f32], scale: &[f32], shift: &[f32], dy: Option<(&[f32], &[f32])>) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
     out.par_chunks_mut(g.plane).enumerate().for_each(|(i, dst)| {
         let c = i % g.channels;
@@ -143,17 +165,60 @@ fn affine(g: &Geometry, x: &[f32], scale: &[f32], shift: &[f32], dy: Option<(&[f
     out
 }
 
+/// What batch-norm's backward gives for an output gradient `dy`.
+pub(super) struct Gradients {
+    /// `None` when the input needs no gradient.
+    pub dx: Option<Vec<f32>>,
+    /// `sum(dy * xhat)` per channel.
+    pub dweight: Vec<f32>,
+    /// `sum(dy)` per channel.
+    pub dbias: Vec<f32>,
+}
+
+/// Batch-norm's backward from its input `x`, its statistics and the output
+/// gradient `dy`: two passes, the per-channel sums, then the input gradient.
+pub(super) fn backward(g: &Geometry, stats: &Statistics, x: &[f32], dy: &[f32], weight: &[f32], want_dx: bool) -> Gradients {
+    let sums: Vec<(f64, f64)> = (0..g.channels)
+        .into_par_iter()
+        .map(|c| {
+            let mean = stats.mean[c];
+            g.planes(x, c)
+                .zip(g.planes(dy, c))
+                .fold((0.0, 0.0), |(s, sx), (xp, dp)| (s + lane_sum(dp, dp, |d, _| d), sx + lane_sum(xp, dp, |v, d| (v - mean) * d)))
+        })
+        .collect();
+    let dbias: Vec<f32> = sums.iter().map(|s| s.0 as f32).collect();
+    let dweight: Vec<f32> = sums.iter().zip(&stats.inv_std).map(|(s, i)| (s.1 * *i as f64) as f32).collect();
+    let dx = want_dx.then(|| {
+        // dx = k (dy - sum_dy / M - xhat * sum_dy_xhat / M) with k = weight * inv_std,
+        // written as dx = x * scale + shift + dy * k.
+        let m = g.count() as f32;
+        let k: Vec<f32> = weight.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
+        let scale: Vec<f32> = (0..g.channels).map(|c| -k[c] * stats.inv_std[c] * dweight[c] / m).collect();
+        let shift: Vec<f32> = (0..g.channels).map(|c| -k[c] * dbias[c] / m - scale[c] * stats.mean[c]).collect();
+        affine(g, x, &scale, &shift, Some((dy, &k)))
+    });
+    Gradients { dx, dweight, dbias }
+}
+
+/// The per-channel `(scale, shift)` of the forward: `y = x * scale + shift`.
+pub(super) fn scale_shift(stats: &Statistics, weight: &[f32], bias: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    let scale: Vec<f32> = weight.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
+    let shift: Vec<f32> = bias.iter().zip(&scale).zip(&stats.mean).map(|((b, s), m)| b - m * s).collect();
+    (scale, shift)
+}
+
 struct BatchNormOp {
     geometry: Geometry,
-    shape: Shape,
     eps: f64,
     stats: Arc<OnceLock<Statistics>>,
 }
 
-fn cpu_f32<'a>(t: &'a Storage, layout: &Layout) -> Result<std::borrow::Cow<'a, [f32]>> {
+/// The elements of a tensor's storage as f32, for a backward that reads tensors.
+pub(super) fn cpu_f32<'a>(op: &'static str, t: &'a Storage, layout: &Layout) -> Result<std::borrow::Cow<'a, [f32]>> {
     match t {
-        Storage::Cpu(cpu) => f32_view(OP, cpu, layout),
-        other => Err(OpError::NotOnCpu { op: OP, device: format!("{:?}", other.device().location()) })?,
+        Storage::Cpu(cpu) => f32_view(op, cpu, layout),
+        other => Err(OpError::NotOnCpu { op, device: format!("{:?}", other.device().location()) })?,
     }
 }
 
@@ -175,10 +240,9 @@ impl CustomOp3 for BatchNormOp {
         let x = f32_view(OP, s1, l1)?;
         let (weight, bias) = (f32_view(OP, s2, l2)?, f32_view(OP, s3, l3)?);
         let stats = self.stats.get_or_init(|| statistics(g, &x, self.eps));
-        let scale: Vec<f32> = weight.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
-        let shift: Vec<f32> = bias.iter().zip(&scale).zip(&stats.mean).map(|((b, s), m)| b - m * s).collect();
+        let (scale, shift) = scale_shift(stats, &weight, &bias);
         let y = affine(g, &x, &scale, &shift, None);
-        Ok((storage_from_f32(OP, y, s1.dtype())?, self.shape.clone()))
+        Ok((storage_from_f32(OP, y, s1.dtype())?, g.shape()))
     }
 
     fn bwd(
@@ -192,35 +256,14 @@ impl CustomOp3 for BatchNormOp {
         let g = &self.geometry;
         let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
         let grad = grad.contiguous()?;
-        let (sum_dy, sum_dy_xhat, dx) = {
+        let gradients = {
             let (xs, xl) = x.storage_and_layout();
             let (gs, gl) = grad.storage_and_layout();
             let (ws, wl) = weight.storage_and_layout();
-            let (xv, dy, wv) = (cpu_f32(&xs, xl)?, cpu_f32(&gs, gl)?, cpu_f32(&ws, wl)?);
-            let sums: Vec<(f64, f64)> = (0..g.channels)
-                .into_par_iter()
-                .map(|c| {
-                    let mean = stats.mean[c];
-                    g.planes(&xv, c).zip(g.planes(&dy, c)).fold((0.0, 0.0), |(s, sx), (xp, dp)| {
-                        (s + lane_sum(dp, dp, |d, _| d), sx + lane_sum(xp, dp, |v, d| (v - mean) * d))
-                    })
-                })
-                .collect();
-            let sum_dy: Vec<f32> = sums.iter().map(|s| s.0 as f32).collect();
-            let sum_dy_xhat: Vec<f32> = sums.iter().zip(&stats.inv_std).map(|(s, i)| (s.1 * *i as f64) as f32).collect();
-            let dx = if x.track_op() {
-                // dx = k (dy - sum_dy / M - xhat * sum_dy_xhat / M) with k = weight * inv_std,
-                // written as dx = x * scale + shift + dy * k.
-                let m = g.count() as f32;
-                let k: Vec<f32> = wv.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
-                let scale: Vec<f32> = (0..g.channels).map(|c| -k[c] * stats.inv_std[c] * sum_dy_xhat[c] / m).collect();
-                let shift: Vec<f32> = (0..g.channels).map(|c| -k[c] * sum_dy[c] / m - scale[c] * stats.mean[c]).collect();
-                Some(affine(g, &xv, &scale, &shift, Some((&dy, &k))))
-            } else {
-                None
-            };
-            (sum_dy, sum_dy_xhat, dx)
+            let (xv, dy, wv) = (cpu_f32(OP, &xs, xl)?, cpu_f32(OP, &gs, gl)?, cpu_f32(OP, &ws, wl)?);
+            backward(g, stats, &xv, &dy, &wv, x.track_op())
         };
+        let Gradients { dx, dweight: sum_dy_xhat, dbias: sum_dy } = gradients;
         let device = x.device();
         let grad_x = match dx {
             Some(dx) => Some(Tensor::from_vec(dx, x.shape(), device)?.to_dtype(x.dtype())?),

@@ -40,12 +40,16 @@ impl Geometry {
         Ok(Self { batch, channels, height, width, kernel, stride, padding, out_h, out_w })
     }
 
-    fn in_plane(&self) -> usize {
+    pub(super) fn in_plane(&self) -> usize {
         self.height * self.width
     }
 
-    fn out_plane(&self) -> usize {
+    pub(super) fn out_plane(&self) -> usize {
         self.out_h * self.out_w
+    }
+
+    pub(super) fn out_shape(&self) -> Shape {
+        (self.batch, self.channels, self.out_h, self.out_w).into()
     }
 
     /// Input rows (or columns) of output `o`'s window along an axis of `size`.
@@ -79,7 +83,7 @@ impl Geometry {
         Some(best_index)
     }
 
-    fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
+    pub(super) fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
         let mut out = vec![T::zero(); self.batch * self.channels * self.out_plane()];
         out.par_chunks_mut(self.out_plane()).enumerate().for_each(|(i, out_plane)| {
             let plane = &x[i * self.in_plane()..][..self.in_plane()];
@@ -93,7 +97,7 @@ impl Geometry {
         out
     }
 
-    fn grad_input<T: WithDType>(&self, x: &[T], dy: &[T]) -> Vec<T> {
+    pub(super) fn grad_input<T: WithDType>(&self, x: &[T], dy: &[T]) -> Vec<T> {
         let mut dx = vec![T::zero(); self.batch * self.channels * self.in_plane()];
         dx.par_chunks_mut(self.in_plane()).enumerate().for_each(|(i, dx_plane)| {
             let plane = &x[i * self.in_plane()..][..self.in_plane()];
@@ -129,7 +133,7 @@ impl CustomOp1 for MaxPool2d {
             CpuStorage::F64(x) => CpuStorage::F64(g.forward(contiguous(x, layout)?)),
             other => Err(OpError::UnsupportedDType { op: self.name(), dtype: other.dtype() })?,
         };
-        Ok((out, (g.batch, g.channels, g.out_h, g.out_w).into()))
+        Ok((out, g.out_shape()))
     }
 
     fn bwd(&self, x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {

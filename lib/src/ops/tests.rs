@@ -286,7 +286,7 @@ fn batch_norm_run(bn: impl Fn(&Tensor, &Tensor, &Tensor) -> BatchNormTrain, x: &
     let vars = [x, w, b].map(|t| Var::from_tensor(t).unwrap());
     let out = bn(vars[0].as_tensor(), vars[1].as_tensor(), vars[2].as_tensor());
     let grads = (&out.y * r).unwrap().sum_all().unwrap().backward().unwrap();
-    let mut all = vec![out.y.clone(), out.mean.clone(), out.var.clone()];
+    let mut all = vec![out.y.clone(), out.stats.mean.clone(), out.stats.var.clone()];
     all.extend(vars.iter().map(|v| grads.get(v.as_tensor()).unwrap().clone()));
     all
 }
@@ -314,7 +314,7 @@ fn batch_norm_keeps_half_precision_activations() {
     let x = randn(&dims).to_dtype(DType::F16).unwrap();
     let (w, b) = (randn(&[6]), randn(&[6]));
     let out = batch_norm_train(&x, &w, &b, 1e-5).unwrap();
-    assert_eq!((out.y.dtype(), out.mean.dtype(), out.count), (DType::F16, DType::F32, 100));
+    assert_eq!((out.y.dtype(), out.stats.mean.dtype(), out.stats.count), (DType::F16, DType::F32, 100));
     let reference = norm::composed(&x.to_dtype(DType::F32).unwrap(), &w, &b, 1e-5, 100).unwrap();
     assert!(relative_error(&out.y, &reference.y) < 1e-2);
     let r = randn(&dims).to_dtype(DType::F16).unwrap();

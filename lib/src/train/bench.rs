@@ -20,6 +20,7 @@ pub struct BenchSpec {
     pub batch: usize,
     pub res: usize,
     pub config: TrainConfig,
+    pub layers: crate::models::Layers,
     pub warmup: usize,
     pub steps: usize,
     pub seed: u64,
@@ -47,7 +48,7 @@ pub struct BenchReport {
 
 /// The trainer and synthetic micro-batches a spec describes.
 fn setup(spec: &BenchSpec, device: &Device) -> Result<(Trainer, Vec<(Tensor, Tensor)>), TrainError> {
-    let net = Network::new(&spec.model.spec(spec.classes), Shape::map(3, spec.res, spec.res), device, spec.seed)?;
+    let net = Network::with_layers(&spec.model.spec(spec.classes), Shape::map(3, spec.res, spec.res), device, spec.seed, spec.layers)?;
     let trainer = Trainer::new(net, spec.config.clone())?;
     if device.is_cpu() {
         refuse_what_the_host_cannot_hold(&trainer, spec.batch)?;

@@ -121,6 +121,7 @@ impl Trainer {
             accumulation: self.config().accumulation,
             checkpointing: self.config().checkpointing.clone(),
             mode: crate::ledger::Mode::Training,
+            layers: self.net().layers(),
         };
         let device = crate::gpus::Card::for_device(self.net().device())?;
         Ok(estimate(self.net().spec(), &config, &device)?)

@@ -30,6 +30,8 @@ pub struct StepOom {
     pub input: Shape,
     pub batch: usize,
     pub config: TrainConfig,
+    /// The layers the network ran.
+    pub layers: crate::models::Layers,
     /// The CUDA device's ordinal; `None` for the CPU.
     pub cuda: Option<usize>,
     /// Bytes in use when the step began that were neither the trainer's

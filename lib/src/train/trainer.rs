@@ -229,6 +229,7 @@ impl Trainer {
             input: self.net.input(),
             batch: micro_batches.first().map_or(0, |(x, _)| x.dim(0).unwrap_or(0)),
             config: self.config.clone(),
+            layers: self.net.layers(),
             cuda,
             outside,
         });
@@ -412,5 +413,9 @@ impl crate::models::Summarize for Trainer {
 
     fn summary_precision(&self) -> Precision {
         self.config.precision
+    }
+
+    fn summary_layers(&self) -> crate::models::Layers {
+        self.net.layers()
     }
 }

@@ -1,0 +1,519 @@
+//! Lean training ops: batch-norm fused with what reads its output, so that
+//! the autograd graph keeps the batch-norm's input and nothing else.
+//!
+//! Candle keeps every tensor an op holds as an input until the loss is
+//! dropped. A plain `conv -> bn -> relu -> conv` keeps three tensors (the
+//! conv's output `z`, the batch-norm's output and the ReLU's output);
+//! PyTorch keeps two (`z` for batch-norm, the ReLU's output for ReLU and
+//! the next conv). These ops take `z` as their graph input and keep only
+//! it, with the batch statistics (two floats per channel):
+//!
+//! - [`norm_act`] computes `then(act(bn(z)))`, where `then` is nothing, a
+//!   convolution or a max-pool. Backward recomputes `pre = bn(z)` and
+//!   `a = act(pre)` from `z` and the saved statistics (one elementwise pass),
+//!   runs the consumer's backward on `a`, multiplies by `act'(pre)` and runs
+//!   batch-norm's backward with `z`.
+//! - [`norm_add_act`] computes a residual block's end, `act(bn(z) + s)`,
+//!   where `s` is the block's input or a second batch-norm of the
+//!   projection's output; backward recomputes the sum the same way.
+//!
+//! Why recompute rather than invert. In-Place ABN (Rota Bulo, Porzi and
+//! Kontschieder, CVPR 2018) keeps only the output `y = act(gamma * xhat +
+//! beta)` and inverts it: `xhat = (act^-1(y) - beta) / gamma`. That needs
+//! an invertible activation (they use leaky ReLU): with ReLU every negative
+//! `pre` reads back as 0, yet batch-norm's input gradient
+//! `dz = gamma / sigma * (dpre - mean(dpre) - xhat * mean(dpre * xhat))`
+//! needs `xhat` at every position, those included; SiLU is not monotonic,
+//! so it has no inverse either. Inverting also divides by `gamma`, which
+//! training can drive to or near zero, and in f16 `act^-1(y) - beta`
+//! cancels digits. Keeping `z` instead costs the same memory (one tensor of
+//! the same size), has no division and no cancellation, and gives the
+//! gradients of the plain path: the recomputation repeats the forward's
+//! arithmetic exactly, rounding to the compute dtype where the plain ops
+//! store a half tensor.
+//!
+//! The one difference from PyTorch's own layers: ReLU's gradient at exactly
+//! 0 passes (candle's rule, kept so the two paths agree); PyTorch's
+//! `threshold_backward` stops it.
+//!
+//! On devices and dtypes without our kernels both ops run the plain
+//! layers' ops, and keep what those keep.
+
+use std::sync::{Arc, OnceLock};
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::conv::{convolve, convolve_grad_input, convolve_grad_weight};
+use super::conv_geometry::Geometry as ConvGeometry;
+use super::floats::{f32_view, storage_from_f32};
+use super::norm::{self, cpu_f32, BatchStatistics, Statistics};
+use super::pool::Geometry as PoolGeometry;
+use super::{uses_own_kernels, ConvParams, OpError};
+
+/// The activation after a batch-norm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    Identity,
+    Relu,
+    Silu,
+}
+
+impl Activation {
+    fn apply(self, v: f32) -> f32 {
+        match self {
+            Activation::Identity => v,
+            Activation::Relu => v.max(0.0),
+            Activation::Silu => v / (1.0 + (-v).exp()),
+        }
+    }
+
+    /// `d act / d pre` at `pre`, whose activation is `out`, as candle's backward computes it.
+    fn derivative(self, pre: f32, out: f32) -> f32 {
+        match self {
+            Activation::Identity => 1.0,
+            Activation::Relu if pre >= 0.0 => 1.0,
+            Activation::Relu => 0.0,
+            Activation::Silu => {
+                let sigmoid = 1.0 / ((-pre).exp() + 1.0);
+                sigmoid * (1.0 - out) + out
+            }
+        }
+    }
+
+    /// The activation as the plain layers run it: candle's op on a tensor.
+    pub fn forward(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Activation::Identity => Ok(x.clone()),
+            Activation::Relu => x.relu(),
+            Activation::Silu => x.silu(),
+        }
+    }
+}
+
+/// A training-mode batch-norm's affine parameters (f32, one per channel) and epsilon.
+#[derive(Debug, Clone, Copy)]
+pub struct Norm<'a> {
+    pub weight: &'a Tensor,
+    pub bias: &'a Tensor,
+    pub eps: f64,
+}
+
+impl Norm<'_> {
+    fn plain(&self, z: &Tensor) -> Result<norm::BatchNormTrain> {
+        norm::batch_norm_train(z, self.weight, self.bias, self.eps)
+    }
+}
+
+/// What reads the activation inside the same op.
+#[derive(Debug, Clone, Copy)]
+pub enum Then<'a> {
+    Nothing,
+    Conv { weight: &'a Tensor, params: ConvParams },
+    MaxPool { kernel: usize, stride: usize, padding: usize },
+}
+
+/// What a residual block adds to its batch-normalised body.
+#[derive(Debug, Clone, Copy)]
+pub enum Residual<'a> {
+    /// The block's input, unchanged.
+    Identity(&'a Tensor),
+    /// A projection's output, through its own batch-norm.
+    Norm(&'a Tensor, Norm<'a>),
+}
+
+/// A lean op's output and the batch statistics of each batch-norm inside it, in order.
+#[derive(Debug, Clone)]
+pub struct Lean {
+    pub y: Tensor,
+    pub stats: Vec<BatchStatistics>,
+}
+
+/// `then(act(bn(z)))`, keeping only `z` for backward.
+pub fn norm_act(z: &Tensor, norm: Norm<'_>, act: Activation, then: Then<'_>) -> Result<Lean> {
+    let geometry = norm::Geometry::checked(OP, z, norm.weight, norm.bias)?;
+    if !uses_own_kernels(z) {
+        let bn = norm.plain(z)?;
+        let a = act.forward(&bn.y)?;
+        let y = match then {
+            Then::Nothing => a,
+            Then::Conv { weight, params } => super::conv2d(&a, weight, params)?,
+            Then::MaxPool { kernel, stride, padding } => super::max_pool2d(&a, kernel, stride, padding)?,
+        };
+        return Ok(Lean { y, stats: vec![bn.stats] });
+    }
+    let consumer = match then {
+        Then::Nothing => Consumer::Nothing,
+        Then::Conv { weight, params } => {
+            if weight.dtype() != z.dtype() {
+                Err(OpError::DTypeMismatch { op: OP, input: z.dtype(), other: weight.dtype() })?
+            }
+            Consumer::Conv(ConvGeometry::new(z, weight, params)?)
+        }
+        Then::MaxPool { kernel, stride, padding } => Consumer::MaxPool(PoolGeometry::new(z, kernel, stride, padding)?),
+    };
+    let stats = Arc::new(OnceLock::new());
+    let op = NormActOp { norm: geometry, eps: norm.eps, act, consumer, dtype: z.dtype(), stats: Arc::clone(&stats) };
+    let z = z.contiguous()?;
+    let params = Tensor::stack(&[norm.weight, norm.bias], 0)?;
+    let y = match then {
+        Then::Conv { weight, .. } => z.apply_op3(&params, &weight.contiguous()?, op)?,
+        _ => z.apply_op2(&params, op)?,
+    };
+    let stats = stats.get().ok_or(OpError::MissingStatistics)?;
+    Ok(Lean { y, stats: vec![BatchStatistics::from_kernel(stats, &geometry, z.device())?] })
+}
+
+/// `act(bn(z) + residual)`, keeping only `z` and the residual's input for backward.
+pub fn norm_add_act(z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Activation) -> Result<Lean> {
+    let geometry = norm::Geometry::checked(MERGE, z, norm.weight, norm.bias)?;
+    let other = match residual {
+        Residual::Identity(x) | Residual::Norm(x, _) => x,
+    };
+    if other.dims() != z.dims() {
+        Err(OpError::ResidualShape { body: z.dims().to_vec(), residual: other.dims().to_vec() })?
+    }
+    if other.dtype() != z.dtype() {
+        Err(OpError::DTypeMismatch { op: MERGE, input: z.dtype(), other: other.dtype() })?
+    }
+    if !uses_own_kernels(z) {
+        let bn = norm.plain(z)?;
+        let (side, mut stats) = match residual {
+            Residual::Identity(x) => (x.clone(), Vec::new()),
+            Residual::Norm(x, n) => {
+                let side = n.plain(x)?;
+                (side.y, vec![side.stats])
+            }
+        };
+        stats.insert(0, bn.stats);
+        return Ok(Lean { y: act.forward(&(bn.y + side)?)?, stats });
+    }
+    let stats = Arc::new(OnceLock::new());
+    let projected = matches!(residual, Residual::Norm(..));
+    let op = NormAddActOp { norm: geometry, eps: norm.eps, act, projected, dtype: z.dtype(), stats: Arc::clone(&stats) };
+    let z = z.contiguous()?;
+    let y = match residual {
+        Residual::Identity(x) => z.apply_op3(&Tensor::stack(&[norm.weight, norm.bias], 0)?, &x.contiguous()?, op)?,
+        Residual::Norm(x, side) => {
+            norm::Geometry::checked(MERGE, x, side.weight, side.bias)?;
+            let params = Tensor::stack(&[norm.weight, norm.bias, side.weight, side.bias], 0)?;
+            z.apply_op3(&x.contiguous()?, &params, op)?
+        }
+    };
+    let stats = stats.get().ok_or(OpError::MissingStatistics)?;
+    let stats = stats.iter().map(|s| BatchStatistics::from_kernel(s, &geometry, z.device())).collect::<Result<_>>()?;
+    Ok(Lean { y, stats })
+}
+
+const OP: &str = "norm_act";
+const MERGE: &str = "norm_add_act";
+
+/// Rounds f32 values to what a tensor of `dtype` stores, as the plain ops do
+/// when they write a half-precision result.
+fn round_to(dtype: DType, values: &mut [f32]) {
+    const CHUNK: usize = 1 << 14;
+    match dtype {
+        DType::F16 => values.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32())),
+        DType::BF16 => values.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v = half::bf16::from_f32(*v).to_f32())),
+        _ => {}
+    }
+}
+
+/// `act(x * scale + shift)` per channel, rounded where the plain layers store.
+fn normalise(g: &norm::Geometry, dtype: DType, x: &[f32], scale: &[f32], shift: &[f32], act: Activation) -> Vec<f32> {
+    let mut values = norm::affine(g, x, scale, shift, None);
+    round_to(dtype, &mut values);
+    activate(dtype, &mut values, act);
+    values
+}
+
+fn activate(dtype: DType, values: &mut [f32], act: Activation) {
+    if act != Activation::Identity {
+        values.par_iter_mut().for_each(|v| *v = act.apply(*v));
+        round_to(dtype, values);
+    }
+}
+
+/// `grad *= act'(pre)`, rounded as the plain layers' gradient is.
+fn through_activation(dtype: DType, grad: &mut [f32], pre: &[f32], act: Activation) {
+    if act != Activation::Identity {
+        let scale = |p: f32| {
+            let out = match dtype {
+                DType::F16 => half::f16::from_f32(act.apply(p)).to_f32(),
+                DType::BF16 => half::bf16::from_f32(act.apply(p)).to_f32(),
+                _ => act.apply(p),
+            };
+            act.derivative(p, out)
+        };
+        grad.par_iter_mut().zip(pre).for_each(|(d, &p)| *d *= scale(p));
+        round_to(dtype, grad);
+    }
+}
+
+fn per_channel(params: &[f32], index: usize, channels: usize) -> &[f32] {
+    &params[index * channels..][..channels]
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Consumer {
+    Nothing,
+    Conv(ConvGeometry),
+    MaxPool(PoolGeometry),
+}
+
+struct NormActOp {
+    norm: norm::Geometry,
+    eps: f64,
+    act: Activation,
+    consumer: Consumer,
+    dtype: DType,
+    stats: Arc<OnceLock<Statistics>>,
+}
+
+/// What [`NormActOp`]'s backward returns, each `None` where no gradient is wanted.
+struct NormActGrads {
+    z: Option<Vec<f32>>,
+    params: Option<Vec<f32>>,
+    weight: Option<Vec<f32>>,
+}
+
+impl NormActOp {
+    fn scale_shift(&self, stats: &Statistics, params: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let c = self.norm.channels;
+        norm::scale_shift(stats, per_channel(params, 0, c), per_channel(params, 1, c))
+    }
+
+    fn forward(&self, z: &[f32], params: &[f32], weight: Option<&[f32]>) -> Result<(Vec<f32>, Shape)> {
+        let stats = self.stats.get_or_init(|| norm::statistics(&self.norm, z, self.eps));
+        let (scale, shift) = self.scale_shift(stats, params);
+        let a = normalise(&self.norm, self.dtype, z, &scale, &shift, self.act);
+        Ok(match (&self.consumer, weight) {
+            (Consumer::Nothing, _) => (a, self.norm.shape()),
+            (Consumer::Conv(g), Some(w)) => (convolve(g, &a, w), g.out_shape()),
+            (Consumer::MaxPool(g), _) => (g.forward(&a), g.out_shape()),
+            (Consumer::Conv(_), None) => Err(OpError::MissingOperand { op: OP, what: "convolution weight" })?,
+        })
+    }
+
+    fn backward(&self, z: &[f32], params: &[f32], weight: Option<&[f32]>, dy: &[f32], want: [bool; 3]) -> Result<NormActGrads> {
+        let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
+        let (scale, shift) = self.scale_shift(stats, params);
+        let mut pre = norm::affine(&self.norm, z, &scale, &shift, None);
+        round_to(self.dtype, &mut pre);
+        let activated = |pre: &[f32]| {
+            let mut a = pre.to_vec();
+            activate(self.dtype, &mut a, self.act);
+            a
+        };
+        let (mut da, dweight) = match (&self.consumer, weight) {
+            (Consumer::Nothing, _) => (dy.to_vec(), None),
+            (Consumer::Conv(g), Some(w)) => {
+                let dweight = want[2].then(|| convolve_grad_weight(g, &activated(&pre), dy));
+                let mut da = convolve_grad_input(g, dy, w);
+                round_to(self.dtype, &mut da);
+                (da, dweight)
+            }
+            (Consumer::MaxPool(g), _) => {
+                let mut da = g.grad_input(&activated(&pre), dy);
+                round_to(self.dtype, &mut da);
+                (da, None)
+            }
+            (Consumer::Conv(_), None) => Err(OpError::MissingOperand { op: OP, what: "convolution weight" })?,
+        };
+        through_activation(self.dtype, &mut da, &pre, self.act);
+        drop(pre);
+        let c = self.norm.channels;
+        let grads = norm::backward(&self.norm, stats, z, &da, per_channel(params, 0, c), want[0]);
+        let params = want[1].then(|| [grads.dweight, grads.dbias].concat());
+        Ok(NormActGrads { z: grads.dx, params, weight: dweight })
+    }
+
+    fn tensor_backward(&self, z: &Tensor, params: &Tensor, weight: Option<&Tensor>, grad: &Tensor) -> Result<[Option<Tensor>; 3]> {
+        let grad = grad.contiguous()?;
+        let want = [z.track_op(), params.track_op(), weight.is_some_and(|w| w.track_op())];
+        let grads = {
+            let (zs, zl) = z.storage_and_layout();
+            let (ps, pl) = params.storage_and_layout();
+            let (gs, gl) = grad.storage_and_layout();
+            let (zv, pv, dy) = (cpu_f32(OP, &zs, zl)?, cpu_f32(OP, &ps, pl)?, cpu_f32(OP, &gs, gl)?);
+            match weight {
+                Some(w) => {
+                    let (ws, wl) = w.storage_and_layout();
+                    let wv = cpu_f32(OP, &ws, wl)?;
+                    self.backward(&zv, &pv, Some(&wv), &dy, want)?
+                }
+                None => self.backward(&zv, &pv, None, &dy, want)?,
+            }
+        };
+        Ok([
+            tensor_like(grads.z, z)?,
+            tensor_like(grads.params, params)?,
+            match weight {
+                Some(w) => tensor_like(grads.weight, w)?,
+                None => None,
+            },
+        ])
+    }
+}
+
+/// `values` as a tensor of `like`'s shape, dtype and device.
+fn tensor_like(values: Option<Vec<f32>>, like: &Tensor) -> Result<Option<Tensor>> {
+    values.map(|v| Tensor::from_vec(v, like.shape(), like.device())?.to_dtype(like.dtype())).transpose()
+}
+
+impl CustomOp2 for NormActOp {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (out, shape) = self.forward(&f32_view(OP, s1, l1)?, &f32_view(OP, s2, l2)?, None)?;
+        Ok((storage_from_f32(OP, out, s1.dtype())?, shape))
+    }
+
+    fn bwd(&self, z: &Tensor, params: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let [dz, dparams, _] = self.tensor_backward(z, params, None, grad)?;
+        Ok((dz, dparams))
+    }
+}
+
+impl CustomOp3 for NormActOp {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let weight = f32_view(OP, s3, l3)?;
+        let (out, shape) = self.forward(&f32_view(OP, s1, l1)?, &f32_view(OP, s2, l2)?, Some(&weight))?;
+        Ok((storage_from_f32(OP, out, s1.dtype())?, shape))
+    }
+
+    fn bwd(
+        &self,
+        z: &Tensor,
+        params: &Tensor,
+        weight: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let [dz, dparams, dweight] = self.tensor_backward(z, params, Some(weight), grad)?;
+        Ok((dz, dparams, dweight))
+    }
+}
+
+/// `act(bn(z) + residual)`. Inputs `(z, params, x)` with `params = [weight; bias]`
+/// for an identity residual; `(z, x, params)` with `params = [weight; bias;
+/// weight'; bias']` for a projected one, normalised by the second pair.
+struct NormAddActOp {
+    norm: norm::Geometry,
+    eps: f64,
+    act: Activation,
+    projected: bool,
+    dtype: DType,
+    stats: Arc<OnceLock<Vec<Statistics>>>,
+}
+
+impl NormAddActOp {
+    /// `bn(z) + residual`, rounded as the plain layers' sum.
+    fn sum(&self, stats: &[Statistics], z: &[f32], x: &[f32], params: &[f32]) -> Vec<f32> {
+        let (g, c) = (&self.norm, self.norm.channels);
+        let (scale, shift) = norm::scale_shift(&stats[0], per_channel(params, 0, c), per_channel(params, 1, c));
+        let mut sum = normalise(g, self.dtype, z, &scale, &shift, Activation::Identity);
+        let residual = match stats.get(1) {
+            Some(side) => {
+                let (scale, shift) = norm::scale_shift(side, per_channel(params, 2, c), per_channel(params, 3, c));
+                std::borrow::Cow::Owned(normalise(g, self.dtype, x, &scale, &shift, Activation::Identity))
+            }
+            None => std::borrow::Cow::Borrowed(x),
+        };
+        sum.par_iter_mut().zip(residual.par_iter()).for_each(|(s, r)| *s += r);
+        round_to(self.dtype, &mut sum);
+        sum
+    }
+
+    fn forward(&self, z: &[f32], x: &[f32], params: &[f32]) -> Vec<f32> {
+        let stats = self.stats.get_or_init(|| {
+            let mut stats = vec![norm::statistics(&self.norm, z, self.eps)];
+            if self.projected {
+                stats.push(norm::statistics(&self.norm, x, self.eps));
+            }
+            stats
+        });
+        let mut out = self.sum(stats, z, x, params);
+        activate(self.dtype, &mut out, self.act);
+        out
+    }
+
+    /// Gradients of `z`, `x` and the packed parameters.
+    fn backward(&self, z: &[f32], x: &[f32], params: &[f32], dy: &[f32], want: [bool; 3]) -> Result<[Option<Vec<f32>>; 3]> {
+        let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
+        let sum = self.sum(stats, z, x, params);
+        let mut ds = dy.to_vec();
+        through_activation(self.dtype, &mut ds, &sum, self.act);
+        drop(sum);
+        let c = self.norm.channels;
+        let body = norm::backward(&self.norm, &stats[0], z, &ds, per_channel(params, 0, c), want[0]);
+        let mut dparams = [body.dweight, body.dbias].concat();
+        let dx = match stats.get(1) {
+            Some(side) => {
+                let side = norm::backward(&self.norm, side, x, &ds, per_channel(params, 2, c), want[1]);
+                dparams.extend(side.dweight.into_iter().chain(side.dbias));
+                side.dx
+            }
+            None => want[1].then_some(ds),
+        };
+        Ok([body.dx, dx, want[2].then_some(dparams)])
+    }
+}
+
+impl CustomOp3 for NormAddActOp {
+    fn name(&self) -> &'static str {
+        MERGE
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let z = f32_view(MERGE, s1, l1)?;
+        let ((x, xl), (params, pl)) = if self.projected { ((s2, l2), (s3, l3)) } else { ((s3, l3), (s2, l2)) };
+        let out = self.forward(&z, &f32_view(MERGE, x, xl)?, &f32_view(MERGE, params, pl)?);
+        Ok((storage_from_f32(MERGE, out, s1.dtype())?, self.norm.shape()))
+    }
+
+    fn bwd(
+        &self,
+        z: &Tensor,
+        second: &Tensor,
+        third: &Tensor,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (x, params) = if self.projected { (second, third) } else { (third, second) };
+        let grad = grad.contiguous()?;
+        let [dz, dx, dparams] = {
+            let (zs, zl) = z.storage_and_layout();
+            let (xs, xl) = x.storage_and_layout();
+            let (ps, pl) = params.storage_and_layout();
+            let (gs, gl) = grad.storage_and_layout();
+            let want = [z.track_op(), x.track_op(), params.track_op()];
+            self.backward(&cpu_f32(MERGE, &zs, zl)?, &cpu_f32(MERGE, &xs, xl)?, &cpu_f32(MERGE, &ps, pl)?, &cpu_f32(MERGE, &gs, gl)?, want)?
+        };
+        let (dz, dx, dparams) = (tensor_like(dz, z)?, tensor_like(dx, x)?, tensor_like(dparams, params)?);
+        Ok(if self.projected { (dz, dx, dparams) } else { (dz, dparams, dx) })
+    }
+}
