@@ -1,16 +1,30 @@
-"""What forward keeps for backward: vramlab against PyTorch, same models, batches and sizes.
+"""What forward keeps for backward, and the step's peak: vramlab's lean and
+plain layers against PyTorch, same models, batches and sizes, in one run.
 
-vramlab: `vramlab measure --json`, "kept by forward" (the allocation counters:
-in use after the last forward phase less in use once the batch was copied).
-PyTorch: torchvision's model in training mode, fp32, CPU; every tensor autograd
-saves goes through `torch.autograd.graph.saved_tensors_hooks`, and the unique
-storages are summed (a saved tensor that is a view, or saved twice, counts once;
-the parameters and the input batch, which forward does not add, are left out).
+vramlab: `vramlab measure --layers lean|plain --json` (SGD with momentum):
+"kept by forward" is in use after the last forward phase less in use once the
+batch was copied, the peak is the highest in use during the measured step
+(after two warm-up steps), both from the allocation counters, exact; what the
+process held before the model existed is left out.
+
+PyTorch: torchvision's model in training mode, fp32, CPU. Kept: every tensor
+autograd saves goes through `torch.autograd.graph.saved_tensors_hooks`, and the
+unique storages are summed (a saved tensor that is a view, or saved twice,
+counts once; the parameters and the input batch, which forward does not add,
+are left out). Peak: in a process of its own with `MALLOC_MMAP_THRESHOLD_`
+fixed at 64 KiB (every tensor of 64 KiB or more is its own mapping, returned to
+the system when freed, so RSS follows what is in use), the resident set after
+`import torch` and a first operation is the baseline; the model, SGD with
+momentum and two warm-up steps follow, the high-water mark is reset
+(`/proc/self/clear_refs`), and the peak is VmHWM during one more step less the
+baseline. RSS counts pages, so it includes what the allocator and oneDNN hold
+besides tensors: an upper bound on PyTorch's in-use peak.
 
     VRAMLAB_BENCH_VENV=.venv-bench python3 scripts/bench_saved.py [MODEL:BATCH:RES ...]
 
 Without arguments it measures ResNet-18 b32@64, ResNet-50 b8@224 and
 EfficientNet-B0 b8@224; `resnet50:32:224` is the lesson's configuration.
+Linux only (the peak reads /proc).
 
 The venv is created from scripts/bench-requirements.txt when it does not exist.
 Prints a Markdown table for BENCHMARKS.md.
@@ -52,17 +66,53 @@ def torch_kept(model: str, batch: int, res: int) -> int:
     return sum(storages.values())
 
 
-def vramlab_kept(model: str, batch: int, res: int) -> int:
+TORCH_PEAK = """
+import sys, torch, torchvision
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit(f"no {field} in /proc/self/status")
+
+model, batch, res, classes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(2)
+torch.manual_seed(0)
+(torch.ones(64, 64) @ torch.ones(64, 64)).sum().item()
+baseline = status("VmRSS")
+net = getattr(torchvision.models, model.replace("-", "_"))(num_classes=classes).train()
+optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(batch, 3, res, res), torch.zeros(batch, dtype=torch.long)
+
+def step():
+    optimizer.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    optimizer.step()
+
+step()
+step()
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+step()
+print(status("VmHWM") - baseline)
+"""
+
+
+def torch_peak(model: str, batch: int, res: int) -> int:
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    out = subprocess.run(
+        [sys.executable, "-c", TORCH_PEAK, model, str(batch), str(res), str(CLASSES)], env=env, check=True, capture_output=True, text=True
+    ).stdout
+    return int(out.split()[-1])
+
+
+def vramlab_measure(model: str, batch: int, res: int, layers: str) -> dict:
     binary = ROOT / "target/release/vramlab"
     if not binary.exists():
         subprocess.run(["cargo", "build", "--release", "--locked", "--workspace", "--bins"], cwd=ROOT, check=True)
-    out = subprocess.run(
-        [str(binary), "measure", "--model", model, "--batch", str(batch), "--res", str(res), "--classes", str(CLASSES), "--json"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return json.loads(out)["measured_kept_by_forward"]
+    args = ["measure", "--model", model, "--batch", str(batch), "--res", str(res), "--classes", str(CLASSES), "--layers", layers, "--json"]
+    out = subprocess.run([str(binary), *args], check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
 
 
 def main() -> int:
@@ -84,13 +134,19 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(2)
-    print(f"torch {torch.__version__}; vramlab {ROOT / 'target/release/vramlab'}; fp32, {CLASSES} classes")
+    print(f"torch {torch.__version__}; vramlab {ROOT / 'target/release/vramlab'}; fp32, {CLASSES} classes, SGD with momentum")
     print()
-    print("| model, batch @ resolution | vramlab kept by forward | PyTorch saved tensors | ratio |")
-    print("|---|---:|---:|---:|")
+    print("| model, batch @ resolution | kept: lean | plain | PyTorch | lean / PyTorch | peak: lean | plain | PyTorch (RSS) | lean / PyTorch |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for model, batch, res in rows:
-        ours, theirs = vramlab_kept(model, batch, res), torch_kept(model, batch, res)
-        print(f"| {model} b{batch}@{res} | {ours / MIB:.1f} MiB | {theirs / MIB:.1f} MiB | {ours / theirs:.2f}x |")
+        lean, plain = (vramlab_measure(model, batch, res, layers) for layers in ("lean", "plain"))
+        kept, peak = torch_kept(model, batch, res), torch_peak(model, batch, res)
+        print(
+            f"| {model} b{batch}@{res} | {lean['measured_kept_by_forward'] / MIB:.1f} MiB | {plain['measured_kept_by_forward'] / MIB:.1f} MiB"
+            f" | {kept / MIB:.1f} MiB | {lean['measured_kept_by_forward'] / kept:.2f}x"
+            f" | {lean['measured_peak'] / MIB:.1f} MiB | {plain['measured_peak'] / MIB:.1f} MiB | {peak / MIB:.1f} MiB"
+            f" | {lean['measured_peak'] / peak:.2f}x |"
+        )
     return 0
 
 

@@ -73,10 +73,11 @@ impl Summary {
                 human(total.buffers * F32_BYTES)
             ))
             .note(if self.training {
-                format!(
-                    "Saved for backward: {}, what Candle's autograd keeps alive until the loss is dropped (every tensor the forward makes).",
-                    human(b * total.saved_bytes)
-                )
+                let what = match self.cost.layers {
+                    Layers::Plain => "every tensor the forward makes",
+                    Layers::Lean => "with the lean layers, each batch-norm's input and each lean op's output; backward recomputes the rest",
+                };
+                format!("Saved for backward: {}, what Candle's autograd keeps alive until the loss is dropped ({what}).", human(b * total.saved_bytes))
             } else {
                 format!("Inference keeps no graph: the column is each layer's input, output and temporaries, alive one layer at a time; the largest is {}.", human(b * total.eval_live_bytes))
             })
