@@ -548,7 +548,7 @@ impl Trials<'_> {
     fn steps(&self, config: &StepConfig, start: u64) -> Result<(usize, f32, Option<u64>), crate::train::TrainError> {
         let step = self.step;
         let device = step.device()?;
-        let net = Network::new(&step.spec, config.input, &device, 0)?;
+        let net = Network::with_layers(&step.spec, config.input, &device, 0, config.layers)?;
         let mut train = TrainConfig {
             precision: config.precision,
             accumulation: config.accumulation,

@@ -3,7 +3,9 @@
 use crate::render::{Chart, Series, Table};
 
 use super::bill::BillKind;
+use super::config::Mode;
 use super::estimate::Ledger;
+use crate::models::Layers;
 use crate::units::{grouped, human, percent};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -22,13 +24,19 @@ impl Ledger {
             }
         }
         let peak = &self.peak;
-        table.footer([format!("peak, during \"{}\"", peak.phase), grouped(peak.bytes), human(peak.bytes), percent(peak.bytes, card)]).note(
-            format!(
+        let table = table
+            .footer([format!("peak, during \"{}\"", peak.phase), grouped(peak.bytes), human(peak.bytes), percent(peak.bytes, card)])
+            .note(format!(
                 "All bills summed: {} ({}). They are never all resident at once: the peak comes from walking the step phase by phase.",
                 human(self.sum_of_bills()),
                 percent(self.sum_of_bills(), card)
-            ),
-        )
+            ));
+        if self.config.layers == Layers::Lean && self.config.mode == Mode::Training && !self.device.is_cpu() {
+            return table.note(
+                "Costed on the lean layers, which vramlab runs on the CPU; on CUDA it runs the plain ones, which --layers plain costs.",
+            );
+        }
+        table
     }
 
     /// What is resident after each phase of the step, and the most held during it.

@@ -145,3 +145,13 @@ fn tables_and_charts_render() {
     // Adam's temporaries come after backward's peak: the bar says so beside the bill.
     assert!(svg.contains("at the peak (bill 195 MiB)"), "{svg}");
 }
+
+#[test]
+fn a_gpu_ledger_on_the_lean_layers_says_what_cuda_runs() {
+    let note = "on CUDA it runs the plain ones";
+    assert!(resnet50_at(8).table().to_string().contains(note));
+    let plain = StepConfig { layers: crate::models::Layers::Plain, ..StepConfig::training(8, 224) };
+    assert!(!estimate(&resnet50(1000), &plain, &laptop()).unwrap().table().to_string().contains(note));
+    let host = estimate(&resnet50(1000), &StepConfig::training(8, 224), &Card::parse("cpu").unwrap()).unwrap();
+    assert!(!host.table().to_string().contains(note));
+}

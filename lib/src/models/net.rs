@@ -73,8 +73,17 @@ fn records_graph(pass: Pass) -> bool {
 
 impl NormAct {
     fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        self.forward_owned(x.clone(), pass)
+    }
+
+    /// Without a graph, the plain ops one after the other, each input
+    /// dropped once the next op has it, as a list of plain layers runs.
+    fn forward_owned(&self, x: Tensor, pass: Pass) -> Result<Tensor> {
         if !records_graph(pass) {
-            let a = self.act.forward(&self.bn.forward(x, pass)?)?;
+            let normalised = self.bn.forward(&x, pass)?;
+            drop(x);
+            let a = self.act.forward(&normalised)?;
+            drop(normalised);
             return match &self.then {
                 Consumer::Nothing => Ok(a),
                 Consumer::Conv(conv) => conv.forward(&a, pass),
@@ -92,7 +101,7 @@ impl NormAct {
             }
             Consumer::MaxPool { kernel, stride, padding } => Then::MaxPool { kernel: *kernel, stride: *stride, padding: *padding },
         };
-        let out = ops::norm_act(x, norm, self.act, then)?;
+        let out = ops::norm_act(&x, norm, self.act, then)?;
         if pass.update_stats {
             for stats in &out.stats {
                 self.bn.update_running_stats(stats)?;
@@ -110,11 +119,13 @@ impl Merge {
             MergeResidual::Projection(layers, bn) => Some((sequential(layers, x, pass)?, bn)),
         };
         if !records_graph(pass) {
-            let residual = match &projected {
+            let body = self.bn.forward(&z, pass)?;
+            drop(z);
+            let residual = match projected {
                 None => x.clone(),
-                Some((zd, bn)) => bn.forward(zd, pass)?,
+                Some((zd, bn)) => bn.forward(&zd, pass)?,
             };
-            return self.act.forward(&(self.bn.forward(&z, pass)? + residual)?);
+            return self.act.forward(&(body + residual)?);
         }
         let (weight, bias) = self.bn.affine(pass);
         let side = projected.as_ref().map(|(_, bn)| bn.affine(pass));
@@ -227,7 +238,10 @@ impl Module {
 fn sequential(modules: &[Module], x: &Tensor, pass: Pass) -> Result<Tensor> {
     let mut x = x.clone();
     for module in modules {
-        x = module.forward(&x, pass)?;
+        x = match module {
+            Module::NormAct(group) => group.forward_owned(x, pass)?,
+            module => module.forward(&x, pass)?,
+        };
     }
     Ok(x)
 }

@@ -209,14 +209,14 @@ pub fn norm_add_act(z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Act
 const OP: &str = "norm_act";
 const MERGE: &str = "norm_add_act";
 
+/// Elements per task of the elementwise passes.
+const CHUNK: usize = 1 << 14;
+
 /// Rounds f32 values to what a tensor of `dtype` stores, as the plain ops do
 /// when they write a half-precision result.
 fn round_to(dtype: DType, values: &mut [f32]) {
-    const CHUNK: usize = 1 << 14;
-    match dtype {
-        DType::F16 => values.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v = half::f16::from_f32(*v).to_f32())),
-        DType::BF16 => values.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v = half::bf16::from_f32(*v).to_f32())),
-        _ => {}
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        values.par_chunks_mut(CHUNK).for_each(|c| round_to_serial(dtype, c));
     }
 }
 
@@ -230,24 +230,43 @@ fn normalise(g: &norm::Geometry, dtype: DType, x: &[f32], scale: &[f32], shift: 
 
 fn activate(dtype: DType, values: &mut [f32], act: Activation) {
     if act != Activation::Identity {
-        values.par_iter_mut().for_each(|v| *v = act.apply(*v));
+        values.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v = act.apply(*v)));
         round_to(dtype, values);
     }
 }
 
 /// `grad *= act'(pre)`, rounded as the plain layers' gradient is.
 fn through_activation(dtype: DType, grad: &mut [f32], pre: &[f32], act: Activation) {
-    if act != Activation::Identity {
-        let scale = |p: f32| {
-            let out = match dtype {
-                DType::F16 => half::f16::from_f32(act.apply(p)).to_f32(),
-                DType::BF16 => half::bf16::from_f32(act.apply(p)).to_f32(),
-                _ => act.apply(p),
-            };
-            act.derivative(p, out)
-        };
-        grad.par_iter_mut().zip(pre).for_each(|(d, &p)| *d *= scale(p));
-        round_to(dtype, grad);
+    if act == Activation::Identity {
+        return;
+    }
+    grad.par_chunks_mut(CHUNK).zip(pre.par_chunks(CHUNK)).for_each(|(grad, pre)| {
+        // The derivative reads the activation as the plain layers stored it.
+        let mut out: Vec<f32> = pre.iter().map(|&p| act.apply(p)).collect();
+        round_to_serial(dtype, &mut out);
+        for ((d, &p), &o) in grad.iter_mut().zip(pre).zip(&out) {
+            *d *= act.derivative(p, o);
+        }
+    });
+    round_to(dtype, grad);
+}
+
+/// [`round_to`] on one thread: a chunk at a time, through the half crate's
+/// slice conversions (F16C where the CPU has it).
+fn round_to_serial(dtype: DType, values: &mut [f32]) {
+    use half::slice::HalfFloatSliceExt;
+    match dtype {
+        DType::F16 => {
+            let mut half = vec![half::f16::ZERO; values.len()];
+            half.convert_from_f32_slice(values);
+            half.convert_to_f32_slice(values);
+        }
+        DType::BF16 => {
+            let mut half = vec![half::bf16::ZERO; values.len()];
+            half.convert_from_f32_slice(values);
+            half.convert_to_f32_slice(values);
+        }
+        _ => {}
     }
 }
 
