@@ -47,12 +47,12 @@ fn summary_json_has_per_layer_costs() {
 
 #[test]
 fn oomcheck_text_has_the_verdict_bills_and_fixes() {
-    let out = vramlab("oomcheck resnet50 --batch 64 --res 224 --gpu rtx4060-laptop");
+    let out = vramlab("oomcheck resnet50 --batch 128 --res 224 --gpu rtx4060-laptop");
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(text.starts_with("DOES NOT FIT: peak "), "{text}");
     assert!(text.contains("102,228,128"), "fp32 weights of ResNet-50");
-    assert!(text.contains("38,535,168"), "batch 64 of 224x224x3 f32");
+    assert!(text.contains("77,070,336"), "batch 128 of 224x224x3 f32");
     assert!(text.contains("fixes that peak under"));
 }
 
@@ -84,7 +84,7 @@ fn oomcheck_json_bills_sum_and_the_peak_adds_up() {
 
 #[test]
 fn oomcheck_json_fixes_fit_and_the_sweep_crosses_the_card() {
-    let value = json("oomcheck resnet50 --batch 64 --res 224 --sweep batch=8..64:8 --json");
+    let value = json("oomcheck resnet50 --batch 128 --res 224 --sweep batch=16..128:16 --json");
     let target = u(&value["report"]["target_bytes"]);
     let fixes = value["report"]["fixes"].as_array().unwrap();
     assert!(!fixes.is_empty());
@@ -92,7 +92,7 @@ fn oomcheck_json_fixes_fit_and_the_sweep_crosses_the_card() {
         assert!(u(&fix["peak_bytes"]) <= target, "{}", fix["change"]);
     }
     let points = value["sweep"]["points"].as_array().unwrap();
-    assert_eq!(points.iter().map(|p| p["value"].as_u64().unwrap()).collect::<Vec<_>>(), [8, 16, 24, 32, 40, 48, 56, 64]);
+    assert_eq!(points.iter().map(|p| p["value"].as_u64().unwrap()).collect::<Vec<_>>(), [16, 32, 48, 64, 80, 96, 112, 128]);
     assert_eq!(points.first().unwrap()["verdict"], "fits");
     assert_eq!(points.last().unwrap()["verdict"], "does_not_fit");
 }
