@@ -5,7 +5,8 @@ pub const MAGIC: Magic = Magic {
     kind: Kind::Line,
     summary: "will this training step fit on this GPU? the five bills, the peak, and ranked fixes",
     usage: "%oomcheck MODEL --batch B --res R [--channels C] [--amp f16|bf16] [--opt adam|adamw|sgd|sgd-momentum|adam8bit]\n\
-            \x20         [--accum N] [--ckpt none|stages|layer3,layer4] [--gpu NAME|8GiB|cpu] [--sweep batch=8..64|res=128..512]\n\
+            \x20         [--accum N] [--ckpt none|stages|layer3,layer4] [--layers lean|plain] [--gpu NAME|8GiB|cpu]\n\
+            \x20         [--sweep batch=8..64|res=128..512]\n\
             \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB]]\n\
             %oomcheck --last-error   (the investigation of the cell process's last out-of-memory error, again)",
     run,
@@ -67,7 +68,7 @@ mod tests {
 
     #[test]
     fn reports_a_verdict_with_a_chart_and_short_usage_errors() {
-        let argv: Vec<String> = ["resnet50", "--batch", "64", "--res", "224", "--gpu", "rtx4060-laptop"].map(String::from).into();
+        let argv: Vec<String> = ["resnet50", "--batch", "128", "--res", "224", "--gpu", "rtx4060-laptop"].map(String::from).into();
         let Ok(Invocation::Show(bundle)) = (MAGIC.run)(&Context::default(), &argv) else { panic!("expected a report") };
         assert!(bundle.text().contains("DOES NOT FIT"), "{}", bundle.text());
         assert!(bundle.get("text/html").and_then(|h| h.as_str()).is_some_and(|h| h.contains("<svg")));
