@@ -72,10 +72,6 @@ fn records_graph(pass: Pass) -> bool {
 }
 
 impl NormAct {
-    fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        self.forward_owned(x.clone(), pass)
-    }
-
     /// Without a graph, the plain ops one after the other, each input
     /// dropped once the next op has it, as a list of plain layers runs.
     fn forward_owned(&self, x: Tensor, pass: Pass) -> Result<Tensor> {
@@ -220,7 +216,7 @@ impl Module {
             Module::Dropout(dropout) => dropout.forward(x, pass),
             Module::Linear(linear) => linear.forward(x, pass),
             Module::SqueezeExcite(se) => se.forward(x, pass),
-            Module::NormAct(group) => group.forward(x, pass),
+            Module::NormAct(group) => group.forward_owned(x.clone(), pass),
             Module::Merge(merge) => merge.forward(x, pass),
             Module::Block(block) => {
                 let body = sequential(&block.body, x, pass)?;

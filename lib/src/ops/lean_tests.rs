@@ -3,26 +3,13 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 
+use super::tests::{randn, relative_error};
 use super::*;
-
-fn randn(dims: &[usize]) -> Tensor {
-    Tensor::randn(0f32, 1f32, dims, &Device::Cpu).unwrap()
-}
-
-/// `|a - b| / |b|` over all elements, in f64.
-fn relative_error(a: &Tensor, b: &Tensor) -> f64 {
-    let a = a.to_dtype(DType::F64).unwrap();
-    let b = b.to_dtype(DType::F64).unwrap();
-    let diff = (&a - &b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
-    let norm = b.sqr().unwrap().sum_all().unwrap().to_scalar::<f64>().unwrap();
-    assert!(norm > 0.0, "reference is all zeros");
-    (diff / norm).sqrt()
-}
 
 /// Half precision rounds each stored tensor; the two paths round at the same
 /// places, but sum in different orders where a gradient is added up (bf16
 /// keeps 8 bits of mantissa, f16 11).
-fn tolerance(dtype: DType) -> f64 {
+fn tolerance(dtype: DType) -> f32 {
     match dtype {
         DType::F32 => 1e-5,
         DType::F16 => 1e-2,
@@ -110,7 +97,7 @@ fn run(c: &Case, op: impl Fn(&Tensor, &Tensor, &Tensor, Option<&Tensor>) -> Lean
     Run { outputs }
 }
 
-fn assert_close(what: &str, lean: &Run, reference: &Run, tol: f64) {
+fn assert_close(what: &str, lean: &Run, reference: &Run, tol: f32) {
     assert_eq!(lean.outputs.len(), reference.outputs.len(), "{what}");
     for ((name, a), (_, e)) in lean.outputs.iter().zip(&reference.outputs) {
         assert_eq!((a.dims(), a.dtype()), (e.dims(), e.dtype()), "{what} {name}");

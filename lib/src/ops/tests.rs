@@ -20,7 +20,7 @@ const CASES: [Case; 12] = [
     (3, 4, 16, 16, 6, 1, 1, 0, 1), // pointwise, two images stacked
 ];
 
-fn randn(dims: &[usize]) -> Tensor {
+pub(super) fn randn(dims: &[usize]) -> Tensor {
     Tensor::randn(0f32, 1f32, dims, &Device::Cpu).unwrap()
 }
 
@@ -37,7 +37,7 @@ fn reference_conv(x: &Tensor, w: &Tensor, p: ConvParams) -> Tensor {
 }
 
 /// `|a - b| / |b|` over all elements, in f32.
-fn relative_error(a: &Tensor, b: &Tensor) -> f32 {
+pub(super) fn relative_error(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.to_dtype(DType::F32).unwrap();
     let b = b.to_dtype(DType::F32).unwrap();
     let diff = (&a - &b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
