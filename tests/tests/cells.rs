@@ -6,7 +6,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::Kernel;
-use jupyter_protocol::{ExecuteRequest, InputReply, InterruptRequest, JupyterMessageContent, KernelInfoRequest, ReplyStatus};
+use jupyter_protocol::{
+    CompleteRequest, ExecuteRequest, InputReply, InterruptRequest, JupyterMessageContent, KernelInfoRequest, ReplyStatus,
+};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn output_streams_while_the_cell_runs() {
@@ -28,6 +30,22 @@ async fn output_streams_while_the_cell_runs() {
         .unwrap();
     let idle_at = run.received.last().unwrap().0;
     assert!(idle_at - first_at >= Duration::from_millis(1000), "the first line must arrive before the cell ends");
+}
+
+/// rust-analyzer loads on a thread of its own from the kernel's start: a cell that defines no
+/// variable compiles meanwhile, and what needs the analysis waits for it and gets it right.
+#[tokio::test(flavor = "multi_thread")]
+async fn cells_sent_at_once_after_the_start_run_while_rust_analyzer_loads() {
+    let mut kernel = Kernel::start().await;
+    assert_eq!(kernel.execute("1 + 1").await.result_text().as_deref(), Some("2"));
+    let defined = kernel.execute("let words = vec![String::from(\"a\"), String::from(\"bc\")];").await;
+    assert_eq!(defined.reply.status, ReplyStatus::Ok, "{:?}", defined.error());
+    let total = kernel.execute("words.iter().map(|w| w.len()).sum::<usize>()").await;
+    assert_eq!(total.result_text().as_deref(), Some("3"));
+    let code = "words[0].le";
+    let reply = kernel.shell_request(CompleteRequest { code: code.into(), cursor_pos: code.len() }).await;
+    let JupyterMessageContent::CompleteReply(completion) = reply.content else { panic!("expected complete_reply") };
+    assert!(completion.matches.iter().any(|m| m == "len()"), "{:?}", completion.matches);
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -70,11 +70,10 @@ impl Worker {
             .map_err(|err| format!("the Rust engine (evcxr) failed to start: {err}"))?;
         let final_value = FinalValue::default();
         let mut worker = Worker { ctx, pump: Pump::start(outputs), slot, library, running, memory, final_value };
-        // One compile for both: the start of the first cell waits for it.
+        // One compile for both, and the first: a toolchain that cannot build this cannot build any
+        // cell, so it is said as the engine's failure to start, in every cell.
         let prepare = format!("{}\n{PANIC_HOOK_CELL}", worker.final_value.definition());
-        if let Err(err) = worker.ctx.execute(&prepare) {
-            log::error!("could not prepare the cell process (panic hook, final values): {err}");
-        }
+        worker.ctx.execute(&prepare).map_err(|err| format!("the Rust engine (evcxr) failed to start: its first compile failed: {err}"))?;
         Ok(worker)
     }
 

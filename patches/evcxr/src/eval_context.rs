@@ -23,7 +23,8 @@ use crate::module::Module;
 use crate::module::SoFile;
 use crate::runtime;
 use crate::rust_analyzer::Completions;
-use crate::rust_analyzer::RustAnalyzer;
+use crate::rust_analyzer::ANALYSIS_FUNCTION;
+use crate::rust_analyzer::Analyzer;
 use crate::rust_analyzer::TypeName;
 use crate::rust_analyzer::VariableInfo;
 use crate::toml_parse;
@@ -58,7 +59,7 @@ pub struct EvalContext {
     module: Module,
     committed_state: ContextState,
     stdout_sender: crossbeam_channel::Sender<String>,
-    analyzer: RustAnalyzer,
+    analyzer: Analyzer,
     initial_config: Config,
 }
 
@@ -439,17 +440,19 @@ impl EvalContext {
         let tmpdir_var = parsed_config.get_tmp_dir()?;
         let tmpdir_path = tmpdir_var.get_path()?;
         let opt_tmpdir = tmpdir_var.get_opt_tmpdir();
-        let analyzer = RustAnalyzer::new(&tmpdir_path)?;
         let module = Module::new()?;
         let mut initial_config =
-            create_initial_config(tmpdir_path, subprocess_command.get_program().into())?;
+            create_initial_config(tmpdir_path.clone(), subprocess_command.get_program().into())?;
         parsed_config.update_config(&mut initial_config)?;
+        let initial_state = ContextState::new(initial_config.clone());
+        // rust-analyzer reads the crate's manifest as it starts loading.
+        module.write_cargo_toml(&initial_state)?;
+        let analyzer = Analyzer::start(&tmpdir_path)?;
         Self::apply_platform_specific_vars(&initial_config, &mut subprocess_command);
 
         let (stdout_sender, stdout_receiver) = crossbeam_channel::unbounded();
         let (stderr_sender, stderr_receiver) = crossbeam_channel::unbounded();
         let child_process = ChildProcess::new(subprocess_command, stderr_sender)?;
-        let initial_state = ContextState::new(initial_config.clone());
         let mut context = EvalContext {
             _tmpdir: opt_tmpdir,
             committed_state: initial_state,
@@ -465,18 +468,6 @@ impl EvalContext {
         };
         if context.committed_state.linker() == "lld" && context.eval("42").is_err() {
             context.committed_state.set_linker("system".to_owned());
-        } else {
-            // We need to eval something anyway, otherwise rust-analyzer crashes when trying to get
-            // completions. Not 100% sure. Just writing Cargo.toml isn't sufficient.
-            if let Err(error) = context.eval("42") {
-                drop(context);
-                let mut stderr = String::new();
-                while let Ok(line) = outputs.stderr.recv() {
-                    stderr.push_str(&line);
-                    stderr.push('\n');
-                }
-                return Err(format!("{stderr}{error}").into());
-            }
         }
         context.initial_config = context.committed_state.config.clone();
         Ok((context, outputs))
@@ -590,8 +581,9 @@ impl EvalContext {
             println!("=========\n{s}\n==========");
         }
 
-        self.analyzer.set_source(code.code_string())?;
-        let mut completions = self.analyzer.completions(wrapped_offset)?;
+        let analyzer = self.analyzer.get()?;
+        analyzer.set_source(code.code_string())?;
+        let mut completions = analyzer.completions(wrapped_offset)?;
         completions.start_offset = code.output_offset_to_user_offset(completions.start_offset)?;
         completions.end_offset = code.output_offset_to_user_offset(completions.end_offset)?;
         // Filter internal identifiers.
@@ -617,11 +609,12 @@ impl EvalContext {
         let (user_code, code_info) = CodeBlock::from_original_user_code(&modified_code);
         let user_code = state.apply(user_code, &code_info.nodes)?;
         let pad_code = state.analysis_code(user_code);
-        self.analyzer.set_source(pad_code.code_string())?;
+        let analyzer = self.analyzer.get()?;
+        analyzer.set_source(pad_code.code_string())?;
         let wrapped_offset = pad_code.user_offset_to_output_offset(hover_offset)? as u32;
         let text_range = TextRange::new(wrapped_offset.into(), wrapped_offset.into());
-        let hover_text = self.analyzer.hover(text_range, false)?;
-        let hover_markdown = self.analyzer.hover(text_range, true)?;
+        let hover_text = analyzer.hover(text_range, false)?;
+        let hover_markdown = analyzer.hover(text_range, true)?;
         match (hover_text, hover_markdown) {
             (Some(data_text), Some(data_markdown)) => Ok((
                 data_text.info.markup.into(),
@@ -723,7 +716,18 @@ impl EvalContext {
     ) -> Result<EvalOutputs, Error> {
         self.write_cargo_toml(state)?;
         let analysis_code = state.execution_analysis_code(user_code.clone());
-        if let Err(errors) = self.fix_variable_types(state, analysis_code) {
+        // Only a cell's own top-level `let`s have types to infer.
+        let defines_variables = code_info
+            .nodes
+            .iter()
+            .any(|node| ast::LetStmt::can_cast(node.kind()));
+        let fixed = if defines_variables {
+            self.fix_variable_types(state, analysis_code)
+        } else {
+            self.analyzer.load_in_background(analysis_code.code_string());
+            Ok(())
+        };
+        if let Err(errors) = fixed {
             let mut check_res = self.check(user_code.clone(), state.clone(), code_info)?;
             if !check_res.is_empty() {
                 // Do one round of trying to fix errors, otherwise code like the following can end
@@ -848,14 +852,15 @@ impl EvalContext {
         state: &mut ContextState,
         code: CodeBlock,
     ) -> Result<(), Error> {
-        self.analyzer.set_source(code.code_string())?;
+        let analyzer = self.analyzer.get()?;
+        analyzer.set_source(code.code_string())?;
         for (
             variable_name,
             VariableInfo {
                 type_name,
                 is_mutable,
             },
-        ) in self.analyzer.top_level_variables("evcxr_analysis_wrapper")
+        ) in analyzer.top_level_variables(ANALYSIS_FUNCTION)
         {
             // We don't want to try to store evcxr_variable_store into itself, so we ignore it.
             if variable_name == "evcxr_variable_store" {

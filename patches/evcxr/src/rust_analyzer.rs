@@ -44,6 +44,69 @@ use std::path::Path;
 
 pub(crate) const EDITION: Edition = Edition::Edition2024;
 
+/// The function whose top-level variables the analysis code declares.
+pub(crate) const ANALYSIS_FUNCTION: &str = "evcxr_analysis_wrapper";
+
+/// What the first load resolves and infers: the standard library's modules, macros and the impls
+/// that common code reaches, so that the first cell that defines a variable finds them done.
+const FIRST_LOAD: &str = "fn evcxr_analysis_wrapper() { \
+    let evcxr_first_load = vec![String::new()].iter().map(|s| s.len()).sum::<usize>(); }";
+
+/// rust-analyzer, loaded on a thread of its own: reading the sysroot and the dependencies and
+/// resolving them takes seconds, which cells that define no variable need not wait for. At most one
+/// of `ready` and `loading` holds the analyzer.
+pub(crate) struct Analyzer {
+    root_directory: std::path::PathBuf,
+    ready: Option<RustAnalyzer>,
+    loading: Option<std::thread::JoinHandle<RustAnalyzer>>,
+}
+
+impl Analyzer {
+    /// Starts loading the crate at `root_directory`, whose Cargo.toml must exist.
+    pub(crate) fn start(root_directory: &Path) -> Result<Analyzer> {
+        let mut analyzer = Analyzer {
+            root_directory: root_directory.to_owned(),
+            ready: Some(RustAnalyzer::new(root_directory)?),
+            loading: None,
+        };
+        analyzer.load_in_background(FIRST_LOAD.to_owned());
+        Ok(analyzer)
+    }
+
+    /// Loads `source` on the analyzer's own thread if the crate's manifest changed since it was
+    /// last loaded (a load reads the dependencies again); otherwise there is nothing to gain.
+    pub(crate) fn load_in_background(&mut self, source: String) {
+        let Some(mut analyzer) = self.ready.take_if(|analyzer| analyzer.manifest_changed()) else {
+            return;
+        };
+        // A failed load is not reported here: the next `set_source` tries again and says why.
+        let load = move || {
+            if analyzer.set_source(source).is_ok() {
+                analyzer.top_level_variables(ANALYSIS_FUNCTION);
+            }
+            analyzer
+        };
+        // Should the thread not start, the analyzer is made again on first use.
+        self.loading = std::thread::Builder::new()
+            .name("rust-analyzer".to_owned())
+            .spawn(load)
+            .ok();
+    }
+
+    /// The analyzer, once any load under way has finished.
+    pub(crate) fn get(&mut self) -> Result<&mut RustAnalyzer> {
+        if let Some(loading) = self.loading.take() {
+            // A panic inside rust-analyzer loses that analyzer; a new one loads on its first source.
+            self.ready = loading.join().ok();
+        }
+        let analyzer = match self.ready.take() {
+            Some(analyzer) => analyzer,
+            None => RustAnalyzer::new(&self.root_directory)?,
+        };
+        Ok(self.ready.insert(analyzer))
+    }
+}
+
 pub(crate) struct RustAnalyzer {
     with_sysroot: bool,
     root_directory: AbsPathBuf,
@@ -112,8 +175,19 @@ impl RustAnalyzer {
         self.current_source = source;
         let mut change = ra_hir::ChangeWithProcMacros::default();
 
-        std::fs::write(self.source_file.as_path(), &*self.current_source)
-            .with_context(|| format!("Failed to write {:?}", self.source_file))?;
+        // The loader only checks that the file exists. Its contents are the compiler's, which may be
+        // compiling them while this loads, so they are left alone.
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(self.source_file.as_path())
+        {
+            Ok(_) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => {
+                return Err(error).with_context(|| format!("Failed to create {:?}", self.source_file));
+            }
+        }
         self.vfs.set_file_contents(
             self.source_file.clone().into(),
             Some(self.current_source.bytes().collect()),
@@ -202,6 +276,10 @@ impl RustAnalyzer {
         result
     }
 
+    fn manifest_changed(&self) -> bool {
+        std::fs::read(self.cargo_toml_filename()).ok() != self.last_cargo_toml
+    }
+
     fn load_cargo_toml(&mut self, change: &mut ra_hir::ChangeWithProcMacros) -> Result<()> {
         let manifest = ProjectManifest::from_manifest_file(self.cargo_toml_filename())?;
         let sysroot = if self.with_sysroot {
@@ -244,7 +322,11 @@ impl RustAnalyzer {
                 }
                 ra_vfs::loader::Message::Loaded { files }
                 | ra_vfs::loader::Message::Changed { files } => {
+                    // The source on disk is the compiler's; ours was set before.
                     for (path, contents) in files {
+                        if path == self.source_file.as_path() {
+                            continue;
+                        }
                         let vfs_path: ra_vfs::VfsPath = path.to_path_buf().into();
                         self.vfs
                             .set_file_contents(vfs_path.clone(), contents.clone());
