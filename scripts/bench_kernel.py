@@ -1,9 +1,13 @@
 """Kernel latency benchmarks, vramlab against peer kernels in the same run.
 
-For each kernelspec given: start to kernel_info_reply, warm `1 + 1` round
-trip (p50 of 20), and, where the kernel has them, magic round trips and
-restart-then-first-candle-cell; then warm `1 + 1` on all kernels in turn
-(interleaved, so that the machine's load falls on each alike). Prints JSON.
+For each kernelspec given: start to kernel_info_reply; the first cell sent at
+once after the start (`1 + 1`, and in another kernel one that defines a
+variable), and `1 + 1` sent 3 s after the start; warm `1 + 1` round trip (p50 of
+20); where the kernel has them, magic round trips; and restart-then-first-candle-
+cell, for a cell that shows a value and for one that also defines a variable;
+then warm `1 + 1` on all kernels in turn (interleaved, so that the machine's
+load falls on each alike). Records the one-minute load average before each
+kernel's part. Prints JSON.
 
     .venv/bin/python scripts/bench_kernel.py vramlab evcxr
     .venv/bin/python scripts/bench_kernel.py --only-magics vramlab python3
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -32,6 +37,13 @@ CANDLE_CELL = {
         "use candle_core::{DType, Device, Tensor};\n"
         "Tensor::ones((64, 64), DType::F32, &Device::Cpu).unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap()"
     ),
+}
+# The same cell keeping the tensor: the kernel must infer its type (rust-analyzer, in both).
+CANDLE_LET_CELL = {
+    name: cell.replace("Tensor::ones(", "let kept = Tensor::ones(").replace(
+        ".unwrap().sum_all()", ".unwrap();\nkept.sum_all()"
+    )
+    for name, cell in CANDLE_CELL.items()
 }
 MAGIC_CELLS = {
     "vramlab": {
@@ -81,8 +93,29 @@ def bench_magics(name: str, repeats: int) -> dict:
     return result
 
 
+def first_cell(name: str, code: str, after_s: float = 0.0) -> float:
+    manager, client, _ = start(name)
+    try:
+        time.sleep(after_s)
+        return execute(client, code)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def restart_then(manager, client, code: str) -> tuple[object, float]:
+    client.stop_channels()
+    started = time.perf_counter()
+    manager.restart_kernel(now=True)
+    client = manager.client()
+    client.start_channels()
+    client.wait_for_ready(timeout=120)
+    execute(client, code)
+    return client, time.perf_counter() - started
+
+
 def bench(name: str, starts: int, repeats: int) -> dict:
-    result: dict = {"kernel": name}
+    result: dict = {"kernel": name, "load_average_1min_before": os.getloadavg()[0]}
     start_times = []
     for _ in range(starts):
         manager, client, seconds = start(name)
@@ -91,6 +124,8 @@ def bench(name: str, starts: int, repeats: int) -> dict:
         manager.shutdown_kernel(now=True)
     result["start_to_kernel_info_s"] = {"p50": p50(start_times), "samples": start_times}
 
+    result["first_let_cell_s"] = first_cell(name, "let x = 1;")
+    result["first_cell_3s_after_start_s"] = first_cell(name, "1 + 1", after_s=3.0)
     manager, client, _ = start(name)
     try:
         result["first_cell_s"] = execute(client, "1 + 1")
@@ -101,14 +136,8 @@ def bench(name: str, starts: int, repeats: int) -> dict:
             result[f"{magic}_round_trip_s"] = {"p50": p50(samples), "min": min(samples), "max": max(samples)}
         if name in CANDLE_CELL:
             result["candle_cell_before_restart_s"] = execute(client, CANDLE_CELL[name])
-            client.stop_channels()
-            started = time.perf_counter()
-            manager.restart_kernel(now=True)
-            client = manager.client()
-            client.start_channels()
-            client.wait_for_ready(timeout=120)
-            execute(client, CANDLE_CELL[name])
-            result["restart_to_first_candle_cell_s"] = time.perf_counter() - started
+            client, result["restart_to_first_candle_cell_s"] = restart_then(manager, client, CANDLE_CELL[name])
+            client, result["restart_to_first_candle_let_cell_s"] = restart_then(manager, client, CANDLE_LET_CELL[name])
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
