@@ -724,7 +724,13 @@ impl EvalContext {
         let fixed = if defines_variables {
             self.fix_variable_types(state, analysis_code)
         } else {
-            self.analyzer.load_in_background(analysis_code.code_string());
+            // Should the load run (the dependencies changed), it resolves every dependency, as the
+            // next cell that names one will need.
+            let mut source = analysis_code.code_string();
+            for name in state.external_deps.keys() {
+                source.push_str(&format!("\nuse {name}::*;"));
+            }
+            self.analyzer.load_in_background(source);
             Ok(())
         };
         if let Err(errors) = fixed {
@@ -860,7 +866,7 @@ impl EvalContext {
                 type_name,
                 is_mutable,
             },
-        ) in analyzer.top_level_variables(ANALYSIS_FUNCTION)
+        ) in analyzer.top_level_variables(ANALYSIS_FUNCTION)?
         {
             // We don't want to try to store evcxr_variable_store into itself, so we ignore it.
             if variable_name == "evcxr_variable_store" {

@@ -74,15 +74,20 @@ impl Analyzer {
     }
 
     /// Loads `source` on the analyzer's own thread if the crate's manifest changed since it was
-    /// last loaded (a load reads the dependencies again); otherwise there is nothing to gain.
+    /// last loaded (a load reads the dependencies again); otherwise there is nothing to gain. While
+    /// a load runs, the change waits for the next call, or for the next `get`, which loads it.
     pub(crate) fn load_in_background(&mut self, source: String) {
+        if self.loading.as_ref().is_some_and(|loading| loading.is_finished()) {
+            self.ready = self.loading.take().and_then(|loading| loading.join().ok());
+        }
         let Some(mut analyzer) = self.ready.take_if(|analyzer| analyzer.manifest_changed()) else {
             return;
         };
-        // A failed load is not reported here: the next `set_source` tries again and says why.
+        // A failed load is not reported here: the next cell that needs the analyzer loads again
+        // and says why.
         let load = move || {
             if analyzer.set_source(source).is_ok() {
-                analyzer.top_level_variables(ANALYSIS_FUNCTION);
+                let _ = analyzer.top_level_variables(ANALYSIS_FUNCTION);
             }
             analyzer
         };
@@ -211,10 +216,16 @@ impl RustAnalyzer {
     }
 
     /// Returns top-level variable names and their types in the specified function.
-    pub(crate) fn top_level_variables(&self, function_name: &str) -> HashMap<String, VariableInfo> {
+    /// Fails when rust-analyzer's crate graph has no crate for the source (seen when it was loaded
+    /// while cargo was building the same crate); the next source then loads the crate again.
+    pub(crate) fn top_level_variables(
+        &mut self,
+        function_name: &str,
+    ) -> Result<HashMap<String, VariableInfo>> {
         use ra_ap_syntax::ast::HasModuleItem;
         use ra_ap_syntax::ast::HasName;
         let mut result = HashMap::new();
+        let mut in_no_crate = false;
         let db = self.analysis_host.raw_database();
         let sema = ra_ide::Semantics::new(db);
 
@@ -235,10 +246,11 @@ impl RustAnalyzer {
                     let Some(body) = function.body() else {
                         continue;
                     };
-                    let module = sema
-                        .scope(function.syntax())
-                        .map(|scope| scope.module())
-                        .unwrap();
+                    let Some(module) = sema.scope(function.syntax()).map(|scope| scope.module())
+                    else {
+                        in_no_crate = true;
+                        continue;
+                    };
                     for statement in body.statements() {
                         if let ast::Stmt::LetStmt(let_stmt) = statement
                             && let Some(pat) = let_stmt.pat()
@@ -272,8 +284,14 @@ impl RustAnalyzer {
                 }
             }
         });
-
-        result
+        if in_no_crate {
+            self.last_cargo_toml = None;
+            bail!(
+                "rust-analyzer found the cell's code in no crate, so the types of its variables are \
+                 unknown; it loads the crate again for the next cell"
+            );
+        }
+        Ok(result)
     }
 
     fn manifest_changed(&self) -> bool {
