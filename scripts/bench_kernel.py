@@ -67,7 +67,8 @@ def execute(client, code: str, timeout: float = 1800) -> float:
 def start(name: str) -> tuple[KernelManager, object, float]:
     manager = KernelManager(kernel_name=name)
     started = time.perf_counter()
-    manager.start_kernel()
+    # evcxr_jupyter writes its start-up lines on stdout, which is this script's JSON.
+    manager.start_kernel(stdout=subprocess.DEVNULL)
     client = manager.client()
     client.start_channels()
     client.wait_for_ready(timeout=120)
