@@ -726,11 +726,13 @@ impl EvalContext {
         } else {
             // Should the load run (the dependencies changed), it resolves every dependency, as the
             // next cell that names one will need.
-            let mut source = analysis_code.code_string();
-            for name in state.external_deps.keys() {
-                source.push_str(&format!("\nuse {name}::*;"));
-            }
-            self.analyzer.load_in_background(source);
+            self.analyzer.load_in_background(|| {
+                let mut source = analysis_code.code_string();
+                for name in state.external_deps.keys() {
+                    source.push_str(&format!("\nuse {name}::*;"));
+                }
+                source
+            });
             Ok(())
         };
         if let Err(errors) = fixed {

@@ -47,10 +47,11 @@ pub(crate) const EDITION: Edition = Edition::Edition2024;
 /// The function whose top-level variables the analysis code declares.
 pub(crate) const ANALYSIS_FUNCTION: &str = "evcxr_analysis_wrapper";
 
-/// What the first load resolves and infers: the standard library's modules, macros and the impls
-/// that common code reaches, so that the first cell that defines a variable finds them done.
-const FIRST_LOAD: &str = "fn evcxr_analysis_wrapper() { \
-    let evcxr_first_load = vec![String::new()].iter().map(|s| s.len()).sum::<usize>(); }";
+/// What the first load resolves and infers, in the analysis function: the standard library's
+/// modules, macros and the impls that common code reaches, so that the first cell that defines a
+/// variable finds them done.
+const FIRST_LOAD: &str =
+    "let evcxr_first_load = vec![String::new()].iter().map(|s| s.len()).sum::<usize>();";
 
 /// rust-analyzer, loaded on a thread of its own: reading the sysroot and the dependencies and
 /// resolving them takes seconds, which cells that define no variable need not wait for. At most one
@@ -69,20 +70,21 @@ impl Analyzer {
             ready: Some(RustAnalyzer::new(root_directory)?),
             loading: None,
         };
-        analyzer.load_in_background(FIRST_LOAD.to_owned());
+        analyzer.load_in_background(|| format!("fn {ANALYSIS_FUNCTION}() {{ {FIRST_LOAD} }}"));
         Ok(analyzer)
     }
 
     /// Loads `source` on the analyzer's own thread if the crate's manifest changed since it was
     /// last loaded (a load reads the dependencies again); otherwise there is nothing to gain. While
     /// a load runs, the change waits for the next call, or for the next `get`, which loads it.
-    pub(crate) fn load_in_background(&mut self, source: String) {
+    pub(crate) fn load_in_background(&mut self, source: impl FnOnce() -> String) {
         if self.loading.as_ref().is_some_and(|loading| loading.is_finished()) {
-            self.ready = self.loading.take().and_then(|loading| loading.join().ok());
+            self.finish_load();
         }
         let Some(mut analyzer) = self.ready.take_if(|analyzer| analyzer.manifest_changed()) else {
             return;
         };
+        let source = source();
         // A failed load is not reported here: the next cell that needs the analyzer loads again
         // and says why.
         let load = move || {
@@ -100,15 +102,20 @@ impl Analyzer {
 
     /// The analyzer, once any load under way has finished.
     pub(crate) fn get(&mut self) -> Result<&mut RustAnalyzer> {
-        if let Some(loading) = self.loading.take() {
-            // A panic inside rust-analyzer loses that analyzer; a new one loads on its first source.
-            self.ready = loading.join().ok();
-        }
+        self.finish_load();
         let analyzer = match self.ready.take() {
             Some(analyzer) => analyzer,
             None => RustAnalyzer::new(&self.root_directory)?,
         };
         Ok(self.ready.insert(analyzer))
+    }
+
+    /// Waits for the load under way, if any.
+    fn finish_load(&mut self) {
+        if let Some(loading) = self.loading.take() {
+            // A panic inside rust-analyzer loses that analyzer; a new one loads on its first source.
+            self.ready = loading.join().ok();
+        }
     }
 }
 
