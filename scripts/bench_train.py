@@ -5,7 +5,13 @@ PyTorch (torchvision's model, SGD momentum 0.9, cross-entropy, random images,
 the same number of threads), alternating the two several times so that both
 see the same machine state. Prints a table and writes JSON with every sample.
 
-    VRAMLAB_BENCH_VENV=.venv-bench python3 scripts/bench_train.py [--rounds 3] [--steps 5]
+    VRAMLAB_BENCH_VENV=.venv-bench python3 scripts/bench_train.py [--rounds 3] [--steps 5] [--threads 1 2]
+
+Before each pair it waits for a quiet machine (one-minute load average under
+the number of CPUs, and less than 10% of the CPUs busy over a second) and
+records the load; while the pair runs it counts the CPU time that other
+processes took. A configuration whose pairs did not all run quiet gets
+no ratio: the table says "busy" and the JSON keeps the samples.
 
 The venv is created from scripts/bench-requirements.txt when it does not exist.
 """
@@ -16,6 +22,7 @@ import json
 import os
 import pathlib
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,7 +32,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = [
     {"model": "resnet18", "batch": 32, "res": 64},
     {"model": "resnet18", "batch": 8, "res": 224},
+    {"model": "resnet50", "batch": 8, "res": 224},
+    {"model": "efficientnet-b0", "batch": 8, "res": 224},
 ]
+# Other processes may take this share of the CPUs' time during a pair before its ratio is refused.
+OTHERS_BUSY_LIMIT = 0.10
 TORCH_MODELS = {"resnet18": "resnet18", "resnet34": "resnet34", "resnet50": "resnet50", "efficientnet-b0": "efficientnet_b0"}
 
 TORCH_STEP = r"""
@@ -87,30 +98,102 @@ def theirs(python: pathlib.Path, cfg: dict, steps: int, warmup: int, threads: in
     return json.loads(out.stdout)
 
 
+def cpu_model() -> str:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    fields = [int(v) for v in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    total = sum(fields[:8])
+    return total - idle, total
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def busy_share(seconds: float = 1.0) -> float:
+    busy0, total0 = cpu_jiffies()
+    time.sleep(seconds)
+    busy1, total1 = cpu_jiffies()
+    return (busy1 - busy0) / max(total1 - total0, 1)
+
+
+def wait_for_quiet(settle: float) -> dict:
+    """Waits up to `settle` seconds for a quiet machine; returns what it saw last."""
+    deadline = time.monotonic() + settle
+    cpus = os.cpu_count() or 1
+    while True:
+        share = busy_share()
+        load1 = os.getloadavg()[0]
+        quiet = load1 < cpus and share < OTHERS_BUSY_LIMIT
+        if quiet or time.monotonic() >= deadline:
+            return {"load_1min": round(load1, 2), "busy_share_1s": round(share, 3), "quiet": quiet}
+
+
+class OthersMeter:
+    """The share of the CPUs' time taken by processes other than this script's children."""
+
+    def __enter__(self):
+        self.jiffies, self.children, self.wall = cpu_jiffies(), children_cpu_seconds(), time.monotonic()
+        return self
+
+    def __exit__(self, *_):
+        busy, total = cpu_jiffies()
+        ticks = os.sysconf("SC_CLK_TCK")
+        busy_s = (busy - self.jiffies[0]) / ticks
+        total_s = (total - self.jiffies[1]) / ticks
+        others_s = max(busy_s - (children_cpu_seconds() - self.children), 0.0)
+        self.share = others_s / max(total_s, 1e-9)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="alternations of ours and PyTorch per configuration")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts, each a run of every configuration")
+    parser.add_argument("--configs", nargs="+", metavar="MODEL:BATCH:RES",
+                        help="only these configurations (default: the four of BENCHMARKS.md)")
+    parser.add_argument("--settle", type=float, default=60.0, help="seconds to wait for a quiet machine before a pair")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "target" / "bench_train.json")
     args = parser.parse_args()
+    configs = CONFIGS
+    if args.configs:
+        configs = []
+        for spec in args.configs:
+            model, batch, res = spec.split(":")
+            configs.append({"model": model, "batch": int(batch), "res": int(res)})
     python, binary = bench_python(), vramlab_binary()
     results = []
-    for cfg in CONFIGS:
-        our_medians, their_medians, torch_version = [], [], None
-        for _ in range(args.rounds):
-            our_medians.append(ours(binary, cfg, args.steps, args.warmup, args.threads)["median_seconds"])
-            t = theirs(python, cfg, args.steps, args.warmup, args.threads)
-            their_medians.append(t["median_seconds"])
-            torch_version = t["torch"]
-        row = dict(cfg, ours_s=statistics.median(our_medians), torch_s=statistics.median(their_medians),
-                   ours_all=our_medians, torch_all=their_medians, torch=torch_version)
-        row["ratio"] = row["ours_s"] / row["torch_s"]
-        results.append(row)
-        print(f"{cfg['model']} b{cfg['batch']}@{cfg['res']}: vramlab {row['ours_s']:.3f} s, "
-              f"PyTorch {torch_version} {row['torch_s']:.3f} s, ratio {row['ratio']:.2f}x", flush=True)
-    report = {"date": time.strftime("%Y-%m-%d"), "machine": platform.processor() or platform.machine(),
+    for threads in args.threads:
+        for cfg in configs:
+            our_medians, their_medians, pairs, torch_version = [], [], [], None
+            for _ in range(args.rounds):
+                before = wait_for_quiet(args.settle)
+                with OthersMeter() as others:
+                    our_medians.append(ours(binary, cfg, args.steps, args.warmup, threads)["median_seconds"])
+                    t = theirs(python, cfg, args.steps, args.warmup, threads)
+                their_medians.append(t["median_seconds"])
+                torch_version = t["torch"]
+                pairs.append(dict(before, others_share=round(others.share, 3)))
+            quiet = all(p["quiet"] and p["others_share"] < OTHERS_BUSY_LIMIT for p in pairs)
+            row = dict(cfg, threads=threads, ours_s=statistics.median(our_medians), torch_s=statistics.median(their_medians),
+                       ours_all=our_medians, torch_all=their_medians, torch=torch_version, pairs=pairs, quiet=quiet)
+            row["ratio"] = row["ours_s"] / row["torch_s"] if quiet else None
+            results.append(row)
+            verdict = f"ratio {row['ratio']:.2f}x" if quiet else "busy: no ratio (another process took CPU time)"
+            loads = ", ".join(f"{p['load_1min']:.2f}" for p in pairs)
+            print(f"{cfg['model']} b{cfg['batch']}@{cfg['res']}, {threads} thread(s): vramlab {row['ours_s']:.3f} s, "
+                  f"PyTorch {torch_version} {row['torch_s']:.3f} s, {verdict} (load before each pair: {loads}; "
+                  f"others' share during: {max(p['others_share'] for p in pairs):.1%} at most)", flush=True)
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": cpu_model(),
               "cpus": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "steps": args.steps,
               "warmup": args.warmup, "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
