@@ -143,6 +143,28 @@ impl Heap {
     }
 }
 
+/// Blocks up to this size come from the heap, where freed memory is reused;
+/// larger ones are mapped and unmapped each time. glibc's own threshold
+/// starts at 128 KiB and rises only as such blocks are freed.
+const HEAP_BLOCKS_UP_TO: i32 = 32 << 20;
+
+/// Free memory at the top of a heap beyond this is returned to the system.
+const RETURN_FREE_ABOVE: i32 = 256 << 20;
+
+/// Makes glibc keep freed tensor buffers for the next step instead of
+/// returning them: a training step frees and reallocates the same sizes,
+/// and memory handed back comes again as fresh pages the kernel must zero
+/// (a sixth of a ResNet step's time on 2 threads). `%mem --empty-cache`
+/// still returns it all.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc's tuning parameters.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, HEAP_BLOCKS_UP_TO);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, RETURN_FREE_ABOVE);
+    }
+}
+
 fn trim() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim is safe to call at any time.
@@ -216,6 +238,7 @@ fn host_answer(request: Request) -> Answer {
 /// region, so that snapshots can be published the same way.
 pub fn install() {
     counters::mark_installed();
+    keep_freed_memory();
     let inherited = std::env::var(REGION_FD_ENV).ok().and_then(|fd| fd.parse::<i32>().ok());
     // Processes a cell starts must not attach to the same region.
     std::env::remove_var(REGION_FD_ENV);
