@@ -331,6 +331,22 @@ pub(crate) unsafe fn vec_add_f16(a_row: *const f16, b_row: *const f16, c: *mut f
     }
 }
 
+/// `vec_add_f16` where the CPU has F16C, whatever the build targets: eight
+/// conversions per instruction rather than one call per element.
+#[target_feature(enable = "avx2,f16c")]
+pub(crate) unsafe fn vec_add_f16_f16c(a_row: *const f16, b_row: *const f16, c: *mut f16, k: usize) {
+    let mut i = 0;
+    while i + 8 <= k {
+        let a = _mm256_cvtph_ps(_mm_loadu_si128(a_row.add(i) as *const __m128i));
+        let b = _mm256_cvtph_ps(_mm_loadu_si128(b_row.add(i) as *const __m128i));
+        _mm_storeu_si128(c.add(i) as *mut __m128i, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_add_ps(a, b)));
+        i += 8;
+    }
+    for j in i..k {
+        *c.add(j) = *a_row.add(j) + *b_row.add(j);
+    }
+}
+
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn vec_add_bf16(a_row: *const bf16, b_row: *const bf16, c: *mut bf16, k: usize) {
     let mut i = 0;

@@ -266,6 +266,13 @@ pub(crate) unsafe fn vec_dot_bf16(a_row: *const bf16, b_row: *const bf16, c: *mu
 #[inline(always)]
 pub(crate) unsafe fn vec_add_f16(a_row: *const f16, b_row: *const f16, c: *mut f16, k: usize) {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    {
+        let features = features::get();
+        if features.avx2 && features.f16c {
+            return avx::vec_add_f16_f16c(a_row, b_row, c, k);
+        }
+    }
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if use_avx2_f16() {
         return avx::vec_add_f16(a_row, b_row, c, k);
     }

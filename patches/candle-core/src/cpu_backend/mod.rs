@@ -1961,7 +1961,10 @@ impl BackendStorage for CpuStorage {
                 Ok(Self::BF16(data))
             }
             (Self::F32(storage), DType::BF16) => {
-                let data = unary_map(storage, layout, bf16::from_f32);
+                let data = match layout.contiguous_offsets() {
+                    Some((start, end)) => Vec::<bf16>::from_f32_slice(&storage[start..end]),
+                    None => unary_map(storage, layout, bf16::from_f32),
+                };
                 Ok(Self::BF16(data))
             }
             (Self::F64(storage), DType::BF16) => {
@@ -1989,7 +1992,10 @@ impl BackendStorage for CpuStorage {
                 Ok(Self::F16(data))
             }
             (Self::F32(storage), DType::F16) => {
-                let data = unary_map(storage, layout, f16::from_f32);
+                let data = match layout.contiguous_offsets() {
+                    Some((start, end)) => Vec::<f16>::from_f32_slice(&storage[start..end]),
+                    None => unary_map(storage, layout, f16::from_f32),
+                };
                 Ok(Self::F16(data))
             }
             (Self::F64(storage), DType::F16) => {
@@ -2009,11 +2015,17 @@ impl BackendStorage for CpuStorage {
                 Ok(Self::F32(data))
             }
             (Self::BF16(storage), DType::F32) => {
-                let data = unary_map(storage, layout, |v| v.to_f32());
+                let data = match layout.contiguous_offsets() {
+                    Some((start, end)) => storage[start..end].to_f32_vec(),
+                    None => unary_map(storage, layout, |v| v.to_f32()),
+                };
                 Ok(Self::F32(data))
             }
             (Self::F16(storage), DType::F32) => {
-                let data = unary_map(storage, layout, |v| v.to_f32());
+                let data = match layout.contiguous_offsets() {
+                    Some((start, end)) => storage[start..end].to_f32_vec(),
+                    None => unary_map(storage, layout, |v| v.to_f32()),
+                };
                 Ok(Self::F32(data))
             }
             (Self::F32(storage), DType::F32) => {
