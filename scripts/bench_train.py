@@ -141,7 +141,7 @@ class OthersMeter:
     """The share of the CPUs' time taken by processes other than this script's children."""
 
     def __enter__(self):
-        self.jiffies, self.children, self.wall = cpu_jiffies(), children_cpu_seconds(), time.monotonic()
+        self.jiffies, self.children = cpu_jiffies(), children_cpu_seconds()
         return self
 
     def __exit__(self, *_):
@@ -153,23 +153,27 @@ class OthersMeter:
         self.share = others_s / max(total_s, 1e-9)
 
 
+def config_spec(spec: str) -> dict:
+    """`MODEL:BATCH:RES`, such as `resnet18:32:64`."""
+    try:
+        model, batch, res = spec.split(":")
+        return {"model": model, "batch": int(batch), "res": int(res)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not MODEL:BATCH:RES (such as resnet18:32:64)") from None
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="alternations of ours and PyTorch per configuration")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts, each a run of every configuration")
-    parser.add_argument("--configs", nargs="+", metavar="MODEL:BATCH:RES",
+    parser.add_argument("--configs", nargs="+", type=config_spec, metavar="MODEL:BATCH:RES",
                         help="only these configurations (default: the four of BENCHMARKS.md)")
     parser.add_argument("--settle", type=float, default=60.0, help="seconds to wait for a quiet machine before a pair")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "target" / "bench_train.json")
     args = parser.parse_args()
-    configs = CONFIGS
-    if args.configs:
-        configs = []
-        for spec in args.configs:
-            model, batch, res = spec.split(":")
-            configs.append({"model": model, "batch": int(batch), "res": int(res)})
+    configs = args.configs or CONFIGS
     python, binary = bench_python(), vramlab_binary()
     results = []
     for threads in args.threads:
