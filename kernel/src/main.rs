@@ -25,15 +25,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-// evcxr runs rust-analyzer on every cell to learn its variables' types; that
-// analysis allocates heavily and is measurably faster on mimalloc. Cells'
-// own allocations do not go through this: they use the system allocator of
-// the standard library they link to, which is `malloc`, counted below.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 // Every `malloc` of the process, cell libraries' included, is counted for
-// `%mem`; the kernel's own Rust allocations go to mimalloc and are not.
+// `%mem`. The kernel's own allocations (rust-analyzer's, above all) use glibc's
+// malloc too: on mimalloc the kernel grew by 18-80 MiB over 1,000 cells, while
+// glibc kept it within 1 MiB (BENCHMARKS.md, "A long session").
 vramlab::install_allocation_counters!();
 
 #[derive(Parser)]

@@ -79,7 +79,7 @@ pub fn processes() -> Processes {
         }
     }
     let mut my_kernel = None;
-    // A kernel's own heap goes through mimalloc, past the counters: it has no tensors to count.
+    // A kernel holds no tensors: its own heap (rust-analyzer's) is left out; its RSS is shown.
     if let Some(process) = found.iter_mut().find(|p| p.pid == me && p.role != Role::Kernel) {
         let memory = super::HostMemory::sample();
         process.in_use = memory.exact.then_some(memory.in_use);
