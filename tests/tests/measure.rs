@@ -147,14 +147,17 @@ fn the_simulated_budget_fails_where_oomcheck_says_it_will() {
 
 /// Three configurations that fail on their card: the investigation's JSON
 /// names the failed allocation and its phase, and every fix it marks
-/// verified trains under the same budget in a process of its own.
+/// verified trains under the same budget in a process of its own. Each card
+/// leaves the step (after its 300 MiB context) 7-9% less than the ledger's
+/// peak (252, 185 and 344 MiB), so that the step fails on any machine, not
+/// only where gemm's cache-sized packing buffers add to the peak.
 #[test]
 fn every_fix_the_investigation_verifies_runs_under_the_budget() {
     let binary = common::kernel_binary().with_file_name("vramlab");
     let failing: [(&str, &[&str], &str); 3] = [
-        ("resnet18", &["--batch", "64", "--res", "64"], "556MiB"),
-        ("small-cnn", &["--batch", "64", "--res", "64", "--opt", "adam"], "480MiB"),
-        ("resnet18", &["--batch", "40", "--res", "96", "--opt", "adam"], "640MiB"),
+        ("resnet18", &["--batch", "64", "--res", "64"], "536MiB"),
+        ("small-cnn", &["--batch", "64", "--res", "64", "--opt", "adam"], "470MiB"),
+        ("resnet18", &["--batch", "40", "--res", "96", "--opt", "adam"], "620MiB"),
     ];
     for (model, flags, budget) in failing {
         let output =
