@@ -2,6 +2,9 @@
 //! allocator holds from the OS, the exact peak, and the process's RSS.
 
 use std::fmt;
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -52,7 +55,7 @@ impl HostMemory {
     pub fn sample() -> HostMemory {
         let counters = counters::find();
         let heap = Heap::read();
-        let (rss, hwm) = status_rss("self");
+        let (rss, hwm) = rss_in_status(Path::new("/proc/self/status"));
         match counters {
             Some(c) => HostMemory {
                 exact: true,
@@ -202,9 +205,25 @@ pub fn host_total() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// VmRSS and VmHWM of `/proc/<pid>/status`, in bytes (0 when unreadable).
-pub(crate) fn status_rss(pid: &str) -> (u64, u64) {
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return (0, 0) };
+/// VmRSS and VmHWM of process `pid`, in bytes (0 when unreadable).
+pub(crate) fn status_rss(pid: u32) -> (u64, u64) {
+    rss_in_status(Path::new(&format!("/proc/{pid}/status")))
+}
+
+/// VmRSS and VmHWM of a `/proc/.../status` file, read into the stack: the
+/// cell process's memory thread reads its own, and an allocation of its
+/// would show in the counters it reports (`%mem` must not move them).
+fn rss_in_status(path: &Path) -> (u64, u64) {
+    let mut buffer = [0u8; 8192];
+    let Ok(mut file) = File::open(path) else { return (0, 0) };
+    let mut len = 0;
+    while len < buffer.len() {
+        match file.read(&mut buffer[len..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => len += n,
+        }
+    }
+    let status = String::from_utf8_lossy(&buffer[..len]);
     let field = |name: &str| {
         status
             .lines()

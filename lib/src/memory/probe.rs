@@ -123,7 +123,7 @@ impl CellProbe {
 
     /// RSS and its high-water mark, read from `/proc` alone.
     pub fn rss(&self) -> Result<(u64, u64), MemoryError> {
-        Ok(status_rss(&self.started()?.to_string()))
+        Ok(status_rss(self.started()?))
     }
 
     pub fn reset_peak(&self) -> Result<HostMemory, MemoryError> {

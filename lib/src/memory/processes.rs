@@ -107,7 +107,7 @@ fn describe(pid: u32, me: u32) -> Option<VramlabProcess> {
         .ok()
         .and_then(|stat| stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok()))
         .unwrap_or(0);
-    Some(VramlabProcess { pid, role, parent, rss: status_rss(&pid.to_string()).0, in_use: None, budget: None, is_self: pid == me })
+    Some(VramlabProcess { pid, role, parent, rss: status_rss(pid).0, in_use: None, budget: None, is_self: pid == me })
 }
 
 /// evcxr starts the cell process as the kernel binary again, marked in its environment.
