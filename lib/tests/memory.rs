@@ -96,3 +96,32 @@ fn snapshots_are_published_in_the_shared_region() {
     memory::publish(&snapshot).unwrap();
     assert_eq!(memory::published(), Some(snapshot));
 }
+
+#[test]
+fn a_convolution_allocates_the_scratch_the_ledger_counts_for_it() {
+    use vramlab::ops::{self, ConvParams};
+    let _guard = setup();
+    let conv = |stride, padding| ConvParams { stride, padding, groups: 1 };
+    // Cut into chunks of images across the threads, one image inside a
+    // threaded gemm, stacked tiny maps, and a pointwise conv read in place.
+    let cases = [
+        ([32, 64, 16, 16], [64, 64, 3, 3], conv(1, 1)),
+        ([1, 3, 224, 224], [64, 3, 7, 7], conv(2, 3)),
+        ([16, 256, 4, 4], [512, 256, 3, 3], conv(2, 1)),
+        ([8, 128, 28, 28], [256, 128, 1, 1], conv(1, 0)),
+    ];
+    for (x_dims, w_dims, params) in cases {
+        let x = Tensor::randn(0f32, 1.0, x_dims.as_slice(), &Device::Cpu).unwrap();
+        let w = Tensor::randn(0f32, 0.1, w_dims.as_slice(), &Device::Cpu).unwrap();
+        // The first product on each thread also allocates gemm's per-thread slab, kept for good.
+        drop(ops::conv2d(&x, &w, params).unwrap());
+        let before = HostMemory::reset_peak();
+        let y = ops::conv2d(&x, &w, params).unwrap();
+        let peak = HostMemory::sample().peak.unwrap();
+        let output = (y.elem_count() * 4) as u64;
+        let measured = peak - before.in_use - output;
+        let predicted = ops::conv2d_scratch(x_dims, w_dims, params).unwrap().forward;
+        let slack = 4096 + predicted / 200;
+        assert!(measured.abs_diff(predicted) <= slack, "{x_dims:?} * {w_dims:?}: predicted {predicted} B, measured {measured} B");
+    }
+}

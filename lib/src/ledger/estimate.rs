@@ -155,16 +155,36 @@ impl Step<'_> {
         i == 0 && self.plan.is_checkpointed(i) && self.config.precision.is_mixed()
     }
 
-    /// A stage's conv workspace. The host's convolutions cut the batch into
-    /// chunks with per-thread column buffers a few MB in all, so only a
-    /// device's whole-batch im2col (and half-precision batch-norm copies,
-    /// which the backward rules count) is worth a line.
-    fn workspace(&self, cost: &crate::models::Cost) -> u64 {
+    /// The conv workspace of a stage (of the whole step for `None`). A
+    /// device's is its whole-batch im2col; the host's convolutions cut the
+    /// batch into chunks, and theirs is what the largest of them allocates
+    /// on all busy threads at once (columns, stacked images, gemm's packing).
+    fn workspace(&self, stage: Option<usize>) -> u64 {
         if self.device.is_cpu() {
-            0
+            let convs = self.cost.convs.iter().filter(|c| stage.is_none_or(|s| c.stage == s));
+            convs.map(|c| c.host_scratch_bytes(self.batch)).max().unwrap_or(0)
         } else {
-            self.batch * cost.workspace_bytes
+            self.batch * stage.map_or(&self.cost.total, |s| &self.cost.stages[s].cost).workspace_bytes
         }
+    }
+
+    /// The moments inside the host convolutions' backward passes in stage
+    /// `i`: the gradients made so far (the conv's own among them, being
+    /// summed), the incoming gradient and the one being made, and the
+    /// conv's scratch. The scratch is freed before candle adds the result
+    /// into its gradient store, so it never meets the backward rules'
+    /// temporaries.
+    fn host_conv_backward<'a>(&'a self, i: usize, live: &'a Parts, root: u64) -> impl Iterator<Item = Parts> + 'a {
+        let stage_start: u64 = self.cost.stages[..i].iter().map(|s| s.cost.params).sum();
+        let convs = self.cost.convs.iter().filter(move |c| self.device.is_cpu() && c.stage == i);
+        convs.map(move |c| {
+            let mut during = *live;
+            during.remove(Part::Gradients, (c.params_before - stage_start) * F32_BYTES);
+            let gradients = (c.input.elems() + c.output.elems()) * self.config.precision.compute_bytes();
+            during.add(Part::BackwardTemporaries, self.batch * gradients + root);
+            during.add(Part::Workspace, c.host_scratch_bytes(self.batch));
+            during
+        })
     }
 
     /// Per element of a weight, beyond its f32 gradient, while backward makes
@@ -245,7 +265,7 @@ impl Step<'_> {
                 BillKind::ContextAndWorkspace,
                 vec![
                     self.context_line(),
-                    line("conv workspace (largest im2col + gemm output)", self.workspace(&self.cost.total)),
+                    line("conv workspace (the largest conv's im2col columns and gemm buffers)", self.workspace(None)),
                     line("backward temporaries (the largest layer's gradients and scratch)", self.backward_temporaries()),
                     line(
                         format!("{} step temporaries (or AMP's unscaling, the larger)", c.optimizer),
@@ -325,7 +345,7 @@ impl Step<'_> {
         for (i, stage) in stages.iter().enumerate() {
             let amp = self.amp_copies(stage.cost.amp_copy_params);
             let mut transient = Parts::default();
-            transient.set(Part::Workspace, self.workspace(&stage.cost));
+            transient.set(Part::Workspace, self.workspace(Some(i)));
             live.add(Part::AmpWeightCopies, amp);
             live.add(Part::Activations, self.held(i));
             // A checkpointed stage's graph lives until its output is detached,
@@ -359,7 +379,9 @@ impl Step<'_> {
                     live.add(Part::AmpWeightCopies, self.amp_copies(stage.cost.amp_copy_params));
                 }
                 let mut transient = Parts::default();
-                transient.set(Part::Workspace, self.workspace(&stage.cost));
+                if !self.device.is_cpu() {
+                    transient.set(Part::Workspace, self.workspace(Some(i)));
+                }
                 transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes + root);
                 live.add(Part::Gradients, stage.cost.params * F32_BYTES);
                 // The stage's largest weight gradient is made before the
@@ -367,7 +389,8 @@ impl Step<'_> {
                 let mut at_largest_weight = live;
                 at_largest_weight.remove(Part::Gradients, stage.cost.params_before_largest * F32_BYTES);
                 at_largest_weight.add(Part::BackwardTemporaries, stage.cost.largest_param_elems * self.weight_gradient_temporary_bytes());
-                for during in [at_largest_weight, live.plus(&transient)] {
+                let moments = [at_largest_weight, live.plus(&transient)].into_iter().chain(self.host_conv_backward(i, &live, root));
+                for during in moments {
                     if during.total() > highest.total() {
                         highest = during;
                     }

@@ -7,7 +7,7 @@ use super::lean::{self, Layers};
 use super::precision::Precision;
 use super::rules;
 use super::shape::Shape;
-use super::spec::{ModelSpec, Op, Stage};
+use super::spec::{Conv2d, Grouping, ModelSpec, Op, Stage};
 use super::walk::{walk, Block, Fold, Shortcut, Site, STAGE_DEPTH};
 use super::ModelError;
 
@@ -44,6 +44,34 @@ pub struct ModelCost {
     pub rows: Vec<Row>,
     pub stages: Vec<StageCost>,
     pub total: Cost,
+    /// Every convolution, in forward order, with what reaches it.
+    pub convs: Vec<ConvLayer>,
+}
+
+/// A convolution of the model, with its per-sample input and output.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ConvLayer {
+    pub stage: usize,
+    pub input: Shape,
+    pub output: Shape,
+    pub conv: Conv2d,
+    /// Parameters of the model's layers before this one, in forward order.
+    pub params_before: u64,
+}
+
+impl ConvLayer {
+    /// What our CPU convolution allocates beyond its operands at `batch`, at
+    /// most, in any of its passes ([`crate::ops::ConvScratch`]).
+    pub fn host_scratch_bytes(&self, batch: u64) -> u64 {
+        let Shape::Map { c, h, w } = self.input else { return 0 };
+        let (groups, per_group) = match self.conv.grouping {
+            Grouping::Dense => (1, c),
+            Grouping::Depthwise => (c, 1),
+        };
+        let params = crate::ops::ConvParams { stride: self.conv.stride, padding: self.conv.padding, groups };
+        let weight = [self.conv.out_channels, per_group, self.conv.kernel, self.conv.kernel];
+        crate::ops::conv2d_scratch([batch as usize, c, h, w], weight, params).map_or(0, |s| s.most())
+    }
 }
 
 /// Computes per-sample costs of `spec` for `input` (C x H x W) at `precision`,
@@ -52,7 +80,7 @@ pub struct ModelCost {
 /// Under mixed precision a cast of the input opens the first stage; the
 /// cross-entropy loss closes the last one (training keeps its tensors).
 pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Layers) -> Result<ModelCost, ModelError> {
-    let mut costing = Costing { precision, layers, last_stage: spec.stages.len().saturating_sub(1) };
+    let mut costing = Costing { precision, layers, last_stage: spec.stages.len().saturating_sub(1), convs: Vec::new(), params_seen: 0 };
     let mut rows = Vec::with_capacity(256);
     let mut stages = Vec::with_capacity(spec.stages.len());
     let mut total = Cost::default();
@@ -61,7 +89,17 @@ pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Lay
         rows.extend(stage_rows);
         stages.push(stage);
     }
-    Ok(ModelCost { model: spec.name.clone(), num_classes: spec.num_classes, input, precision, layers, rows, stages, total })
+    Ok(ModelCost {
+        model: spec.name.clone(),
+        num_classes: spec.num_classes,
+        input,
+        precision,
+        layers,
+        rows,
+        stages,
+        total,
+        convs: costing.convs,
+    })
 }
 
 /// The walk folded into costs and summary rows.
@@ -69,6 +107,8 @@ struct Costing {
     precision: Precision,
     layers: Layers,
     last_stage: usize,
+    convs: Vec<ConvLayer>,
+    params_seen: u64,
 }
 
 impl Costing {
@@ -109,6 +149,10 @@ impl Fold for Costing {
         // In inference, what enclosing blocks keep for their residual add is
         // alive while the layer runs.
         cost.eval_live_bytes += self.bytes(site.waiting);
+        if let Op::Conv2d(conv) = site.layer.op {
+            self.convs.push(ConvLayer { stage: site.stage, input: site.input, output, conv, params_before: self.params_seen });
+        }
+        self.params_seen += cost.params;
         Ok(Costed { cost, rows: vec![Row::at(site, output, cost)] })
     }
 

@@ -20,7 +20,7 @@ mod walk;
 mod weights;
 mod zoo;
 
-pub use analysis::{analyze, ModelCost, Row, StageCost};
+pub use analysis::{analyze, ConvLayer, ModelCost, Row, StageCost};
 pub use cost::{Cost, SMALL_TENSOR_ELEMS};
 pub use efficientnet::efficientnet_b0;
 pub use layers::{global_avg_pool, Named, Pass};

@@ -12,6 +12,8 @@ use rayon::prelude::*;
 use super::conv_geometry::Geometry;
 use super::depthwise;
 use super::floats::{f32_view, storage_from_f32};
+use super::gemm_packing::{self, Strides};
+use super::ConvScratch;
 
 /// At stride 1, outputs `o` in `lo..hi` read inside the input along one axis
 /// (`0 <= o + offset - padding < size`); the others read padding.
@@ -38,8 +40,21 @@ const PADDING: usize = usize::MAX;
 const TABLE_BELOW_WIDTH: usize = 16;
 
 impl Patches {
+    fn uses_table(g: &Geometry) -> bool {
+        g.stride != 1 || g.out_w < TABLE_BELOW_WIDTH
+    }
+
+    /// The bytes of the offset table [`new`](Self::new) builds.
+    fn table_bytes(g: &Geometry) -> u64 {
+        if Self::uses_table(g) {
+            (g.kernel_h * g.kernel_w * g.out_plane() * size_of::<usize>()) as u64
+        } else {
+            0
+        }
+    }
+
     fn new(g: &Geometry) -> Self {
-        if g.stride == 1 && g.out_w >= TABLE_BELOW_WIDTH {
+        if !Self::uses_table(g) {
             return Patches::Rows;
         }
         let (s, p) = (g.stride, g.padding);
@@ -410,6 +425,42 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
         dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
     }
     dw
+}
+
+/// What each pass of [`convolve`] allocates beyond its operands and result:
+/// the offset table of its patches, each busy thread's column and stacking
+/// buffers and gemm's packing, and in the weight gradient the per-thread
+/// partial sums beyond the one that becomes the result. The depthwise loop
+/// allocates none.
+pub(super) fn scratch(g: &Geometry) -> ConvScratch {
+    if g.is_depthwise() || g.batch == 0 {
+        return ConvScratch::default();
+    }
+    let (op, patch, og) = (g.out_plane(), g.patch(), g.out_per_group());
+    let plan = Plan::new(g.batch, op);
+    let parallelism = plan.gemm_parallelism();
+    let nb = plan.images.min(g.batch);
+    let cols = nb * op;
+    let col = if g.is_pointwise() && nb == 1 { 0 } else { patch * cols };
+    let stacked = if nb > 1 { og * cols } else { 0 };
+    let buffers = ((col + stacked) * size_of::<f32>()) as u64;
+    let table = Patches::table_bytes(g);
+    let row_major = |row| Strides { row, col: 1 };
+    let busy = if plan.across_chunks { plan.threads.min(plan.chunks) as u64 } else { 1 };
+    let partials = (busy - 1) * (g.out_channels * patch * size_of::<f32>()) as u64;
+    ConvScratch {
+        forward: table
+            + busy * (buffers + gemm_packing::packing_bytes((og, cols, patch), cols, row_major(patch), row_major(cols), parallelism)),
+        input_gradient: table
+            + busy
+                * (buffers
+                    + gemm_packing::packing_bytes((patch, cols, og), cols, Strides { row: 1, col: patch }, row_major(cols), parallelism)),
+        weight_gradient: table
+            + busy
+                * (buffers
+                    + gemm_packing::packing_bytes((og, patch, cols), patch, row_major(cols), Strides { row: 1, col: cols }, parallelism))
+            + partials,
+    }
 }
 
 /// The convolution of `x` by `w`, dense, grouped or depthwise.

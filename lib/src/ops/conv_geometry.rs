@@ -24,9 +24,14 @@ pub(super) struct Geometry {
 
 impl Geometry {
     pub fn new(x: &Tensor, weight: &Tensor, p: ConvParams) -> std::result::Result<Self, OpError> {
+        Self::of_dims(dims4("conv2d", "input", x)?, dims4("conv2d", "weight", weight)?, p)
+    }
+
+    /// The geometry of an input of `x` dims by a weight of `weight` dims.
+    pub fn of_dims(x: [usize; 4], weight: [usize; 4], p: ConvParams) -> std::result::Result<Self, OpError> {
         let op = "conv2d";
-        let [batch, channels, height, width] = dims4(op, "input", x)?;
-        let [out_channels, per_group, kernel_h, kernel_w] = dims4(op, "weight", weight)?;
+        let [batch, channels, height, width] = x;
+        let [out_channels, per_group, kernel_h, kernel_w] = weight;
         for (what, value) in [("stride", p.stride), ("groups", p.groups), ("kernel size", kernel_h.min(kernel_w))] {
             if value == 0 {
                 return Err(OpError::Zero { op, what });
@@ -39,8 +44,8 @@ impl Geometry {
         }
         if per_group != channels / p.groups {
             return Err(OpError::WeightChannels {
-                input: x.dims().to_vec(),
-                weight: weight.dims().to_vec(),
+                input: x.to_vec(),
+                weight: weight.to_vec(),
                 groups: p.groups,
                 expected: per_group,
                 got: channels / p.groups,

@@ -12,6 +12,7 @@ mod conv;
 mod conv_geometry;
 mod depthwise;
 mod floats;
+mod gemm_packing;
 mod lean;
 mod norm;
 mod pool;
@@ -108,6 +109,31 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, p: ConvParams) -> Result<Tensor> {
         Err(OpError::DTypeMismatch { op: "conv2d", input: x.dtype(), other: weight.dtype() })?
     }
     x.contiguous()?.apply_op2(&weight.contiguous()?, conv::Conv2d(geometry))
+}
+
+/// Bytes our CPU convolution allocates while each of its passes runs,
+/// beyond its operands and result, with rayon's thread pool as it is now:
+/// per busy thread the im2col and stacking buffers and gemm's packing
+/// buffer, and the weight gradient's per-thread partial sums. The ledger
+/// counts the largest as the host's conv workspace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConvScratch {
+    pub forward: u64,
+    pub input_gradient: u64,
+    pub weight_gradient: u64,
+}
+
+impl ConvScratch {
+    /// The largest of the three passes.
+    pub fn most(&self) -> u64 {
+        self.forward.max(self.input_gradient).max(self.weight_gradient)
+    }
+}
+
+/// [`ConvScratch`] of the convolution of an input of `x` dims (`N x C x H x
+/// W`) by a weight of `weight` dims.
+pub fn conv2d_scratch(x: [usize; 4], weight: [usize; 4], p: ConvParams) -> std::result::Result<ConvScratch, OpError> {
+    Ok(conv::scratch(&conv_geometry::Geometry::of_dims(x, weight, p)?))
 }
 
 /// Max over `kernel x kernel` windows; padding pads with -inf (at most half
