@@ -110,18 +110,29 @@ fn a_convolution_allocates_the_scratch_the_ledger_counts_for_it() {
         ([16, 256, 4, 4], [512, 256, 3, 3], conv(2, 1)),
         ([8, 128, 28, 28], [256, 128, 1, 1], conv(1, 0)),
     ];
-    for (x_dims, w_dims, params) in cases {
-        let x = Tensor::randn(0f32, 1.0, x_dims.as_slice(), &Device::Cpu).unwrap();
-        let w = Tensor::randn(0f32, 0.1, w_dims.as_slice(), &Device::Cpu).unwrap();
-        // The first product on each thread also allocates gemm's per-thread slab, kept for good.
-        drop(ops::conv2d(&x, &w, params).unwrap());
-        let before = HostMemory::reset_peak();
-        let y = ops::conv2d(&x, &w, params).unwrap();
-        let peak = HostMemory::sample().peak.unwrap();
-        let output = (y.elem_count() * 4) as u64;
-        let measured = peak - before.in_use - output;
-        let predicted = ops::conv2d_scratch(x_dims, w_dims, params).unwrap().forward;
-        let slack = 4096 + predicted / 200;
-        assert!(measured.abs_diff(predicted) <= slack, "{x_dims:?} * {w_dims:?}: predicted {predicted} B, measured {measured} B");
+    for threads in [1, 2] {
+        // The scratch follows rayon's pool: the prediction and the run both see this one.
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        for (x_dims, w_dims, params) in cases {
+            let x = Tensor::randn(0f32, 1.0, x_dims.as_slice(), &Device::Cpu).unwrap();
+            let w = Tensor::randn(0f32, 0.1, w_dims.as_slice(), &Device::Cpu).unwrap();
+            let (predicted, measured) = pool.install(|| {
+                // The first product on each thread also allocates gemm's per-thread slab, kept for good.
+                drop(ops::conv2d(&x, &w, params).unwrap());
+                let before = HostMemory::reset_peak();
+                let y = ops::conv2d(&x, &w, params).unwrap();
+                let peak = HostMemory::sample().peak.unwrap();
+                let predicted = ops::conv2d_scratch(x_dims, w_dims, params).unwrap().forward;
+                (predicted, peak - before.in_use - (y.elem_count() * 4) as u64)
+            });
+            let slack = 4096 + predicted / 200;
+            let case = format!("{x_dims:?} * {w_dims:?} on {threads} thread(s): predicted {predicted} B, measured {measured} B");
+            // With two threads the chunks' buffers meet only when both threads are busy at once.
+            if threads == 1 {
+                assert!(measured.abs_diff(predicted) <= slack, "{case}");
+            } else {
+                assert!(measured <= predicted + slack, "{case}");
+            }
+        }
     }
 }

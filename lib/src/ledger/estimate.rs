@@ -155,16 +155,25 @@ impl Step<'_> {
         i == 0 && self.plan.is_checkpointed(i) && self.config.precision.is_mixed()
     }
 
-    /// The conv workspace of a stage (of the whole step for `None`). A
-    /// device's is its whole-batch im2col; the host's convolutions cut the
-    /// batch into chunks, and theirs is what the largest of them allocates
+    /// The largest conv workspace of the step, for its bill line. A device's
+    /// is its whole-batch im2col; the host's convolutions cut the batch into
+    /// chunks, and theirs is what the largest pass of any of them allocates
     /// on all busy threads at once (columns, stacked images, gemm's packing).
-    fn workspace(&self, stage: Option<usize>) -> u64 {
+    fn workspace(&self) -> u64 {
         if self.device.is_cpu() {
-            let convs = self.cost.convs.iter().filter(|c| stage.is_none_or(|s| c.stage == s));
-            convs.map(|c| c.host_scratch_bytes(self.batch)).max().unwrap_or(0)
+            self.cost.convs.iter().map(|c| c.host_scratch(self.batch).most()).max().unwrap_or(0)
         } else {
-            self.batch * stage.map_or(&self.cost.total, |s| &self.cost.stages[s].cost).workspace_bytes
+            self.batch * self.cost.total.workspace_bytes
+        }
+    }
+
+    /// The conv workspace while stage `i` runs forward.
+    fn forward_workspace(&self, i: usize) -> u64 {
+        if self.device.is_cpu() {
+            let convs = self.cost.convs.iter().filter(|c| c.stage == i);
+            convs.map(|c| c.host_scratch(self.batch).forward).max().unwrap_or(0)
+        } else {
+            self.batch * self.cost.stages[i].cost.workspace_bytes
         }
     }
 
@@ -182,7 +191,8 @@ impl Step<'_> {
             during.remove(Part::Gradients, (c.params_before - stage_start) * F32_BYTES);
             let gradients = (c.input.elems() + c.output.elems()) * self.config.precision.compute_bytes();
             during.add(Part::BackwardTemporaries, self.batch * gradients + root);
-            during.add(Part::Workspace, c.host_scratch_bytes(self.batch));
+            let scratch = c.host_scratch(self.batch);
+            during.add(Part::Workspace, scratch.input_gradient.max(scratch.weight_gradient));
             during
         })
     }
@@ -265,7 +275,7 @@ impl Step<'_> {
                 BillKind::ContextAndWorkspace,
                 vec![
                     self.context_line(),
-                    line("conv workspace (the largest conv's im2col columns and gemm buffers)", self.workspace(None)),
+                    line("conv workspace (the largest conv's im2col columns and gemm buffers)", self.workspace()),
                     line("backward temporaries (the largest layer's gradients and scratch)", self.backward_temporaries()),
                     line(
                         format!("{} step temporaries (or AMP's unscaling, the larger)", c.optimizer),
@@ -345,7 +355,7 @@ impl Step<'_> {
         for (i, stage) in stages.iter().enumerate() {
             let amp = self.amp_copies(stage.cost.amp_copy_params);
             let mut transient = Parts::default();
-            transient.set(Part::Workspace, self.workspace(Some(i)));
+            transient.set(Part::Workspace, self.forward_workspace(i));
             live.add(Part::AmpWeightCopies, amp);
             live.add(Part::Activations, self.held(i));
             // A checkpointed stage's graph lives until its output is detached,
@@ -380,7 +390,7 @@ impl Step<'_> {
                 }
                 let mut transient = Parts::default();
                 if !self.device.is_cpu() {
-                    transient.set(Part::Workspace, self.workspace(Some(i)));
+                    transient.set(Part::Workspace, self.batch * stage.cost.workspace_bytes);
                 }
                 transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes + root);
                 live.add(Part::Gradients, stage.cost.params * F32_BYTES);

@@ -60,17 +60,18 @@ pub struct ConvLayer {
 }
 
 impl ConvLayer {
-    /// What our CPU convolution allocates beyond its operands at `batch`, at
-    /// most, in any of its passes ([`crate::ops::ConvScratch`]).
-    pub fn host_scratch_bytes(&self, batch: u64) -> u64 {
-        let Shape::Map { c, h, w } = self.input else { return 0 };
+    /// What our CPU convolution allocates beyond its operands at `batch`, in
+    /// each of its passes.
+    pub fn host_scratch(&self, batch: u64) -> crate::ops::ConvScratch {
+        let Shape::Map { c, h, w } = self.input else { return crate::ops::ConvScratch::default() };
         let (groups, per_group) = match self.conv.grouping {
             Grouping::Dense => (1, c),
             Grouping::Depthwise => (c, 1),
         };
         let params = crate::ops::ConvParams { stride: self.conv.stride, padding: self.conv.padding, groups };
         let weight = [self.conv.out_channels, per_group, self.conv.kernel, self.conv.kernel];
-        crate::ops::conv2d_scratch([batch as usize, c, h, w], weight, params).map_or(0, |s| s.most())
+        // The walk has already checked every conv against its input.
+        crate::ops::conv2d_scratch([batch as usize, c, h, w], weight, params).unwrap_or_default()
     }
 }
 
