@@ -3,7 +3,8 @@
 use serde::Serialize;
 
 use crate::gpus::Card;
-use crate::models::{analyze, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
+use crate::models::{analyze, ConvLayer, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
+use crate::ops::ConvScratch;
 
 use super::bill::{line, Bill, BillKind, Line};
 use super::config::{Mode, OptimizerKind, StepConfig};
@@ -61,7 +62,9 @@ pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<
     let cost = analyze(spec, config.input, config.precision, config.layers)?;
     let stage_names: Vec<&str> = cost.stages.iter().map(|s| s.name.as_str()).collect();
     let plan = StepPlan::of(&stage_names, config)?;
-    let step = Step { cost: &cost, config, device, plan: &plan, batch: config.batch as u64 };
+    let batch = config.batch as u64;
+    let host_scratch = if device.is_cpu() { cost.convs.iter().map(|c| c.host_scratch(batch)).collect() } else { Vec::new() };
+    let step = Step { cost: &cost, config, device, plan: &plan, batch, host_scratch };
     let (bills, recorder) = match config.mode {
         Mode::Training => (step.training_bills(), step.walk_training()),
         Mode::Inference => (step.inference_bills(), step.walk_inference()),
@@ -84,6 +87,9 @@ struct Step<'a> {
     device: &'a Card,
     plan: &'a StepPlan,
     batch: u64,
+    /// On the CPU, what each of `cost.convs` allocates beyond its operands
+    /// (none on a device, whose workspace is the rules' im2col).
+    host_scratch: Vec<ConvScratch>,
 }
 
 impl Step<'_> {
@@ -161,7 +167,7 @@ impl Step<'_> {
     /// on all busy threads at once (columns, stacked images, gemm's packing).
     fn workspace(&self) -> u64 {
         if self.device.is_cpu() {
-            self.cost.convs.iter().map(|c| c.host_scratch(self.batch).most()).max().unwrap_or(0)
+            self.host_scratch.iter().map(ConvScratch::most).max().unwrap_or(0)
         } else {
             self.batch * self.cost.total.workspace_bytes
         }
@@ -170,8 +176,7 @@ impl Step<'_> {
     /// The conv workspace while stage `i` runs forward.
     fn forward_workspace(&self, i: usize) -> u64 {
         if self.device.is_cpu() {
-            let convs = self.cost.convs.iter().filter(|c| c.stage == i);
-            convs.map(|c| c.host_scratch(self.batch).forward).max().unwrap_or(0)
+            self.host_convs(i).map(|(_, scratch)| scratch.forward).max().unwrap_or(0)
         } else {
             self.batch * self.cost.stages[i].cost.workspace_bytes
         }
@@ -185,16 +190,19 @@ impl Step<'_> {
     /// temporaries.
     fn host_conv_backward<'a>(&'a self, i: usize, live: &'a Parts, root: u64) -> impl Iterator<Item = Parts> + 'a {
         let stage_start: u64 = self.cost.stages[..i].iter().map(|s| s.cost.params).sum();
-        let convs = self.cost.convs.iter().filter(move |c| self.device.is_cpu() && c.stage == i);
-        convs.map(move |c| {
+        self.host_convs(i).map(move |(c, scratch)| {
             let mut during = *live;
             during.remove(Part::Gradients, (c.params_before - stage_start) * F32_BYTES);
             let gradients = (c.input.elems() + c.output.elems()) * self.config.precision.compute_bytes();
             during.add(Part::BackwardTemporaries, self.batch * gradients + root);
-            let scratch = c.host_scratch(self.batch);
             during.add(Part::Workspace, scratch.input_gradient.max(scratch.weight_gradient));
             during
         })
+    }
+
+    /// Stage `i`'s convolutions with their host scratch (none on a device).
+    fn host_convs(&self, i: usize) -> impl Iterator<Item = (&ConvLayer, &ConvScratch)> {
+        self.cost.convs.iter().zip(&self.host_scratch).filter(move |(c, _)| c.stage == i)
     }
 
     /// Per element of a weight, beyond its f32 gradient, while backward makes
