@@ -274,7 +274,7 @@ impl SqueezeExcite {
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let pooled = global_avg_pool(x)?;
-        let squeezed = self.reduce.forward(&pooled, pass)?.silu()?;
+        let squeezed = ops::silu(&self.reduce.forward(&pooled, pass)?)?;
         let gate = candle_nn::ops::sigmoid(&self.expand.forward(&squeezed, pass)?)?;
         x.broadcast_mul(&gate)
     }

@@ -209,7 +209,7 @@ impl Module {
             Module::Conv(conv) => conv.forward(x, pass),
             Module::BatchNorm(bn) => bn.forward(x, pass),
             Module::Relu => x.relu(),
-            Module::Silu => x.silu(),
+            Module::Silu => ops::silu(x),
             Module::MaxPool { kernel, stride, padding } => ops::max_pool2d(x, *kernel, *stride, *padding),
             Module::GlobalAvgPool => global_avg_pool(x),
             Module::Flatten => x.flatten_from(1),

@@ -50,6 +50,7 @@ use super::conv_geometry::Geometry as ConvGeometry;
 use super::floats::{f32_view, storage_from_f32};
 use super::norm::{self, cpu_f32, BatchStatistics, Statistics};
 use super::pool::Geometry as PoolGeometry;
+use super::silu;
 use super::{uses_own_kernels, ConvParams, OpError};
 
 /// The activation after a batch-norm.
@@ -61,23 +62,31 @@ pub enum Activation {
 }
 
 impl Activation {
-    fn apply(self, v: f32) -> f32 {
+    /// The activation of every element, in place.
+    fn apply(self, values: &mut [f32]) {
         match self {
-            Activation::Identity => v,
-            Activation::Relu => v.max(0.0),
-            Activation::Silu => v / (1.0 + (-v).exp()),
+            Activation::Identity => {}
+            Activation::Relu => values.iter_mut().for_each(|v| *v = v.max(0.0)),
+            Activation::Silu => silu::silu_in_place(values),
         }
     }
 
-    /// `d act / d pre` at `pre`, whose activation is `out`, as candle's backward computes it.
-    fn derivative(self, pre: f32, out: f32) -> f32 {
+    /// `grad *= d act / d pre` at every element, as candle's backward
+    /// computes it: from `pre` and the activation as the plain layers
+    /// stored it (rounded to `dtype`).
+    fn backward(self, dtype: DType, grad: &mut [f32], pre: &[f32]) {
         match self {
-            Activation::Identity => 1.0,
-            Activation::Relu if pre >= 0.0 => 1.0,
-            Activation::Relu => 0.0,
+            Activation::Identity => {}
+            Activation::Relu => {
+                for (d, &p) in grad.iter_mut().zip(pre) {
+                    *d *= if p >= 0.0 { 1.0 } else { 0.0 };
+                }
+            }
             Activation::Silu => {
-                let sigmoid = 1.0 / ((-pre).exp() + 1.0);
-                sigmoid * (1.0 - out) + out
+                let (mut exp_neg, mut out) = (vec![0.0; pre.len()], vec![0.0; pre.len()]);
+                silu::silu_keeping_exp(pre, &mut exp_neg, &mut out);
+                round_to_serial(dtype, &mut out);
+                silu::silu_backward(grad, &exp_neg, &out);
             }
         }
     }
@@ -87,7 +96,7 @@ impl Activation {
         match self {
             Activation::Identity => Ok(x.clone()),
             Activation::Relu => x.relu(),
-            Activation::Silu => x.silu(),
+            Activation::Silu => super::silu(x),
         }
     }
 }
@@ -210,7 +219,7 @@ const OP: &str = "norm_act";
 const MERGE: &str = "norm_add_act";
 
 /// Elements per task of the elementwise passes.
-const CHUNK: usize = 1 << 14;
+pub(super) const CHUNK: usize = 1 << 14;
 
 /// Rounds f32 values to what a tensor of `dtype` stores, as the plain ops do
 /// when they write a half-precision result.
@@ -230,7 +239,7 @@ fn normalise(g: &norm::Geometry, dtype: DType, x: &[f32], scale: &[f32], shift: 
 
 fn activate(dtype: DType, values: &mut [f32], act: Activation) {
     if act != Activation::Identity {
-        values.par_chunks_mut(CHUNK).for_each(|c| c.iter_mut().for_each(|v| *v = act.apply(*v)));
+        values.par_chunks_mut(CHUNK).for_each(|c| act.apply(c));
         round_to(dtype, values);
     }
 }
@@ -240,14 +249,7 @@ fn through_activation(dtype: DType, grad: &mut [f32], pre: &[f32], act: Activati
     if act == Activation::Identity {
         return;
     }
-    grad.par_chunks_mut(CHUNK).zip(pre.par_chunks(CHUNK)).for_each(|(grad, pre)| {
-        // The derivative reads the activation as the plain layers stored it.
-        let mut out: Vec<f32> = pre.iter().map(|&p| act.apply(p)).collect();
-        round_to_serial(dtype, &mut out);
-        for ((d, &p), &o) in grad.iter_mut().zip(pre).zip(&out) {
-            *d *= act.derivative(p, o);
-        }
-    });
+    grad.par_chunks_mut(CHUNK).zip(pre.par_chunks(CHUNK)).for_each(|(grad, pre)| act.backward(dtype, grad, pre));
     round_to(dtype, grad);
 }
 

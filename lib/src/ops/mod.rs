@@ -16,6 +16,7 @@ mod gemm_packing;
 mod lean;
 mod norm;
 mod pool;
+mod silu;
 
 #[cfg(test)]
 mod lean_tests;
@@ -134,6 +135,16 @@ impl ConvScratch {
 /// W`) by a weight of `weight` dims.
 pub fn conv2d_scratch(x: [usize; 4], weight: [usize; 4], p: ConvParams) -> std::result::Result<ConvScratch, OpError> {
     Ok(conv::scratch(&conv_geometry::Geometry::of_dims(x, weight, p)?))
+}
+
+/// SiLU, `x / (1 + e^-x)`. On the CPU in f32, f16 and bf16 it is our op
+/// (vectorised, computed in f32 and rounded once, the lean layers'
+/// arithmetic); elsewhere candle's `silu`.
+pub fn silu(x: &Tensor) -> Result<Tensor> {
+    if !uses_own_kernels(x) {
+        return x.silu();
+    }
+    x.contiguous()?.apply_op1(silu::Silu)
 }
 
 /// Max over `kernel x kernel` windows; padding pads with -inf (at most half
