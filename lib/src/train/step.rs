@@ -144,8 +144,11 @@ pub fn forward_backward_watched(
         let mut segment_grads = root.backward()?;
         drop(root);
         for named in net.params() {
+            // Candle's own backward ops (the plain layers', every op on CUDA)
+            // build a parameter's gradient from tensors of the graph, and the
+            // gradient would keep the whole graph alive until it is dropped.
             if let Some(g) = segment_grads.remove(named.var.as_tensor()) {
-                grads.insert(named.var.as_tensor(), g);
+                grads.insert(named.var.as_tensor(), g.detach());
             }
         }
         if i > 0 {
