@@ -4,8 +4,10 @@
 //! "Total", `cuMemGetInfo`'s total): less than the box says, because of ECC
 //! and the driver's own reservations. `context` is a typical CUDA context
 //! plus Candle's kernels and cuBLAS workspace on that generation with lazy
-//! module loading; these are estimates until measured (`%mem` reports the
-//! real one).
+//! module loading. Hopper's is measured: 689 MiB in use outside the pool on
+//! an H200 (driver 580.159.04, CUDA 13.0) once candle's first kernels had
+//! run (`scripts/gpu_check.sh`, BENCHMARKS.md); the others are estimates
+//! until measured (`%mem` reports the real one).
 
 use std::fmt;
 
@@ -36,7 +38,7 @@ impl Arch {
             Arch::Volta | Arch::Turing => 300,
             Arch::Ampere => 350,
             Arch::Ada => 400,
-            Arch::Hopper => 500,
+            Arch::Hopper => 690,
             Arch::Blackwell => 550,
         }
     }

@@ -81,3 +81,20 @@ def test_the_gpu_script_needs_a_python_with_pytorch(tmp_path):
     binary.write_text("")
     done = script("--binary", str(binary), "--out", str(tmp_path / "out"))
     assert done.returncode == 2 and "has no PyTorch and torchvision" in done.stderr, done.stderr
+
+
+def test_the_report_prints_every_table_of_a_kept_run():
+    run = ROOT / "benchmarks/h200-2026-12-04"
+    report = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_report.py"), str(run)], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr
+    text = report.stdout
+    for title in ["Machine", "Smoke test", "Predicted against measured", "Step time", "Host to device"]:
+        assert f"#### {title}" in text, title
+    measured = json.loads((run / "measure.json").read_text())
+    assert all(f"| {row['label']} |" in text for row in measured), "a row per measured configuration"
+    assert "NVIDIA H200" in text and "| resnet18 b32@224 | " in text
+
+
+def test_the_report_refuses_a_missing_folder(tmp_path):
+    report = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_report.py"), str(tmp_path / "none")], capture_output=True, text=True)
+    assert report.returncode == 2 and "gpu_check" in report.stderr

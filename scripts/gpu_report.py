@@ -1,0 +1,99 @@
+"""The markdown tables of a scripts/gpu_check.sh run, for BENCHMARKS.md.
+
+    python3 scripts/gpu_report.py DIR     # DIR: the run's output folder ($OUT there)
+
+Reads env.json, smoke.json, measure.json, bench.json and h2d.json (whichever
+the run wrote) and prints the machine, the smoke test's checks, predicted
+against measured peaks and bills beside PyTorch's peak, step times against
+PyTorch's, and copy bandwidth.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import statistics
+import sys
+
+BILLS = ["parameters", "optimizer_state", "activations", "input_batch", "context_and_workspace"]
+
+
+def mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def load(folder: pathlib.Path, name: str):
+    path = folder / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def env_lines(env: dict) -> list[str]:
+    smi = env.get("nvidia_smi", "").splitlines()
+    return [f"- {env.get('date')}: {smi[-1] if smi else env.get('gpu')}; torch {env.get('torch')} (CUDA {env.get('torch_cuda')}); "
+            f"{env.get('cpus')} CPUs; {env.get('machine')}"]
+
+
+def smoke_lines(smoke: dict) -> list[str]:
+    checks = smoke.get("json", {}).get("checks", [])
+    if not checks:
+        return [f"- smoke did not run: {smoke.get('error') or smoke.get('stderr', '')[-300:]}"]
+    return [f"- {'pass' if c['passed'] else 'FAIL'}: {c['name']}: {c['figure']}" for c in checks]
+
+
+def measure_lines(rows: list) -> list[str]:
+    lines = ["| configuration | predicted peak | measured peak | error | activations pred / meas | context and workspace pred / meas | PyTorch peak |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        c = row.get("json")
+        if not c or "measured_peak" not in c:
+            lines.append(f"| {row['label']} | | | {row.get('error') or 'failed'} | | | |")
+            continue
+        error = (c["measured_peak"] - c["predicted_peak"]) / c["predicted_peak"] * 100
+        torch = row.get("torch", {})
+        theirs = mib(torch["torch_peak_bytes"]) if "torch_peak_bytes" in torch else torch.get("none", torch.get("error", ""))
+        bill = lambda name: f"{mib(c['predicted'][name])} / {mib(c['measured'][name])}"
+        lines.append(f"| {row['label']} | {mib(c['predicted_peak'])} | {mib(c['measured_peak'])} | {error:+.1f}% "
+                     f"| {bill('activations')} | {bill('context_and_workspace')} | {theirs} |")
+    return lines
+
+
+def bench_lines(bench: dict) -> list[str]:
+    lines = [f"{bench['rounds']} alternations of {bench['steps']} timed steps after {bench['warmup']} warm-up; medians.", "",
+             "| configuration | vramlab | PyTorch | ratio |", "|---|---:|---:|---:|"]
+    for row in bench["results"]:
+        if "ratio" in row:
+            ours, theirs = statistics.median(row["ours_s"]), statistics.median(row["torch_s"])
+            lines.append(f"| {row['label']} | {ours * 1000:.1f} ms | {theirs * 1000:.1f} ms | {row['ratio']:.1f}x |")
+        else:
+            lines.append(f"| {row['label']} | {row['failures'] or row['ours_s']} | {row.get('torch', row['torch_s'])} | |")
+    return lines
+
+
+def h2d_lines(h2d: dict) -> list[str]:
+    ours, theirs = h2d["vramlab"].get("json", {}), h2d["torch"]
+    rate = lambda d, k: f"{d[k] / 1000:.1f} GB/s" if k in d else "n/a"
+    return ["| copy of 256 MiB | vramlab | PyTorch |", "|---|---:|---:|",
+            f"| pageable | {rate(ours, 'pageable_mb_per_s')} | {rate(theirs, 'pageable_mb_per_s')} |",
+            f"| pinned | {rate(ours, 'pinned_mb_per_s')} | {rate(theirs, 'pinned_mb_per_s')} |",
+            f"| pageable through a pinned staging buffer | {rate(ours, 'staged_mb_per_s')} | |"]
+
+
+def main() -> int:
+    if len(sys.argv) != 2 or not pathlib.Path(sys.argv[1]).is_dir():
+        print(__doc__, file=sys.stderr)
+        return 2
+    folder = pathlib.Path(sys.argv[1])
+    sections = [("Machine", "env.json", env_lines), ("Smoke test", "smoke.json", smoke_lines),
+                ("Predicted against measured", "measure.json", measure_lines), ("Step time", "bench.json", bench_lines),
+                ("Host to device", "h2d.json", h2d_lines)]
+    for title, name, render in sections:
+        data = load(folder, name)
+        if data is not None:
+            print(f"#### {title}\n")
+            print("\n".join(render(data)) + "\n")
+    skipped = load(folder, "skipped.json") or []
+    print(f"Skipped: {'; '.join(skipped) if skipped else 'nothing'}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
