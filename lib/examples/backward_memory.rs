@@ -42,7 +42,7 @@ fn main() -> Result<()> {
         ("batch-norm", Box::new(bn)),
         ("max-pool 3x3/2", Box::new(|t: &Tensor| ops::max_pool2d(t, 3, 2, 1))),
         ("relu", Box::new(|t: &Tensor| t.relu())),
-        ("silu", Box::new(|t: &Tensor| t.silu())),
+        ("silu", Box::new(|t: &Tensor| ops::silu(t))),
         ("x * gate", Box::new(|t: &Tensor| t.broadcast_mul(&t.mean_keepdim(3)?.mean_keepdim(2)?.exp()?))),
         ("conv, batch-norm, relu", Box::new(|t: &Tensor| bn(&conv(t)?)?.relu())),
     ];

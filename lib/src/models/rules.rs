@@ -13,12 +13,12 @@
 //! for every input that needs one it adds the op's input gradient into a
 //! zero tensor (`GradStore::or_insert`): incoming gradient, zeros, input
 //! gradient and their sum are alive at once (`backward_bytes`). Where an op's
-//! gradient formula reads its forward input (ReLU, SiLU, a gate), the
+//! gradient formula reads its forward input (ReLU, a gate), the
 //! gradient it passes on is itself recorded in the graph and keeps every
 //! temporary of that formula alive until the op before has used it; the rule
 //! of such an op counts that op's backward too. Measured with the allocation
 //! counters on single layers (b32, 32x32x32): conv, batch-norm and pooling
-//! 4x their input, ReLU 8.25x, SiLU 14x, an x * gate product 8x in f32;
+//! 4x their input, SiLU (`ops::silu`) 4x, ReLU 8.25x, an x * gate product 8x in f32;
 //! conv + batch-norm + ReLU 11.5x in f16.
 //!
 //! In inference there is no graph: an op's tensors die when the next op is
@@ -63,18 +63,24 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
         }
         // Unary ops keep their input (the previous op's output, already
         // counted) and their output is kept by whatever consumes it.
-        Op::Relu | Op::Silu => {
+        Op::Relu => {
             cost.keep(in_bytes);
-            // The chain the gradient carries (ReLU: zeros, a u8 mask, its
-            // float copy, the product and the sum; SiLU: ten tensors) plus the
-            // batch-norm backward that consumes it, which under AMP also
-            // holds f32 copies (6 more bytes per element, measured).
+            // The chain the gradient carries (zeros, a u8 mask, its float
+            // copy, the product and the sum) plus the batch-norm backward
+            // that consumes it, which under AMP also holds f32 copies (6 more
+            // bytes per element, measured).
             let amp_copies = if precision.is_mixed() { 6 * input.elems() } else { 0 };
-            cost.backward_bytes = amp_copies
-                + match op {
-                    Op::Relu => 8 * in_bytes + input.elems(),
-                    _ => 14 * in_bytes,
-                };
+            cost.backward_bytes = amp_copies + 8 * in_bytes + input.elems();
+            cost.eval_live_bytes = 2 * in_bytes;
+            input
+        }
+        // `ops::silu` is one op with a backward of its own: it materialises
+        // its input gradient alone (in f32 for a half input, cast back), as
+        // batch-norm's does.
+        Op::Silu => {
+            cost.keep(in_bytes);
+            let f32_copies = if precision.is_mixed() { 2 * input.elems() * F32_BYTES } else { 0 };
+            cost.backward_bytes = 4 * in_bytes + f32_copies;
             cost.eval_live_bytes = 2 * in_bytes;
             input
         }
