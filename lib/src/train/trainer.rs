@@ -254,7 +254,16 @@ impl Trainer {
         let mut grads = GradStore::default();
         let (mut loss, mut correct, mut samples) = (0.0f32, 0, 0);
         let last = micro_batches.len() - 1;
+        let mut earlier_peak = None;
         for (i, (images, labels)) in micro_batches.iter().enumerate() {
+            if i == last && i > 0 {
+                // The phases reported are the last micro-batch's, as the ledger's
+                // are: its window starts here, so that the earlier micro-batches'
+                // backward does not count as its input copy. Their peak still
+                // counts in the step's.
+                earlier_peak = self.meter.window_peak()?;
+                self.meter.open_window()?;
+            }
             let accumulated = grad_bytes(&grads, &self.net);
             let mut inner = |done: StepPhase, collected: u64| {
                 *last_phase.borrow_mut() = Some(done);
@@ -308,7 +317,7 @@ impl Trainer {
             skipped: !stepped,
             grad_norm,
             applied_grad_norm,
-            memory: self.meter.window_peak()?.map(|peak| MemorySample { in_use, peak }),
+            memory: self.meter.window_peak()?.map(|peak| MemorySample { in_use, peak: peak.max(earlier_peak.unwrap_or(0)) }),
         };
         self.history.events.push(TrainEvent::Step(report.clone()));
         Ok(report)
