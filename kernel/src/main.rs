@@ -61,6 +61,8 @@ fn main() -> ExitCode {
     // The cell process is this same binary started again by evcxr; in that
     // role it never returns from here.
     evcxr::runtime_hook();
+    // From here on this process is the kernel, not the cell process that trains.
+    vramlab::memory::map_large_blocks();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).format_target(false).init();
     let cli = Cli::parse();
     let result = match (cli.command, cli.connection_file) {

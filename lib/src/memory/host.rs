@@ -166,6 +166,23 @@ fn keep_freed_memory() {
     }
 }
 
+/// Lets glibc map blocks of over 32 MiB on their own again, as it did
+/// before [`install`] stopped it: for a process that keeps serving rather
+/// than training (the kernel itself, whose few large blocks are
+/// long-lived), where reusing freed large blocks buys nothing.
+pub fn map_large_blocks() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes glibc's tuning parameters.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, GLIBC_MMAP_MAX);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+    }
+}
+
+/// glibc's default for `M_MMAP_MAX`.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const GLIBC_MMAP_MAX: i32 = 65536;
+
 fn trim() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim is safe to call at any time.

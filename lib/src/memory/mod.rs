@@ -30,7 +30,7 @@ pub mod cuda;
 
 pub use budget::{budget, check_budget, cpu_with_budget, last_out_of_memory, set_budget, Budget, OutOfMemory};
 pub use card::{card, card_allocate, card_allocate_outside, card_empty_cache, card_free, card_stats, install_card, remove_card, CardError};
-pub use host::{counters_address, host_total, install, loader_bytes, loader_held, EmptyCache, HostMemory};
+pub use host::{counters_address, host_total, install, loader_bytes, loader_held, map_large_blocks, EmptyCache, HostMemory};
 pub use meter::StepMeter;
 pub use pool::{empty_cache_demo, fragmentation_demo, EmptyCacheDemo, FragmentationDemo, PoolOom, PoolStats, SimulatedCard};
 pub use probe::{CellProbe, CellUsage, Mark};
