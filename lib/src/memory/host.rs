@@ -175,13 +175,17 @@ pub fn map_large_blocks() {
     // SAFETY: mallopt only changes glibc's tuning parameters.
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, GLIBC_MMAP_MAX);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, LARGEST_MMAP_THRESHOLD);
     }
 }
 
 /// glibc's default for `M_MMAP_MAX`.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const GLIBC_MMAP_MAX: i32 = 65536;
+
+/// glibc's largest mmap threshold on 64-bit (`DEFAULT_MMAP_THRESHOLD_MAX`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const LARGEST_MMAP_THRESHOLD: i32 = 32 << 20;
 
 fn trim() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
