@@ -6,6 +6,7 @@
 use rayon::prelude::*;
 
 use super::conv_geometry::Geometry;
+use super::floats::par_chunks_from;
 
 fn padded_size(g: &Geometry) -> (usize, usize) {
     (g.height + 2 * g.padding, g.width + 2 * g.padding)
@@ -41,8 +42,7 @@ fn axpy_strided(dst: &mut [f32], scale: f32, src: &[f32], stride: usize) {
 pub(super) fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     let (_, wp) = padded_size(g);
     let (op, ow_n, s) = (g.out_plane(), g.out_w, g.stride);
-    let mut out = vec![0f32; g.batch * g.out_channels * op];
-    out.par_chunks_mut(op).enumerate().for_each_init(Vec::new, |padded, (i, out_plane)| {
+    par_chunks_from(g.batch * g.out_channels * op, op, 0.0, Vec::new, |padded, i, out_plane| {
         let (n, oc) = (i / g.out_channels, i % g.out_channels);
         let c = oc / multiplier(g);
         pad_plane(g, &x[(n * g.channels + c) * g.in_plane()..][..g.in_plane()], padded);
@@ -55,16 +55,14 @@ pub(super) fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
                 }
             }
         }
-    });
-    out
+    })
 }
 
 pub(super) fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
     let (_, wp) = padded_size(g);
     let (op, ow_n, s, p) = (g.out_plane(), g.out_w, g.stride, g.padding);
     let mult = multiplier(g);
-    let mut dx = vec![0f32; g.batch * g.channels * g.in_plane()];
-    dx.par_chunks_mut(g.in_plane()).enumerate().for_each_init(Vec::new, |dpad: &mut Vec<f32>, (i, dx_plane)| {
+    par_chunks_from(g.batch * g.channels * g.in_plane(), g.in_plane(), 0.0, Vec::new, |dpad: &mut Vec<f32>, i, dx_plane| {
         let (n, c) = (i / g.channels, i % g.channels);
         let (hp, _) = padded_size(g);
         dpad.clear();
@@ -89,8 +87,7 @@ pub(super) fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
         for (ih, dst) in dx_plane.chunks_exact_mut(g.width).enumerate() {
             dst.copy_from_slice(&dpad[(ih + p) * wp + p..][..g.width]);
         }
-    });
-    dx
+    })
 }
 
 pub(super) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {

@@ -1,10 +1,12 @@
 //! CPU storage in and out of the f32 buffers the kernels compute in.
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, Layout, Result};
 use half::slice::HalfFloatSliceExt;
+use rayon::prelude::*;
 
 use super::OpError;
 
@@ -28,4 +30,34 @@ pub(super) fn storage_from_f32(op: &'static str, values: Vec<f32>, dtype: DType)
         DType::BF16 => CpuStorage::BF16(half::vec::HalfFloatVecExt::from_f32_slice(&values)),
         dtype => Err(OpError::UnsupportedDType { op, dtype })?,
     })
+}
+
+/// `part` set to `value`, as the initialised slice it now is.
+pub(super) fn init_with<T: Copy>(part: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
+    part.fill(MaybeUninit::new(value));
+    // SAFETY: every element was written just above, and `MaybeUninit<T>` has
+    // the layout of `T`.
+    unsafe { &mut *(part as *mut [MaybeUninit<T>] as *mut [T]) }
+}
+
+/// `len` elements made chunk by chunk (`chunk` long, the last shorter) by
+/// `fill(state, i, chunk)` on rayon's threads, each chunk set to `zero`
+/// first by the thread that fills it: a zeroed allocation is one more pass
+/// over the whole buffer, on the calling thread alone. `init` makes a
+/// thread's `state`, as in `for_each_init`.
+pub(super) fn par_chunks_from<T: Copy + Send + Sync, S>(
+    len: usize,
+    chunk: usize,
+    zero: T,
+    init: impl Fn() -> S + Sync + Send,
+    fill: impl Fn(&mut S, usize, &mut [T]) + Sync + Send,
+) -> Vec<T> {
+    let mut values = Vec::with_capacity(len);
+    values.spare_capacity_mut()[..len]
+        .par_chunks_mut(chunk.max(1))
+        .enumerate()
+        .for_each_init(init, |state, (i, part)| fill(state, i, init_with(part, zero)));
+    // SAFETY: the chunks cover the first `len` elements, each written by `init_with`.
+    unsafe { values.set_len(len) };
+    values
 }

@@ -39,25 +39,30 @@ pub(super) struct Strides {
     pub col: usize,
 }
 
-/// Bytes `gemm::gemm(m, n, k, dst, 1, dst_row_stride, ..)` of f32 allocates
-/// for `dst (m x n) = lhs (m x k) * rhs (k x n)`, with the strides given.
-pub(super) fn packing_bytes(
-    (m, n, k): (usize, usize, usize),
-    dst_row_stride: usize,
-    lhs: Strides,
-    rhs: Strides,
-    parallelism: Parallelism,
-) -> u64 {
+impl Strides {
+    pub fn row_major(row: usize) -> Self {
+        Self { row, col: 1 }
+    }
+
+    pub fn column_major(col: usize) -> Self {
+        Self { row: 1, col }
+    }
+
+    fn transposed(self) -> Self {
+        Self { row: self.col, col: self.row }
+    }
+}
+
+/// Bytes `gemm::gemm` of f32 allocates for `dst (m x n) = lhs (m x k) *
+/// rhs (k x n)`, with the strides given.
+pub(super) fn packing_bytes((m, n, k): (usize, usize, usize), dst: Strides, lhs: Strides, rhs: Strides, parallelism: Parallelism) -> u64 {
     if m == 0 || n == 0 || k <= 2 {
         return 0;
     }
     // gemm makes the destination column-major by transposing the product.
-    let transposed = 1 < dst_row_stride;
-    let (m, n, lhs, rhs, dst) = if transposed {
-        (n, m, Strides { row: rhs.col, col: rhs.row }, Strides { row: lhs.col, col: lhs.row }, Strides { row: 1, col: dst_row_stride })
-    } else {
-        (m, n, lhs, rhs, Strides { row: dst_row_stride, col: 1 })
-    };
+    let transposed = dst.col < dst.row;
+    let (m, n, lhs, rhs, dst) =
+        if transposed { (n, m, rhs.transposed(), lhs.transposed(), dst.transposed()) } else { (m, n, lhs, rhs, dst) };
     let mk = microkernel();
     let small = m * n <= 16 * 16 && lhs.col == 1 && rhs.row == 1;
     let vector = (n <= 1 && ((lhs.row == 1 && dst.row == 1) || (lhs.col == 1 && rhs.row == 1)))

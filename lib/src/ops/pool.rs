@@ -5,8 +5,8 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
-use rayon::prelude::*;
 
+use super::floats::par_chunks_from;
 use super::{dims4, window_count, OpError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,31 +84,39 @@ impl Geometry {
     }
 
     pub(super) fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
-        let mut out = vec![T::zero(); self.batch * self.channels * self.out_plane()];
-        out.par_chunks_mut(self.out_plane()).enumerate().for_each(|(i, out_plane)| {
-            let plane = &x[i * self.in_plane()..][..self.in_plane()];
-            for (j, o) in out_plane.iter_mut().enumerate() {
-                *o = match self.argmax(plane, j / self.out_w, j % self.out_w) {
-                    Some(k) => plane[k],
-                    None => T::from_f64(f64::NEG_INFINITY),
-                };
-            }
-        });
-        out
+        par_chunks_from(
+            self.batch * self.channels * self.out_plane(),
+            self.out_plane(),
+            T::zero(),
+            || (),
+            |_, i, out_plane| {
+                let plane = &x[i * self.in_plane()..][..self.in_plane()];
+                for (j, o) in out_plane.iter_mut().enumerate() {
+                    *o = match self.argmax(plane, j / self.out_w, j % self.out_w) {
+                        Some(k) => plane[k],
+                        None => T::from_f64(f64::NEG_INFINITY),
+                    };
+                }
+            },
+        )
     }
 
     pub(super) fn grad_input<T: WithDType>(&self, x: &[T], dy: &[T]) -> Vec<T> {
-        let mut dx = vec![T::zero(); self.batch * self.channels * self.in_plane()];
-        dx.par_chunks_mut(self.in_plane()).enumerate().for_each(|(i, dx_plane)| {
-            let plane = &x[i * self.in_plane()..][..self.in_plane()];
-            let dy_plane = &dy[i * self.out_plane()..][..self.out_plane()];
-            for (j, g) in dy_plane.iter().enumerate() {
-                if let Some(k) = self.argmax(plane, j / self.out_w, j % self.out_w) {
-                    dx_plane[k] += *g;
+        par_chunks_from(
+            self.batch * self.channels * self.in_plane(),
+            self.in_plane(),
+            T::zero(),
+            || (),
+            |_, i, dx_plane| {
+                let plane = &x[i * self.in_plane()..][..self.in_plane()];
+                let dy_plane = &dy[i * self.out_plane()..][..self.out_plane()];
+                for (j, g) in dy_plane.iter().enumerate() {
+                    if let Some(k) = self.argmax(plane, j / self.out_w, j % self.out_w) {
+                        dx_plane[k] += *g;
+                    }
                 }
-            }
-        });
-        dx
+            },
+        )
     }
 }
 
