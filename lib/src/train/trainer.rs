@@ -168,7 +168,20 @@ impl Trainer {
         &mut self,
         micro_batches: &[(Tensor, Tensor)],
         epoch: usize,
-        phase: &mut dyn FnMut(StepPhase, u64),
+        phase: &mut (dyn FnMut(StepPhase, u64) + Send),
+    ) -> Result<StepReport, TrainError> {
+        // The step runs on one of rayon's threads: a parallel op started there
+        // is taken up by the other threads as they go, where one started from
+        // outside the pool waits for a sleeping worker to wake for it, and a
+        // step starts hundreds (ResNet18 b32@64 on 2 threads: 0.268 -> 0.231 s).
+        rayon::scope(|_| self.step_in_pool(micro_batches, epoch, phase))
+    }
+
+    fn step_in_pool(
+        &mut self,
+        micro_batches: &[(Tensor, Tensor)],
+        epoch: usize,
+        phase: &mut (dyn FnMut(StepPhase, u64) + Send),
     ) -> Result<StepReport, TrainError> {
         if micro_batches.len() != self.config.accumulation {
             return Err(TrainError::MicroBatches { expected: self.config.accumulation, got: micro_batches.len() });

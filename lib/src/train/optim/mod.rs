@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::ledger;
 
 /// One optimizer, whatever its kind: what a training loop needs.
-pub trait Optimizer {
+pub trait Optimizer: Send {
     /// A short human name ("SGD", "AdamW", "8-bit Adam").
     fn name(&self) -> &'static str;
 
