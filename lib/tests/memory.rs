@@ -47,7 +47,9 @@ fn a_short_peak_is_caught_between_samples() {
         std::hint::black_box(&burst);
     }
     let end = HostMemory::sample();
-    assert!(end.peak.unwrap() >= start.in_use + 32 * MIB, "{start} / {end}");
+    // The threads of an earlier test's pool may still be exiting and freeing
+    // their buffers: the burst stood on the lower of the two levels.
+    assert!(end.peak.unwrap() >= start.in_use.min(end.in_use) + 32 * MIB, "{start} / {end}");
 }
 
 #[test]
