@@ -52,7 +52,7 @@ struct Conv {
     params: ConvParams,
 }
 
-const CONVS: [Conv; 4] = [
+const CONVS: [Conv; 8] = [
     Conv {
         name: "conv3x3_64_64_32x32_b32",
         batch: 32,
@@ -88,6 +88,42 @@ const CONVS: [Conv; 4] = [
         size: 56,
         kernel: 3,
         params: ConvParams { stride: 1, padding: 1, groups: 96 },
+    },
+    Conv {
+        name: "conv3x3_64_64_56x56_b8",
+        batch: 8,
+        channels: 64,
+        out_channels: 64,
+        size: 56,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_128_128_28x28_b8",
+        batch: 8,
+        channels: 128,
+        out_channels: 128,
+        size: 28,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_256_256_14x14_b8",
+        batch: 8,
+        channels: 256,
+        out_channels: 256,
+        size: 14,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_512_512_7x7_b8",
+        batch: 8,
+        channels: 512,
+        out_channels: 512,
+        size: 7,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
     },
 ];
 
