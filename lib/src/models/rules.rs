@@ -192,8 +192,9 @@ pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: 
 }
 
 /// The transients of a lean residual block's end (`crate::ops::norm_add_act`)
-/// over the `merged` map: `(workspace, backward)`. Forward, the f32 sum (and
-/// the projection's normalised map). Backward, besides the incoming
+/// over the `merged` map: `(workspace, backward)`. Forward, the f32 sum (the
+/// projection's normalised map is made a plane at a time beside it).
+/// Backward, besides the incoming
 /// gradient, f32 maps: the sum's gradient, batch-norm's input gradient per
 /// normalised input, and one for candle's sum of the gradients. Under mixed
 /// precision, f32 copies of the half inputs and gradient. Measured on
@@ -203,7 +204,7 @@ pub(crate) fn lean_merge(merged: Shape, precision: Precision, projected: bool) -
     let (cb, map) = (precision.compute_bytes(), merged.elems());
     let norms = if projected { 2 } else { 1 };
     let half_copies = if precision.is_mixed() { 3 * map * F32_BYTES } else { 0 };
-    let workspace = norms * map * F32_BYTES + half_copies;
+    let workspace = map * F32_BYTES + half_copies;
     let backward = map * cb + (2 + norms) * map * F32_BYTES + half_copies;
     (workspace, backward)
 }

@@ -47,7 +47,7 @@ use rayon::prelude::*;
 
 use super::conv::{convolve, convolve_grad_input, convolve_grad_weight};
 use super::conv_geometry::Geometry as ConvGeometry;
-use super::floats::{f32_view, storage_from_f32};
+use super::floats::{f32_view, par_chunks_from, storage_from_f32};
 use super::norm::{self, cpu_f32, BatchStatistics, Statistics};
 use super::pool::Geometry as PoolGeometry;
 use super::silu;
@@ -231,10 +231,31 @@ fn round_to(dtype: DType, values: &mut [f32]) {
 
 /// `act(x * scale + shift)` per channel, rounded where the plain layers store.
 fn normalise(g: &norm::Geometry, dtype: DType, x: &[f32], scale: &[f32], shift: &[f32], act: Activation) -> Vec<f32> {
-    let mut values = norm::affine(g, x, scale, shift, None);
-    round_to(dtype, &mut values);
-    activate(dtype, &mut values, act);
-    values
+    par_chunks_from(
+        x.len(),
+        g.plane,
+        0.0,
+        || (),
+        |_, i, plane| {
+            normalise_plane(dtype, &x[i * g.plane..][..plane.len()], scale[i % g.channels], shift[i % g.channels], plane);
+            activate_serial(dtype, plane, act);
+        },
+    )
+}
+
+/// One plane of [`normalise`] before its activation: the passes of the plain
+/// layers, a plane at a time while it is in the cache.
+fn normalise_plane(dtype: DType, x: &[f32], scale: f32, shift: f32, out: &mut [f32]) {
+    out.iter_mut().zip(x).for_each(|(o, &v)| *o = v * scale + shift);
+    round_to_serial(dtype, out);
+}
+
+/// [`activate`] on one thread.
+fn activate_serial(dtype: DType, values: &mut [f32], act: Activation) {
+    if act != Activation::Identity {
+        act.apply(values);
+        round_to_serial(dtype, values);
+    }
 }
 
 fn activate(dtype: DType, values: &mut [f32], act: Activation) {
@@ -444,21 +465,27 @@ struct NormAddActOp {
 }
 
 impl NormAddActOp {
-    /// `bn(z) + residual`, rounded as the plain layers' sum.
-    fn sum(&self, stats: &[Statistics], z: &[f32], x: &[f32], params: &[f32]) -> Vec<f32> {
-        let (g, c) = (&self.norm, self.norm.channels);
+    /// `act(bn(z) + residual)`, rounded as the plain layers' sum and
+    /// activation, a plane at a time.
+    fn sum(&self, stats: &[Statistics], z: &[f32], x: &[f32], params: &[f32], act: Activation) -> Vec<f32> {
+        let (g, c, dtype) = (&self.norm, self.norm.channels, self.dtype);
         let (scale, shift) = norm::scale_shift(&stats[0], per_channel(params, 0, c), per_channel(params, 1, c));
-        let mut sum = normalise(g, self.dtype, z, &scale, &shift, Activation::Identity);
-        let residual = match stats.get(1) {
-            Some(side) => {
-                let (scale, shift) = norm::scale_shift(side, per_channel(params, 2, c), per_channel(params, 3, c));
-                std::borrow::Cow::Owned(normalise(g, self.dtype, x, &scale, &shift, Activation::Identity))
-            }
-            None => std::borrow::Cow::Borrowed(x),
-        };
-        sum.par_iter_mut().zip(residual.par_iter()).for_each(|(s, r)| *s += r);
-        round_to(self.dtype, &mut sum);
-        sum
+        let side = stats.get(1).map(|side| norm::scale_shift(side, per_channel(params, 2, c), per_channel(params, 3, c)));
+        par_chunks_from(z.len(), g.plane, 0.0, Vec::new, |residual: &mut Vec<f32>, i, plane| {
+            let (channel, at) = (i % c, i * g.plane..i * g.plane + plane.len());
+            normalise_plane(dtype, &z[at.clone()], scale[channel], shift[channel], plane);
+            let residual = match &side {
+                Some((scale, shift)) => {
+                    residual.resize(plane.len(), 0.0);
+                    normalise_plane(dtype, &x[at], scale[channel], shift[channel], residual);
+                    &residual[..]
+                }
+                None => &x[at],
+            };
+            plane.iter_mut().zip(residual).for_each(|(s, r)| *s += r);
+            round_to_serial(dtype, plane);
+            activate_serial(dtype, plane, act);
+        })
     }
 
     fn forward(&self, z: &[f32], x: &[f32], params: &[f32]) -> Vec<f32> {
@@ -469,15 +496,13 @@ impl NormAddActOp {
             }
             stats
         });
-        let mut out = self.sum(stats, z, x, params);
-        activate(self.dtype, &mut out, self.act);
-        out
+        self.sum(stats, z, x, params, self.act)
     }
 
     /// Gradients of `z`, `x` and the packed parameters.
     fn backward(&self, z: &[f32], x: &[f32], params: &[f32], dy: &[f32], want: [bool; 3]) -> Result<[Option<Vec<f32>>; 3]> {
         let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
-        let sum = self.sum(stats, z, x, params);
+        let sum = self.sum(stats, z, x, params, Activation::Identity);
         let mut ds = dy.to_vec();
         through_activation(self.dtype, &mut ds, &sum, self.act);
         drop(sum);
