@@ -155,14 +155,18 @@ const RETURN_FREE_ABOVE: i32 = 256 << 20;
 /// (a sixth of a ResNet step's time on 2 threads). So every block comes
 /// from a heap, where freed memory is reused: glibc would map a block of
 /// over 32 MiB on its own (its largest threshold) and unmap it when freed,
-/// and EfficientNet-B0's 112x112 maps at batch 8 are 38 MiB. `%mem
-/// --empty-cache` (`malloc_trim`) still returns it all.
+/// and EfficientNet-B0's 112x112 maps at batch 8 are 38 MiB. Every thread
+/// allocates from the one heap (glibc would give rayon's threads heaps of
+/// their own, of 64 MiB at most, which shrink and grow again as a step's
+/// buffers move between threads: ResNet18 b8@224 on 2 threads faulted in
+/// twice the pages). `%mem --empty-cache` (`malloc_trim`) still returns it all.
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes glibc's tuning parameters.
     unsafe {
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, RETURN_FREE_ABOVE);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
 }
 
