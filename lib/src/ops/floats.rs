@@ -61,3 +61,8 @@ pub(super) fn par_chunks_from<T: Copy + Send + Sync, S>(
     unsafe { values.set_len(len) };
     values
 }
+
+/// [`par_chunks_from`] for a fill that keeps no state of its own.
+pub(super) fn par_filled<T: Copy + Send + Sync>(len: usize, chunk: usize, zero: T, fill: impl Fn(usize, &mut [T]) + Sync + Send) -> Vec<T> {
+    par_chunks_from(len, chunk, zero, || (), |_, i, part| fill(i, part))
+}

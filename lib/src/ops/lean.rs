@@ -47,7 +47,7 @@ use rayon::prelude::*;
 
 use super::conv::{convolve, convolve_grad_input, convolve_grad_weight};
 use super::conv_geometry::Geometry as ConvGeometry;
-use super::floats::{f32_view, par_chunks_from, storage_from_f32};
+use super::floats::{f32_view, par_chunks_from, par_filled, storage_from_f32};
 use super::norm::{self, cpu_f32, BatchStatistics, Statistics};
 use super::pool::Geometry as PoolGeometry;
 use super::silu;
@@ -231,16 +231,10 @@ fn round_to(dtype: DType, values: &mut [f32]) {
 
 /// `act(x * scale + shift)` per channel, rounded where the plain layers store.
 fn normalise(g: &norm::Geometry, dtype: DType, x: &[f32], scale: &[f32], shift: &[f32], act: Activation) -> Vec<f32> {
-    par_chunks_from(
-        x.len(),
-        g.plane,
-        0.0,
-        || (),
-        |_, i, plane| {
-            normalise_plane(dtype, &x[i * g.plane..][..plane.len()], scale[i % g.channels], shift[i % g.channels], plane);
-            activate_serial(dtype, plane, act);
-        },
-    )
+    par_filled(x.len(), g.plane, 0.0, |i, plane| {
+        normalise_plane(dtype, &x[i * g.plane..][..plane.len()], scale[i % g.channels], shift[i % g.channels], plane);
+        activate_serial(dtype, plane, act);
+    })
 }
 
 /// One plane of [`normalise`] before its activation: the passes of the plain
@@ -260,8 +254,7 @@ fn activate_serial(dtype: DType, values: &mut [f32], act: Activation) {
 
 fn activate(dtype: DType, values: &mut [f32], act: Activation) {
     if act != Activation::Identity {
-        values.par_chunks_mut(CHUNK).for_each(|c| act.apply(c));
-        round_to(dtype, values);
+        values.par_chunks_mut(CHUNK).for_each(|c| activate_serial(dtype, c, act));
     }
 }
 

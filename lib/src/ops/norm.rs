@@ -10,7 +10,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::floats::{f32_view, par_chunks_from, storage_from_f32};
+use super::floats::{f32_view, par_filled, storage_from_f32};
 use super::{dims4, uses_own_kernels, OpError};
 
 const OP: &str = "batch_norm_train";
@@ -150,23 +150,17 @@ pub(super) fn statistics(g: &Geometry, x: &[f32], eps: f64) -> Statistics {
 
 /// `out[n, c, i] = x[n, c, i] * scale[c] + shift[c]`, and `+ dy * dy_scale[c]` when given.
 pub(super) fn affine(g: &Geometry, x: &[f32], scale: &[f32], shift: &[f32], dy: Option<(&[f32], &[f32])>) -> Vec<f32> {
-    par_chunks_from(
-        x.len(),
-        g.plane,
-        0.0,
-        || (),
-        |_, i, dst| {
-            let c = i % g.channels;
-            let src = &x[i * g.plane..][..g.plane];
-            match dy {
-                None => dst.iter_mut().zip(src).for_each(|(d, &v)| *d = v * scale[c] + shift[c]),
-                Some((dy, dy_scale)) => {
-                    let dy = &dy[i * g.plane..][..g.plane];
-                    dst.iter_mut().zip(src).zip(dy).for_each(|((d, &v), &e)| *d = v * scale[c] + shift[c] + e * dy_scale[c])
-                }
+    par_filled(x.len(), g.plane, 0.0, |i, dst| {
+        let c = i % g.channels;
+        let src = &x[i * g.plane..][..g.plane];
+        match dy {
+            None => dst.iter_mut().zip(src).for_each(|(d, &v)| *d = v * scale[c] + shift[c]),
+            Some((dy, dy_scale)) => {
+                let dy = &dy[i * g.plane..][..g.plane];
+                dst.iter_mut().zip(src).zip(dy).for_each(|((d, &v), &e)| *d = v * scale[c] + shift[c] + e * dy_scale[c])
             }
-        },
-    )
+        }
+    })
 }
 
 /// What batch-norm's backward gives for an output gradient `dy`.

@@ -6,7 +6,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
-use super::floats::par_chunks_from;
+use super::floats::par_filled;
 use super::{dims4, window_count, OpError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,39 +84,27 @@ impl Geometry {
     }
 
     pub(super) fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
-        par_chunks_from(
-            self.batch * self.channels * self.out_plane(),
-            self.out_plane(),
-            T::zero(),
-            || (),
-            |_, i, out_plane| {
-                let plane = &x[i * self.in_plane()..][..self.in_plane()];
-                for (j, o) in out_plane.iter_mut().enumerate() {
-                    *o = match self.argmax(plane, j / self.out_w, j % self.out_w) {
-                        Some(k) => plane[k],
-                        None => T::from_f64(f64::NEG_INFINITY),
-                    };
-                }
-            },
-        )
+        par_filled(self.batch * self.channels * self.out_plane(), self.out_plane(), T::zero(), |i, out_plane| {
+            let plane = &x[i * self.in_plane()..][..self.in_plane()];
+            for (j, o) in out_plane.iter_mut().enumerate() {
+                *o = match self.argmax(plane, j / self.out_w, j % self.out_w) {
+                    Some(k) => plane[k],
+                    None => T::from_f64(f64::NEG_INFINITY),
+                };
+            }
+        })
     }
 
     pub(super) fn grad_input<T: WithDType>(&self, x: &[T], dy: &[T]) -> Vec<T> {
-        par_chunks_from(
-            self.batch * self.channels * self.in_plane(),
-            self.in_plane(),
-            T::zero(),
-            || (),
-            |_, i, dx_plane| {
-                let plane = &x[i * self.in_plane()..][..self.in_plane()];
-                let dy_plane = &dy[i * self.out_plane()..][..self.out_plane()];
-                for (j, g) in dy_plane.iter().enumerate() {
-                    if let Some(k) = self.argmax(plane, j / self.out_w, j % self.out_w) {
-                        dx_plane[k] += *g;
-                    }
+        par_filled(self.batch * self.channels * self.in_plane(), self.in_plane(), T::zero(), |i, dx_plane| {
+            let plane = &x[i * self.in_plane()..][..self.in_plane()];
+            let dy_plane = &dy[i * self.out_plane()..][..self.out_plane()];
+            for (j, g) in dy_plane.iter().enumerate() {
+                if let Some(k) = self.argmax(plane, j / self.out_w, j % self.out_w) {
+                    dx_plane[k] += *g;
                 }
-            },
-        )
+            }
+        })
     }
 }
 
