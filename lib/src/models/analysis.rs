@@ -60,6 +60,16 @@ pub struct ConvLayer {
 }
 
 impl ConvLayer {
+    /// Elements of the kernel.
+    pub fn weights(&self) -> u64 {
+        let Shape::Map { c, .. } = self.input else { return 0 };
+        let per_group = match self.conv.grouping {
+            Grouping::Dense => c,
+            Grouping::Depthwise => 1,
+        };
+        (self.conv.out_channels * per_group * self.conv.kernel * self.conv.kernel) as u64
+    }
+
     /// What our CPU convolution allocates beyond its operands at `batch`, in
     /// each of its passes.
     pub fn host_scratch(&self, batch: u64) -> crate::ops::ConvScratch {
@@ -179,7 +189,7 @@ impl Fold for Costing {
             if matches!(merged_into, None | Some(crate::ops::Activation::Identity)) {
                 add.keep(out_bytes);
             }
-            add.backward_bytes = 3 * out_bytes;
+            add.backward_bytes = out_bytes;
             if merged_into.is_some() {
                 let projected = !shortcut.rows.is_empty();
                 (add.workspace_bytes, add.backward_bytes) = rules::lean_merge(merged, self.precision, projected);

@@ -25,8 +25,7 @@ pub struct Cost {
     /// The largest single activation tensor.
     pub largest_tensor_bytes: u64,
     /// Bytes a layer's backward holds at once beyond what the graph keeps:
-    /// the incoming gradient, the op's own temporaries, and candle's
-    /// `or_insert` zeros, the input gradient and their sum.
+    /// the incoming gradient, the op's own temporaries and the input gradient.
     pub backward_bytes: u64,
     /// The largest parameter tensor (elements); the optimizer step works one tensor at a time.
     pub largest_param_elems: u64,

@@ -10,16 +10,18 @@
 //! contiguous tensor, transpose, narrow, broadcast) cost nothing.
 //!
 //! Backward frees each node's incoming gradient once the node is done, and
-//! for every input that needs one it adds the op's input gradient into a
-//! zero tensor (`GradStore::or_insert`): incoming gradient, zeros, input
-//! gradient and their sum are alive at once (`backward_bytes`). Where an op's
+//! stores the op's input gradient as the input's gradient
+//! (`GradStore::accumulate`; a second gradient for the same input is added
+//! into it): incoming gradient and input gradient are alive at once
+//! (`backward_bytes`). Where an op's
 //! gradient formula reads its forward input (ReLU, a gate), the
 //! gradient it passes on is itself recorded in the graph and keeps every
 //! temporary of that formula alive until the op before has used it; the rule
 //! of such an op counts that op's backward too. Measured with the allocation
-//! counters on single layers (b32, 32x32x32): conv, batch-norm and pooling
-//! 4x their input, SiLU (`ops::silu`) 4x, ReLU 8.25x, an x * gate product 8x in f32;
-//! conv + batch-norm + ReLU 11.5x in f16.
+//! counters on single layers (b32, 32x32x32), above what the harness itself
+//! holds (2x its input in f32, 4x in f16): conv, batch-norm, pooling and SiLU
+//! (`ops::silu`) 0-0.6x their input, ReLU 2.25x, an x * gate product 2x in f32;
+//! conv + batch-norm + ReLU 5.5x in f16.
 //!
 //! In inference there is no graph: an op's tensors die when the next op is
 //! done with them, so `eval_live` is the op's input plus what it materialises
@@ -57,7 +59,7 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
             if precision.is_mixed() {
                 cost.workspace_bytes = 2 * e * F32_BYTES;
             }
-            cost.backward_bytes = 4 * in_bytes + cost.workspace_bytes;
+            cost.backward_bytes = 2 * in_bytes + cost.workspace_bytes;
             cost.eval_live_bytes = in_bytes + 4 * e * F32_BYTES;
             input
         }
@@ -65,22 +67,23 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
         // counted) and their output is kept by whatever consumes it.
         Op::Relu => {
             cost.keep(in_bytes);
-            // The chain the gradient carries (zeros, a u8 mask, its float
-            // copy, the product and the sum) plus the batch-norm backward
+            // The chain the gradient carries (a u8 mask, its float copy and
+            // the product) plus the batch-norm backward
             // that consumes it, which under AMP also holds f32 copies (6 more
             // bytes per element, measured).
             let amp_copies = if precision.is_mixed() { 6 * input.elems() } else { 0 };
-            cost.backward_bytes = amp_copies + 8 * in_bytes + input.elems();
+            cost.backward_bytes = amp_copies + 4 * in_bytes + input.elems();
             cost.eval_live_bytes = 2 * in_bytes;
             input
         }
         // `ops::silu` is one op with a backward of its own: it materialises
-        // its input gradient alone (in f32 for a half input, cast back), as
-        // batch-norm's does.
+        // its input gradient alone, as batch-norm's does; for a half input it
+        // reads f32 copies of the input, the output and the incoming gradient,
+        // the last becoming the gradient it casts back.
         Op::Silu => {
             cost.keep(in_bytes);
-            let f32_copies = if precision.is_mixed() { 2 * input.elems() * F32_BYTES } else { 0 };
-            cost.backward_bytes = 4 * in_bytes + f32_copies;
+            let f32_copies = if precision.is_mixed() { 3 * input.elems() * F32_BYTES } else { 0 };
+            cost.backward_bytes = 2 * in_bytes + f32_copies;
             cost.eval_live_bytes = 2 * in_bytes;
             input
         }
@@ -91,7 +94,7 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
             let (oh, ow) = (out_size(h, kernel, stride, padding)?, out_size(w, kernel, stride, padding)?);
             let out = Shape::map(c, oh, ow);
             cost.keep(out.elems() * cb);
-            cost.backward_bytes = out.elems() * cb + 3 * in_bytes;
+            cost.backward_bytes = out.elems() * cb + in_bytes;
             cost.eval_live_bytes = in_bytes + out.elems() * cb;
             out
         }
@@ -99,8 +102,8 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
         Op::GlobalAvgPool => {
             let (c, _, _) = map(input, "global average pool")?;
             cost.keep(2 * c as u64 * cb);
-            // The sum's gradient broadcast back over the map, added into zeros.
-            cost.backward_bytes = 2 * in_bytes;
+            // The sum's gradient broadcast back over the map, made contiguous.
+            cost.backward_bytes = in_bytes;
             cost.eval_live_bytes = in_bytes + 2 * c as u64 * cb;
             Shape::map(c, 1, 1)
         }
@@ -113,7 +116,8 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
         Op::Dropout { .. } => {
             cost.keep(in_bytes);
             cost.keep(in_bytes);
-            cost.backward_bytes = 4 * in_bytes;
+            // Incoming gradient and the gradients of both factors.
+            cost.backward_bytes = 3 * in_bytes;
             cost.eval_live_bytes = in_bytes;
             input
         }
@@ -135,7 +139,7 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
             if bias {
                 cost.keep(out);
             }
-            cost.backward_bytes = out + 3 * in_bytes;
+            cost.backward_bytes = out + in_bytes;
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
             Shape::Flat { features: out_features }
         }
@@ -154,7 +158,7 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
             }
             cost.keep(in_bytes);
             cost.workspace_bytes = (c64 + sq64) * cb;
-            cost.backward_bytes = 8 * in_bytes;
+            cost.backward_bytes = 4 * in_bytes;
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
             input
         }
@@ -245,7 +249,7 @@ fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Co
     if conv.bias {
         cost.keep(e * cb);
     }
-    cost.backward_bytes = e * cb + 3 * input.elems() * cb;
+    cost.backward_bytes = (e + input.elems()) * cb;
     cost.eval_live_bytes = input.elems() * cb + cost.saved_bytes + cost.workspace_bytes;
     Ok((out, cost))
 }
