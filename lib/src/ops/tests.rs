@@ -5,7 +5,7 @@ use super::*;
 /// `(batch, channels, height, width, out_channels, kernel, stride, padding, groups)`.
 type Case = (usize, usize, usize, usize, usize, usize, usize, usize, usize);
 
-const CASES: [Case; 12] = [
+const CASES: [Case; 13] = [
     (2, 3, 7, 9, 4, 3, 1, 1, 1),   // odd, non-square input
     (3, 4, 8, 8, 6, 3, 2, 1, 1),   // stride 2
     (1, 8, 5, 5, 8, 1, 1, 0, 1),   // pointwise, one image
@@ -18,6 +18,7 @@ const CASES: [Case; 12] = [
     (3, 5, 6, 6, 4, 2, 3, 1, 1),   // even kernel, stride above kernel
     (2, 3, 18, 17, 4, 3, 1, 1, 1), // wide rows: copied row by row
     (3, 4, 16, 16, 6, 1, 1, 0, 1), // pointwise, two images stacked
+    (2, 8, 21, 37, 8, 3, 2, 1, 8), // depthwise 3x3 stride 2, rows longer than a vector
 ];
 
 pub(super) fn randn(dims: &[usize]) -> Tensor {
