@@ -78,7 +78,7 @@ fn adam_fixes_appear_only_for_adam() {
 
 #[test]
 fn when_no_single_lever_fits_the_levers_are_combined() {
-    let device = card("3GiB");
+    let device = card("2.75GiB");
     let report = check(&resnet50(1000), &StepConfig::training(16, 1024), &device).unwrap();
     assert_eq!(report.verdict, Verdict::DoesNotFit);
     for fix in &report.fixes {
