@@ -16,8 +16,8 @@ pub(super) fn f32_view<'a>(op: &'static str, storage: &'a CpuStorage, layout: &L
     let (start, end) = layout.contiguous_offsets().ok_or(OpError::NotContiguous { op })?;
     Ok(match storage {
         CpuStorage::F32(v) => Cow::Borrowed(&v[start..end]),
-        CpuStorage::F16(v) => Cow::Owned(v[start..end].to_f32_vec()),
-        CpuStorage::BF16(v) => Cow::Owned(v[start..end].to_f32_vec()),
+        CpuStorage::F16(v) => Cow::Owned(widened(&v[start..end])),
+        CpuStorage::BF16(v) => Cow::Owned(widened(&v[start..end])),
         other => Err(OpError::UnsupportedDType { op, dtype: other.dtype() })?,
     })
 }
@@ -26,10 +26,31 @@ pub(super) fn f32_view<'a>(op: &'static str, storage: &'a CpuStorage, layout: &L
 pub(super) fn storage_from_f32(op: &'static str, values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
     Ok(match dtype {
         DType::F32 => CpuStorage::F32(values),
-        DType::F16 => CpuStorage::F16(half::vec::HalfFloatVecExt::from_f32_slice(&values)),
-        DType::BF16 => CpuStorage::BF16(half::vec::HalfFloatVecExt::from_f32_slice(&values)),
+        DType::F16 => CpuStorage::F16(narrowed(&values, half::f16::ZERO)),
+        DType::BF16 => CpuStorage::BF16(narrowed(&values, half::bf16::ZERO)),
         dtype => Err(OpError::UnsupportedDType { op, dtype })?,
     })
+}
+
+/// Elements a conversion task takes: under mixed precision every op widens
+/// its half input and narrows its result, and on one thread those passes
+/// left the others waiting.
+const CONVERT_CHUNK: usize = 1 << 15;
+
+/// Half-precision values as f32, converted on rayon's threads.
+fn widened<H: Copy + Send + Sync>(values: &[H]) -> Vec<f32>
+where
+    [H]: HalfFloatSliceExt,
+{
+    par_filled(values.len(), CONVERT_CHUNK, 0.0, |i, part| values[i * CONVERT_CHUNK..][..part.len()].convert_to_f32_slice(part))
+}
+
+/// f32 values as half precision (rounded to nearest, ties to even), converted on rayon's threads.
+fn narrowed<H: Copy + Send + Sync>(values: &[f32], zero: H) -> Vec<H>
+where
+    [H]: HalfFloatSliceExt,
+{
+    par_filled(values.len(), CONVERT_CHUNK, zero, |i, part| part.convert_from_f32_slice(&values[i * CONVERT_CHUNK..][..part.len()]))
 }
 
 /// `part` set to `value`, as the initialised slice it now is.
