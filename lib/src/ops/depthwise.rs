@@ -57,6 +57,10 @@ fn pad_plane(g: &Geometry, phases: Phases, plane: &[f32], buf: &mut Vec<f32>) {
     buf.clear();
     buf.resize(phases.len(), 0.0);
     for (ih, row) in plane.chunks_exact(g.width).enumerate() {
+        if s == 1 {
+            buf[phases.at(ih + p, p)..][..g.width].copy_from_slice(row);
+            continue;
+        }
         // The input columns that land in each phase column, from the first.
         for first in (0..s).filter(|&first| first < g.width) {
             let dst = &mut buf[phases.at(ih + p, first + p)..];
@@ -153,7 +157,11 @@ pub(super) fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
             grad_input_taps(&offsets, &w[oc * taps(g)..][..taps(g)], dgrid, dpad);
         }
         for (ih, dst) in dx_plane.chunks_exact_mut(g.width).enumerate() {
-            dst.iter_mut().enumerate().for_each(|(iw, d)| *d = dpad[phases.at(ih + p, iw + p)]);
+            if phases.stride == 1 {
+                dst.copy_from_slice(&dpad[phases.at(ih + p, p)..][..g.width]);
+            } else {
+                dst.iter_mut().enumerate().for_each(|(iw, d)| *d = dpad[phases.at(ih + p, iw + p)]);
+            }
         }
     })
 }
