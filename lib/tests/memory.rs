@@ -105,9 +105,11 @@ fn a_convolution_allocates_the_scratch_the_ledger_counts_for_it() {
     let _guard = setup();
     let conv = |stride, padding| ConvParams { stride, padding, groups: 1 };
     // Cut into chunks of images across the threads, one image inside a
-    // threaded gemm, stacked tiny maps, and a pointwise conv read in place.
+    // threaded gemm, stacked tiny maps, and a pointwise conv read in place;
+    // the 3x3 stride-1 ones through Winograd's transforms.
     let cases = [
         ([32, 64, 16, 16], [64, 64, 3, 3], conv(1, 1)),
+        ([2, 64, 56, 56], [64, 64, 3, 3], conv(1, 1)),
         ([1, 3, 224, 224], [64, 3, 7, 7], conv(2, 3)),
         ([16, 256, 4, 4], [512, 256, 3, 3], conv(2, 1)),
         ([8, 128, 28, 28], [256, 128, 1, 1], conv(1, 0)),

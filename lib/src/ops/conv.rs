@@ -2,7 +2,8 @@
 //! col2im for the input gradient, gemm against the im2col matrix for the
 //! weight gradient. Small images are stacked into one wider matrix so that
 //! late, spatially tiny layers still make gemm-sized products; chunks of
-//! images run on rayon's threads.
+//! images run on rayon's threads. 3x3 stride-1 convolutions with enough
+//! work go through [`winograd`] instead, which shares the chunking and gemm.
 
 use std::mem::MaybeUninit;
 
@@ -12,10 +13,10 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::conv_geometry::Geometry;
-use super::depthwise;
 use super::floats::{f32_view, init_with, storage_from_f32};
 use super::gemm_packing::{self, Strides};
 use super::ConvScratch;
+use super::{depthwise, winograd};
 
 /// At stride 1, outputs `o` in `lo..hi` read inside the input along one axis
 /// (`0 <= o + offset - padding < size`); the others read padding.
@@ -168,10 +169,10 @@ fn col2im_rows(g: &Geometry, col: &[f32], row_stride: usize, column: usize, dx: 
 
 /// A matrix inside a slice: element `(i, j)` is `data[i * row_stride + j * col_stride]`.
 #[derive(Clone, Copy)]
-struct Mat<'a> {
-    data: &'a [f32],
-    row_stride: usize,
-    col_stride: usize,
+pub(super) struct Mat<'a> {
+    pub data: &'a [f32],
+    pub row_stride: usize,
+    pub col_stride: usize,
 }
 
 impl Mat<'_> {
@@ -182,7 +183,7 @@ impl Mat<'_> {
 
 /// `dst (m x n, laid out as `dst_strides` say) (+)= lhs (m x k) * rhs (k x n)`.
 #[allow(clippy::too_many_arguments)]
-fn matmul(
+pub(super) fn matmul(
     dst: &mut [f32],
     dst_strides: Strides,
     (m, n, k): (usize, usize, usize),
@@ -228,18 +229,23 @@ const CHUNK_COLUMNS: usize = 512;
 /// How a batch is cut into chunks of images and where the threads go:
 /// across chunks when there are enough of them, else inside gemm.
 #[derive(Debug, Clone, Copy)]
-struct Plan {
+pub(super) struct Plan {
     batch: usize,
-    images: usize,
+    pub images: usize,
     chunks: usize,
     threads: usize,
     across_chunks: bool,
 }
 
 impl Plan {
-    fn new(batch: usize, out_plane: usize) -> Self {
+    pub fn new(batch: usize, out_plane: usize) -> Self {
+        Self::aiming(batch, out_plane, CHUNK_COLUMNS)
+    }
+
+    /// Chunks of about `columns` columns, at `per_image` columns an image.
+    pub fn aiming(batch: usize, per_image: usize, columns: usize) -> Self {
         let threads = rayon::current_num_threads().max(1);
-        let wanted = CHUNK_COLUMNS.div_ceil(out_plane.max(1)).max(1);
+        let wanted = columns.div_ceil(per_image.max(1)).max(1);
         let fair = batch.div_ceil(threads).max(1);
         // As many chunks as a multiple of the threads, so that no thread is
         // left with one more chunk than the others (8 images of 14x14 on two
@@ -250,7 +256,7 @@ impl Plan {
         Self { batch, images, chunks, threads, across_chunks: threads == 1 || chunks >= threads }
     }
 
-    fn gemm_parallelism(&self) -> Parallelism {
+    pub fn gemm_parallelism(&self) -> Parallelism {
         if self.across_chunks {
             Parallelism::None
         } else {
@@ -259,7 +265,7 @@ impl Plan {
     }
 
     /// The threads that take chunks, each a contiguous run of them.
-    fn workers(&self) -> usize {
+    pub fn workers(&self) -> usize {
         if self.across_chunks {
             self.threads.min(self.chunks).max(1)
         } else {
@@ -268,7 +274,7 @@ impl Plan {
     }
 
     /// The chunks worker `t` of [`workers`](Self::workers) takes.
-    fn chunks_of(&self, t: usize) -> std::ops::Range<usize> {
+    pub fn chunks_of(&self, t: usize) -> std::ops::Range<usize> {
         let workers = self.workers();
         t * self.chunks / workers..(t + 1) * self.chunks / workers
     }
@@ -279,15 +285,28 @@ impl Plan {
     /// fills them, in its own cache (a zeroed allocation would be one more
     /// pass over the whole result, on one thread), and grows one scratch
     /// for all its chunks.
-    fn map_chunks(&self, per_image: usize, f: impl Fn(&mut Scratch, usize, &mut [f32]) + Sync + Send) -> Vec<f32> {
+    pub fn map_chunks<S: Default>(&self, per_image: usize, f: impl Fn(&mut S, usize, &mut [f32]) + Sync + Send) -> Vec<f32> {
+        // SAFETY: `init_with` writes every element of the chunk.
+        unsafe { self.map_chunks_uninit(per_image, |scratch, first, chunk| f(scratch, first, init_with(chunk, 0.0))) }
+    }
+
+    /// [`map_chunks`](Self::map_chunks) for an `f` that writes every element of its chunk itself.
+    ///
+    /// # Safety
+    /// `f` must write every element of the chunk it is given.
+    pub unsafe fn map_chunks_uninit<S: Default>(
+        &self,
+        per_image: usize,
+        f: impl Fn(&mut S, usize, &mut [MaybeUninit<f32>]) + Sync + Send,
+    ) -> Vec<f32> {
         let total = self.batch * per_image;
         let len = (per_image * self.images).max(1);
         let mut result = Vec::with_capacity(total);
         let run = |t: usize, part: &mut [MaybeUninit<f32>]| {
-            let mut scratch = Scratch::default();
+            let mut scratch = S::default();
             let first = self.chunks_of(t).start;
             for (i, chunk) in part.chunks_mut(len).enumerate() {
-                f(&mut scratch, (first + i) * self.images, init_with(chunk, 0.0));
+                f(&mut scratch, (first + i) * self.images, chunk);
             }
         };
         let mut rest = &mut result.spare_capacity_mut()[..total];
@@ -302,8 +321,8 @@ impl Plan {
         } else {
             parts.into_par_iter().for_each(|(t, part)| run(t, part));
         }
-        // SAFETY: the workers' parts cover the first `total` elements, and each
-        // worker wrote every element of its part.
+        // SAFETY: the workers' parts cover the first `total` elements, and `f`
+        // wrote every element of each chunk of them.
         unsafe { result.set_len(total) };
         result
     }
@@ -318,7 +337,7 @@ struct Scratch {
     stacked: Vec<f32>,
 }
 
-fn take(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
+pub(super) fn take(buffer: &mut Vec<f32>, len: usize) -> &mut [f32] {
     if buffer.len() < len {
         buffer.resize(len, 0.0);
     }
@@ -344,7 +363,7 @@ fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
     let patches = Patches::new(g);
-    plan.map_chunks(out_image, |scratch, n0, out_chunk| {
+    plan.map_chunks(out_image, |scratch: &mut Scratch, n0, out_chunk| {
         let nb = out_chunk.len() / out_image;
         let cols = nb * op;
         let direct_input = g.is_pointwise() && nb == 1;
@@ -382,7 +401,7 @@ fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
     let patches = Patches::new(g);
-    plan.map_chunks(x_image, |scratch, n0, dx_chunk| {
+    plan.map_chunks(x_image, |scratch: &mut Scratch, n0, dx_chunk| {
         let nb = dx_chunk.len() / x_image;
         let cols = nb * op;
         let direct_output = g.is_pointwise() && nb == 1;
@@ -510,6 +529,9 @@ pub(super) fn scratch(g: &Geometry) -> ConvScratch {
     if g.is_depthwise() || g.batch == 0 {
         return ConvScratch::default();
     }
+    if winograd::applies(g) {
+        return winograd::scratch(g);
+    }
     let (op, patch, og) = (g.out_plane(), g.patch(), g.out_per_group());
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
@@ -537,6 +559,8 @@ pub(super) fn scratch(g: &Geometry) -> ConvScratch {
 pub(super) fn convolve(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     if g.is_depthwise() {
         depthwise::forward(g, x, w)
+    } else if winograd::applies(g) {
+        winograd::forward(g, x, w)
     } else {
         forward(g, x, w)
     }
@@ -546,6 +570,8 @@ pub(super) fn convolve(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
 pub(super) fn convolve_grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
     if g.is_depthwise() {
         depthwise::grad_input(g, dy, w)
+    } else if winograd::applies(g) {
+        winograd::grad_input(g, dy, w)
     } else {
         grad_input(g, dy, w)
     }
@@ -555,6 +581,8 @@ pub(super) fn convolve_grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f3
 pub(super) fn convolve_grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     if g.is_depthwise() {
         depthwise::grad_weight(g, x, dy)
+    } else if winograd::applies(g) {
+        winograd::grad_weight(g, x, dy)
     } else {
         grad_weight(g, x, dy)
     }

@@ -2,8 +2,9 @@
 //! convolution (dense, grouped and depthwise), max-pooling and training-mode
 //! batch-norm.
 //!
-//! On the CPU they are our own kernels (im2col + gemm for dense convolutions,
-//! direct loops for depthwise ones, pooling and batch-norm), threaded over
+//! On the CPU they are our own kernels (Winograd's F(2x2, 3x3) for dense 3x3
+//! stride-1 convolutions with enough work, im2col + gemm for the other dense
+//! ones, direct loops for depthwise ones, pooling and batch-norm), threaded over
 //! the batch or the channels, for f32, f16 and bf16 (half-precision tensors
 //! are computed in f32 and stored back in their own dtype). Elsewhere they
 //! use candle's operations.
@@ -17,6 +18,7 @@ mod lean;
 mod norm;
 mod pool;
 mod silu;
+mod winograd;
 
 #[cfg(test)]
 mod lean_tests;
@@ -97,9 +99,10 @@ fn uses_own_kernels(x: &Tensor) -> bool {
 
 /// `x` is `N x C x H x W`, `weight` is `O x C/groups x K x K`.
 ///
-/// Dense and grouped convolutions run as im2col + gemm; depthwise ones
-/// (`groups == C`) as a direct loop. Both have a backward for the input and
-/// the weight. f64 on the CPU and every dtype on other devices use candle's
+/// Dense 3x3 stride-1 convolutions with at least 16 channels either side
+/// and enough tiles per thread run through Winograd's transforms, other
+/// dense and grouped ones as im2col + gemm, depthwise ones (`groups == C`)
+/// as a direct loop. Each has a backward for the input and the weight. f64 on the CPU and every dtype on other devices use candle's
 /// `conv2d`.
 pub fn conv2d(x: &Tensor, weight: &Tensor, p: ConvParams) -> Result<Tensor> {
     let geometry = conv_geometry::Geometry::new(x, weight, p)?;
@@ -114,8 +117,9 @@ pub fn conv2d(x: &Tensor, weight: &Tensor, p: ConvParams) -> Result<Tensor> {
 
 /// Bytes our CPU convolution allocates while each of its passes runs,
 /// beyond its operands and result, with rayon's thread pool as it is now:
-/// per busy thread the im2col and stacking buffers and gemm's packing
-/// buffer, and the weight gradient's per-thread partial sums. The ledger
+/// per busy thread the im2col and stacking buffers (or Winograd's
+/// transformed tiles) and gemm's packing buffer, Winograd's transformed
+/// kernels, and the weight gradient's per-thread partial sums. The ledger
 /// counts the largest as the host's conv workspace.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ConvScratch {
