@@ -124,7 +124,7 @@ pub enum Sampler {
     #[default]
     All,
     /// `num_samples` draws with replacement, sample i with probability
-    /// weights[i] / sum: inverse class frequency balances an imbalanced set.
+    /// `weights[i] / sum`: inverse class frequency balances an imbalanced set.
     Weighted { weights: Vec<f64>, num_samples: usize },
 }
 

@@ -1,4 +1,4 @@
-//! The `malloc` family, counted: what [`install_allocation_counters!`]
+//! The `malloc` family, counted: what [`install_allocation_counters!`](crate::install_allocation_counters)
 //! exports from an executable. glibc lets a program replace these
 //! functions; every library the process loads later (a notebook cell's
 //! shared library included) then allocates through them, so the counters
