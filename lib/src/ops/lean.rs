@@ -267,20 +267,30 @@ fn through_activation(dtype: DType, grad: &mut [f32], pre: &[f32], act: Activati
     round_to(dtype, grad);
 }
 
-/// [`round_to`] on one thread: a chunk at a time, through the half crate's
-/// slice conversions (F16C where the CPU has it).
+/// [`round_to`] on one thread: a block at a time through a buffer on the
+/// stack and the half crate's slice conversions (F16C where the CPU has
+/// it). A buffer on the heap per call was 18% of an f16 ResNet18 step on
+/// 2 threads: the calls are per plane and per chunk, and every allocation
+/// passes the process's shared counters.
 fn round_to_serial(dtype: DType, values: &mut [f32]) {
     use half::slice::HalfFloatSliceExt;
+    const BLOCK: usize = 1024;
     match dtype {
         DType::F16 => {
-            let mut half = vec![half::f16::ZERO; values.len()];
-            half.convert_from_f32_slice(values);
-            half.convert_to_f32_slice(values);
+            let mut half = [half::f16::ZERO; BLOCK];
+            for block in values.chunks_mut(BLOCK) {
+                let half = &mut half[..block.len()];
+                half.convert_from_f32_slice(block);
+                half.convert_to_f32_slice(block);
+            }
         }
         DType::BF16 => {
-            let mut half = vec![half::bf16::ZERO; values.len()];
-            half.convert_from_f32_slice(values);
-            half.convert_to_f32_slice(values);
+            let mut half = [half::bf16::ZERO; BLOCK];
+            for block in values.chunks_mut(BLOCK) {
+                let half = &mut half[..block.len()];
+                half.convert_from_f32_slice(block);
+                half.convert_to_f32_slice(block);
+            }
         }
         _ => {}
     }
