@@ -37,14 +37,21 @@ fn reference_conv(x: &Tensor, w: &Tensor, p: ConvParams) -> Tensor {
     x.conv2d(w, p.padding, p.stride, 1, p.groups).unwrap()
 }
 
-/// `|a - b| / |b|` over all elements, in f32.
+/// `|a - b| / |b|` over all elements, in f32; `|a - b|` where `b` is all
+/// zeros, so that `a` must then be zero too. The inputs are random, and a
+/// rare draw zeroes a whole small output (every channel of a 4-channel map
+/// under ReLU): dividing by its norm failed the lean ops' tests once in
+/// about a hundred runs.
 pub(super) fn relative_error(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.to_dtype(DType::F32).unwrap();
     let b = b.to_dtype(DType::F32).unwrap();
     let diff = (&a - &b).unwrap().sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
     let norm = b.sqr().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap();
-    assert!(norm > 0.0, "reference is all zeros");
-    (diff / norm).sqrt()
+    if norm == 0.0 {
+        diff.sqrt()
+    } else {
+        (diff / norm).sqrt()
+    }
 }
 
 #[test]

@@ -72,9 +72,9 @@ pub(super) fn applies(g: &Geometry) -> bool {
 struct Tiles {
     rows: usize,
     cols: usize,
-    /// Tile rows a large image is taken in at a time, so that a band's
-    /// transformed values stay in the cache between the transforms and
-    /// the products; smaller images are taken whole (and stacked).
+    /// Tile rows a large image is taken in at a time (about [`BAND_TILES`]
+    /// tiles), which caps a worker's buffers; smaller images are taken
+    /// whole (and stacked).
     band: usize,
 }
 
@@ -183,16 +183,14 @@ fn transform_input(
     let rows = take(bufs.1, (2 * n + 2) * 4 * cols);
     for (row, out) in padded.chunks_exact(2 * pairs).zip(rows.chunks_exact_mut(4 * cols)) {
         let (even, odd) = row.split_at(pairs);
-        let [o0, o1, o2, o3] = split4(out, cols);
-        input_rows([o0, o1, o2, o3], [&even[..cols], &odd[..cols], &even[1..], &odd[1..]]);
+        input_rows(split4(out, cols), [&even[..cols], &odd[..cols], &even[1..], &odd[1..]]);
     }
     for i in 0..n {
         let four = &rows[2 * i * 4 * cols..][..16 * cols];
         for k in 0..4 {
             let d = [0, 1, 2, 3].map(|r| &four[(r * 4 + k) * cols..][..cols]);
-            let [o0, o1, o2, o3] = [0, 1, 2, 3].map(|a| (a * 4 + k) * matrix + i * cols);
-            let out = four_rows(v, [o0, o1, o2, o3], cols);
-            input_rows(out, d);
+            let at = [0, 1, 2, 3].map(|a| (a * 4 + k) * matrix + i * cols);
+            input_rows(four_rows(v, at, cols), d);
         }
     }
 }
