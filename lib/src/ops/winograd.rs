@@ -195,6 +195,27 @@ fn transform_input(
     }
 }
 
+/// Runs `transform(plane, v, matrix)` on every plane of a chunk's images
+/// (`planes` planes of `plane_len` floats an image), each writing its
+/// band's `per_image` tiles at its place in the 16 matrices of `v`: plane
+/// `p` of image `j` from `p * tiles + j * per_image`, `tiles` the chunk's,
+/// each matrix `matrix` long.
+fn each_plane(
+    images: &[f32],
+    planes: usize,
+    plane_len: usize,
+    per_image: usize,
+    v: &mut [f32],
+    mut transform: impl FnMut(&[f32], &mut [f32], usize),
+) {
+    let tiles = images.len() / (planes * plane_len) * per_image;
+    for (j, image) in images.chunks_exact(planes * plane_len).enumerate() {
+        for (p, plane) in image.chunks_exact(plane_len).enumerate() {
+            transform(plane, &mut v[p * tiles + j * per_image..], planes * tiles);
+        }
+    }
+}
+
 /// `src`'s even elements into `even`, its odd ones into `odd`.
 fn deinterleave(src: &[f32], even: &mut [f32], odd: &mut [f32]) {
     let pairs = src.chunks_exact(2);
@@ -403,12 +424,17 @@ fn convolve_transformed<'a>(g: &Geometry, x: &[f32], kernels: impl Fn(usize) -> 
                 let per_image = band.len() * tiles.cols;
                 let t_n = nb * per_image;
                 let v = take(&mut bufs.input, TILE * c_n * t_n);
-                for j in 0..nb {
-                    for (c, plane) in x[(n0 + j) * x_image..][..x_image].chunks_exact(g.in_plane()).enumerate() {
-                        let (bufs, v) = ((&mut bufs.plane, &mut bufs.rows), &mut v[c * t_n + j * per_image..]);
-                        transform_input((g.height, g.width, g.padding), tiles, band.clone(), plane, bufs, v, c_n * t_n);
-                    }
-                }
+                each_plane(&x[n0 * x_image..][..nb * x_image], c_n, g.in_plane(), per_image, v, |plane, v, matrix| {
+                    transform_input(
+                        (g.height, g.width, g.padding),
+                        tiles,
+                        band.clone(),
+                        plane,
+                        (&mut bufs.plane, &mut bufs.rows),
+                        v,
+                        matrix,
+                    )
+                });
                 let m = take(&mut bufs.other, TILE * o_n * t_n);
                 for xi in 0..TILE {
                     let rhs = Mat { data: &v[xi * c_n * t_n..][..c_n * t_n], row_stride: t_n, col_stride: 1 };
@@ -535,19 +561,13 @@ pub(super) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
             let per_image = band.len() * tiles.cols;
             let t_n = nb * per_image;
             let v = take(&mut bufs.input, TILE * c_n * t_n);
-            for j in 0..nb {
-                for (c, plane) in x[(n0 + j) * x_image..][..x_image].chunks_exact(g.in_plane()).enumerate() {
-                    let (bufs, v) = ((&mut bufs.plane, &mut bufs.rows), &mut v[c * t_n + j * per_image..]);
-                    transform_input((g.height, g.width, g.padding), tiles, band.clone(), plane, bufs, v, c_n * t_n);
-                }
-            }
+            each_plane(&x[n0 * x_image..][..nb * x_image], c_n, g.in_plane(), per_image, v, |plane, v, matrix| {
+                transform_input((g.height, g.width, g.padding), tiles, band.clone(), plane, (&mut bufs.plane, &mut bufs.rows), v, matrix)
+            });
             let d = take(&mut bufs.other, TILE * o_n * t_n);
-            for j in 0..nb {
-                for (o, plane) in dy[(n0 + j) * out_image..][..out_image].chunks_exact(g.out_plane()).enumerate() {
-                    let (bufs, d) = ((&mut bufs.plane, &mut bufs.rows), &mut d[o * t_n + j * per_image..]);
-                    transform_gradient((g.out_h, g.out_w), tiles, band.clone(), plane, bufs, d, o_n * t_n);
-                }
-            }
+            each_plane(&dy[n0 * out_image..][..nb * out_image], o_n, g.out_plane(), per_image, d, |plane, d, matrix| {
+                transform_gradient((g.out_h, g.out_w), tiles, band.clone(), plane, (&mut bufs.plane, &mut bufs.rows), d, matrix)
+            });
             for xi in 0..TILE {
                 let lhs = Mat { data: &d[xi * o_n * t_n..][..o_n * t_n], row_stride: t_n, col_stride: 1 };
                 let rhs = Mat { data: &v[xi * c_n * t_n..][..c_n * t_n], row_stride: 1, col_stride: t_n };
