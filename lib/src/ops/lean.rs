@@ -273,26 +273,25 @@ fn through_activation(dtype: DType, grad: &mut [f32], pre: &[f32], act: Activati
 /// 2 threads: the calls are per plane and per chunk, and every allocation
 /// passes the process's shared counters.
 fn round_to_serial(dtype: DType, values: &mut [f32]) {
+    match dtype {
+        DType::F16 => round_through(values, half::f16::ZERO),
+        DType::BF16 => round_through(values, half::bf16::ZERO),
+        _ => {}
+    }
+}
+
+/// `values` rounded to the half type of `zero` and back, through a block on the stack.
+fn round_through<H: Copy>(values: &mut [f32], zero: H)
+where
+    [H]: half::slice::HalfFloatSliceExt,
+{
     use half::slice::HalfFloatSliceExt;
     const BLOCK: usize = 1024;
-    match dtype {
-        DType::F16 => {
-            let mut half = [half::f16::ZERO; BLOCK];
-            for block in values.chunks_mut(BLOCK) {
-                let half = &mut half[..block.len()];
-                half.convert_from_f32_slice(block);
-                half.convert_to_f32_slice(block);
-            }
-        }
-        DType::BF16 => {
-            let mut half = [half::bf16::ZERO; BLOCK];
-            for block in values.chunks_mut(BLOCK) {
-                let half = &mut half[..block.len()];
-                half.convert_from_f32_slice(block);
-                half.convert_to_f32_slice(block);
-            }
-        }
-        _ => {}
+    let mut half = [zero; BLOCK];
+    for block in values.chunks_mut(BLOCK) {
+        let half = &mut half[..block.len()];
+        half.convert_from_f32_slice(block);
+        half.convert_to_f32_slice(block);
     }
 }
 
