@@ -52,7 +52,7 @@ struct Conv {
     params: ConvParams,
 }
 
-const CONVS: [Conv; 8] = [
+const CONVS: [Conv; 9] = [
     Conv {
         name: "conv3x3_64_64_32x32_b32",
         batch: 32,
@@ -77,6 +77,15 @@ const CONVS: [Conv; 8] = [
         channels: 256,
         out_channels: 256,
         size: 4,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_512_512_2x2_b32",
+        batch: 32,
+        channels: 512,
+        out_channels: 512,
+        size: 2,
         kernel: 3,
         params: ConvParams { stride: 1, padding: 1, groups: 1 },
     },

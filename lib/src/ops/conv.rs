@@ -3,7 +3,8 @@
 //! weight gradient. Small images are stacked into one wider matrix so that
 //! late, spatially tiny layers still make gemm-sized products; chunks of
 //! images run on rayon's threads. 3x3 stride-1 convolutions with enough
-//! work go through [`winograd`] instead, which shares the chunking and gemm.
+//! work go through [`winograd`] instead, which shares the chunking and gemm,
+//! and the weight gradient of small padded maps through [`taps`].
 
 use std::mem::MaybeUninit;
 
@@ -16,11 +17,11 @@ use super::conv_geometry::Geometry;
 use super::floats::{f32_view, init_with, storage_from_f32};
 use super::gemm_packing::{self, Strides};
 use super::ConvScratch;
-use super::{depthwise, winograd};
+use super::{depthwise, taps, winograd};
 
 /// At stride 1, outputs `o` in `lo..hi` read inside the input along one axis
 /// (`0 <= o + offset - padding < size`); the others read padding.
-fn valid_outputs(offset: usize, size: usize, outputs: usize, padding: usize) -> (usize, usize) {
+pub(super) fn valid_outputs(offset: usize, size: usize, outputs: usize, padding: usize) -> (usize, usize) {
     let lo = padding.saturating_sub(offset);
     let hi = (size + padding).saturating_sub(offset).min(outputs);
     (lo.min(hi), hi)
@@ -461,15 +462,15 @@ fn weight_gradient_strides(g: &Geometry) -> Strides {
 
 const COLUMN_MAJOR_MAX_ROWS: usize = 128;
 
-/// Copies `src` (`rows x cols`, column-major) into `dst` row-major, in
-/// tiles that stay in the L1 cache.
-fn transpose_into(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+/// `dst[c * dst_stride + r] = src[r * src_stride + c]` for the `rows x cols`
+/// matrix in `src`, in tiles that stay in the L1 cache.
+pub(super) fn transpose(src: &[f32], src_stride: usize, dst: &mut [f32], dst_stride: usize, rows: usize, cols: usize) {
     const TILE: usize = 32;
     for r0 in (0..rows).step_by(TILE) {
         for c0 in (0..cols).step_by(TILE) {
-            for r in r0..(r0 + TILE).min(rows) {
-                for c in c0..(c0 + TILE).min(cols) {
-                    dst[r * cols + c] = src[c * rows + r];
+            for c in c0..(c0 + TILE).min(cols) {
+                for r in r0..(r0 + TILE).min(rows) {
+                    dst[c * dst_stride + r] = src[r * src_stride + c];
                 }
             }
         }
@@ -529,23 +530,30 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     }
     let mut row_major = vec![0f32; weights];
     for (dst, src) in row_major.chunks_exact_mut(og * patch).zip(dw.chunks_exact(og * patch)) {
-        transpose_into(src, og, patch, dst);
+        transpose(src, og, dst, patch, patch, og);
     }
     row_major
 }
 
-/// What each pass of [`convolve`] allocates beyond its operands and result:
-/// the offset table of its patches, each busy thread's column and stacking
-/// buffers and gemm's packing, and in the weight gradient the per-thread
-/// partial sums beyond the one that becomes the result. The depthwise loop
-/// allocates none.
+/// What each pass of [`convolve`] allocates beyond its operands and result,
+/// for the algorithm it takes. The depthwise loop allocates none.
 pub(super) fn scratch(g: &Geometry) -> ConvScratch {
     if g.is_depthwise() || g.batch == 0 {
         return ConvScratch::default();
     }
-    if winograd::applies(g) {
-        return winograd::scratch(g);
+    let passes = if winograd::applies(g) { winograd::scratch(g) } else { im2col_scratch(g) };
+    if taps::applies(g) {
+        ConvScratch { weight_gradient: taps::weight_gradient_scratch(g), ..passes }
+    } else {
+        passes
     }
+}
+
+/// [`scratch`] for the im2col passes: the offset table of the patches,
+/// each busy thread's column and stacking buffers and gemm's packing, and in
+/// the weight gradient the per-thread partial sums beyond the one that
+/// becomes the result.
+fn im2col_scratch(g: &Geometry) -> ConvScratch {
     let (op, patch, og) = (g.out_plane(), g.patch(), g.out_per_group());
     let plan = Plan::new(g.batch, op);
     let parallelism = plan.gemm_parallelism();
@@ -595,6 +603,8 @@ pub(super) fn convolve_grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f3
 pub(super) fn convolve_grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     if g.is_depthwise() {
         depthwise::grad_weight(g, x, dy)
+    } else if taps::applies(g) {
+        taps::grad_weight(g, x, dy)
     } else if winograd::applies(g) {
         winograd::grad_weight(g, x, dy)
     } else {

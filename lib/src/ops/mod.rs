@@ -18,6 +18,7 @@ mod lean;
 mod norm;
 mod pool;
 mod silu;
+mod taps;
 mod winograd;
 
 #[cfg(test)]
