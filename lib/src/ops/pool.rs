@@ -6,7 +6,9 @@
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
 
-use super::floats::par_filled;
+use multiversion::multiversion;
+
+use super::floats::{par_chunks_from, par_filled};
 use super::{dims4, window_count, OpError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,16 +85,36 @@ impl Geometry {
         Some(best_index)
     }
 
-    pub(super) fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
-        par_filled(self.batch * self.channels * self.out_plane(), self.out_plane(), T::zero(), |i, out_plane| {
-            let plane = &x[i * self.in_plane()..][..self.in_plane()];
-            for (j, o) in out_plane.iter_mut().enumerate() {
-                *o = match self.argmax(plane, j / self.out_w, j % self.out_w) {
-                    Some(k) => plane[k],
-                    None => T::from_f64(f64::NEG_INFINITY),
-                };
+    /// One plane's outputs: each window's rows reduced first, element by
+    /// element over whole input rows (a loop the compiler vectorises), then
+    /// the window's columns of that row.
+    fn forward_plane<T: WithDType>(&self, plane: &[T], out: &mut [T], rows_max: &mut [T]) {
+        let w = self.width;
+        for (oh, out_row) in out.chunks_exact_mut(self.out_w).enumerate() {
+            let rows = self.span(oh, self.height);
+            if rows.is_empty() {
+                out_row.fill(T::from_f64(f64::NEG_INFINITY));
+                continue;
             }
-        })
+            rows_max.copy_from_slice(&plane[rows.start * w..][..w]);
+            for ih in rows.start + 1..rows.end {
+                fold_larger(rows_max, &plane[ih * w..][..w]);
+            }
+            for (ow, o) in out_row.iter_mut().enumerate() {
+                *o = rows_max[self.span(ow, w)].iter().copied().reduce(larger).unwrap_or(T::from_f64(f64::NEG_INFINITY));
+            }
+        }
+    }
+
+    pub(super) fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
+        let planes = self.batch * self.channels;
+        par_chunks_from(
+            planes * self.out_plane(),
+            self.out_plane(),
+            T::zero(),
+            || vec![T::zero(); self.width],
+            |rows_max, i, out| self.forward_plane(&x[i * self.in_plane()..][..self.in_plane()], out, rows_max),
+        )
     }
 
     pub(super) fn grad_input<T: WithDType>(&self, x: &[T], dy: &[T]) -> Vec<T> {
@@ -105,6 +127,23 @@ impl Geometry {
                 }
             }
         })
+    }
+}
+
+/// `maxima[i] = larger(maxima[i], row[i])`.
+#[multiversion(targets("x86_64+avx512f", "x86_64+avx2+fma"))]
+fn fold_larger<T: WithDType>(maxima: &mut [T], row: &[T]) {
+    maxima.iter_mut().zip(row).for_each(|(m, &v)| *m = larger(*m, v));
+}
+
+/// The larger of `a` and `b`, a NaN in either winning.
+#[allow(clippy::eq_op)]
+#[inline(always)]
+fn larger<T: PartialOrd>(a: T, b: T) -> T {
+    if b > a || b != b {
+        b
+    } else {
+        a
     }
 }
 
