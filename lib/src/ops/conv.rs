@@ -19,17 +19,39 @@ use super::gemm_packing::{self, Strides};
 use super::ConvScratch;
 use super::{depthwise, taps, winograd};
 
-/// At stride 1, outputs `o` in `lo..hi` read inside the input along one axis
-/// (`0 <= o + offset - padding < size`); the others read padding.
-pub(super) fn valid_outputs(offset: usize, size: usize, outputs: usize, padding: usize) -> (usize, usize) {
-    let lo = padding.saturating_sub(offset);
-    let hi = (size + padding).saturating_sub(offset).min(outputs);
+/// Outputs `o` in `lo..hi` read inside the input along one axis (`0 <= o *
+/// stride + offset - padding < size`); the others read padding.
+pub(super) fn valid_outputs(offset: usize, size: usize, outputs: usize, padding: usize, stride: usize) -> (usize, usize) {
+    let lo = padding.saturating_sub(offset).div_ceil(stride);
+    let hi = match (size + padding).checked_sub(offset + 1) {
+        Some(last) => (last / stride + 1).min(outputs),
+        None => 0,
+    };
     (lo.min(hi), hi)
 }
 
+/// `dst[j] = src[j * stride]`; stride 2 (most strided convolutions) spelled
+/// out, so that the compiler vectorises it.
+fn copy_strided(dst: &mut [f32], src: &[f32], stride: usize) {
+    match stride {
+        1 => dst.copy_from_slice(&src[..dst.len()]),
+        2 => dst.iter_mut().zip(src.chunks(2)).for_each(|(d, pair)| *d = pair[0]),
+        _ => dst.iter_mut().zip(src.iter().step_by(stride)).for_each(|(d, v)| *d = *v),
+    }
+}
+
+/// `dst[j * stride] += src[j]`.
+fn add_strided(dst: &mut [f32], src: &[f32], stride: usize) {
+    match stride {
+        1 => dst.iter_mut().zip(src).for_each(|(d, v)| *d += v),
+        2 => dst.chunks_mut(2).zip(src).for_each(|(pair, v)| pair[0] += v),
+        _ => dst.iter_mut().step_by(stride).zip(src).for_each(|(d, v)| *d += v),
+    }
+}
+
 /// How patches are copied between an image and the im2col matrix: row by
-/// row for wide, stride-1 outputs (each row one copy), through a table of
-/// input offsets for narrow or strided ones, where per-row work would
+/// row for wide outputs (each row one copy, strided at stride 2), through a
+/// table of input offsets for narrow ones, where per-row work would
 /// dominate (a 2x2 map has rows of two).
 enum Patches {
     Rows,
@@ -45,7 +67,7 @@ const TABLE_BELOW_WIDTH: usize = 16;
 
 impl Patches {
     fn uses_table(g: &Geometry) -> bool {
-        g.stride != 1 || g.out_w < TABLE_BELOW_WIDTH
+        g.out_w < TABLE_BELOW_WIDTH
     }
 
     /// The bytes of the offset table [`new`](Self::new) builds.
@@ -126,15 +148,15 @@ impl Patches {
     }
 }
 
-/// [`Patches::im2col`] for stride 1: each output row is one slice copy.
+/// [`Patches::im2col`] by output rows, each one copy.
 fn im2col_rows(g: &Geometry, x: &[f32], col: &mut [f32], row_stride: usize, column: usize) {
-    let (p, w, ow_n) = (g.padding, g.width, g.out_w);
+    let (p, s, w, ow_n) = (g.padding, g.stride, g.width, g.out_w);
     for c in 0..g.in_per_group() {
         let plane = &x[c * g.in_plane()..][..g.in_plane()];
         for kh in 0..g.kernel_h {
-            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, p);
+            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, p, s);
             for kw in 0..g.kernel_w {
-                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, p);
+                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, p, s);
                 let r = (c * g.kernel_h + kh) * g.kernel_w + kw;
                 let row = &mut col[r * row_stride + column..][..g.out_plane()];
                 for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
@@ -142,39 +164,34 @@ fn im2col_rows(g: &Geometry, x: &[f32], col: &mut [f32], row_stride: usize, colu
                         dst.fill(0.0);
                         continue;
                     }
-                    let src = &plane[(oh + kh - p) * w..][..w];
+                    let src = &plane[(oh * s + kh - p) * w..][..w];
                     dst[..ow_lo].fill(0.0);
                     dst[ow_hi..].fill(0.0);
-                    let first = ow_lo + kw - p;
-                    dst[ow_lo..ow_hi].copy_from_slice(&src[first..first + ow_hi - ow_lo]);
+                    copy_strided(&mut dst[ow_lo..ow_hi], &src[ow_lo * s + kw - p..], s);
                 }
             }
         }
     }
 }
 
-/// [`Patches::col2im`] for stride 1.
+/// [`Patches::col2im`] by output rows.
 fn col2im_rows(g: &Geometry, col: &[f32], row_stride: usize, column: usize, dx: &mut [f32]) {
-    let (p, w, ow_n) = (g.padding, g.width, g.out_w);
+    let (p, s, w, ow_n) = (g.padding, g.stride, g.width, g.out_w);
     let in_plane = g.in_plane();
     for c in 0..g.in_per_group() {
         let plane = &mut dx[c * in_plane..][..in_plane];
         for kh in 0..g.kernel_h {
-            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, p);
+            let (oh_lo, oh_hi) = valid_outputs(kh, g.height, g.out_h, p, s);
             for kw in 0..g.kernel_w {
-                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, p);
+                let (ow_lo, ow_hi) = valid_outputs(kw, w, ow_n, p, s);
                 if ow_lo == ow_hi {
                     continue;
                 }
                 let r = (c * g.kernel_h + kh) * g.kernel_w + kw;
                 let row = &col[r * row_stride + column..][..g.out_plane()];
                 for oh in oh_lo..oh_hi {
-                    let src = &row[oh * ow_n + ow_lo..oh * ow_n + ow_hi];
-                    let first = ow_lo + kw - p;
-                    let dst = &mut plane[(oh + kh - p) * w..][..w];
-                    for (d, v) in dst[first..first + src.len()].iter_mut().zip(src) {
-                        *d += *v;
-                    }
+                    let dst = &mut plane[(oh * s + kh - p) * w..][..w];
+                    add_strided(&mut dst[ow_lo * s + kw - p..], &row[oh * ow_n + ow_lo..oh * ow_n + ow_hi], s);
                 }
             }
         }

@@ -46,7 +46,7 @@ pub(super) fn applies(g: &Geometry) -> bool {
 /// The share of the im2col products that multiply an input, not padding.
 fn real_share(g: &Geometry) -> f64 {
     let read = |kernel: usize, size: usize, outputs: usize| -> usize {
-        (0..kernel).map(|k| valid_outputs(k, size, outputs, g.padding)).map(|(lo, hi)| hi - lo).sum()
+        (0..kernel).map(|k| valid_outputs(k, size, outputs, g.padding, 1)).map(|(lo, hi)| hi - lo).sum()
     };
     let rows = read(g.kernel_h, g.height, g.out_h) as f64 / (g.kernel_h * g.out_h) as f64;
     let cols = read(g.kernel_w, g.width, g.out_w) as f64 / (g.kernel_w * g.out_w) as f64;
@@ -69,9 +69,9 @@ struct Run {
 fn runs(g: &Geometry) -> Vec<Run> {
     let mut runs = Vec::new();
     for kh in 0..g.kernel_h {
-        let (h0, h1) = valid_outputs(kh, g.height, g.out_h, g.padding);
+        let (h0, h1) = valid_outputs(kh, g.height, g.out_h, g.padding, 1);
         for kw in 0..g.kernel_w {
-            let (w0, w1) = valid_outputs(kw, g.width, g.out_w, g.padding);
+            let (w0, w1) = valid_outputs(kw, g.width, g.out_w, g.padding, 1);
             if h0 == h1 || w0 == w1 {
                 continue;
             }

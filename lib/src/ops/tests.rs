@@ -5,7 +5,7 @@ use super::*;
 /// `(batch, channels, height, width, out_channels, kernel, stride, padding, groups)`.
 type Case = (usize, usize, usize, usize, usize, usize, usize, usize, usize);
 
-const CASES: [Case; 13] = [
+const CASES: [Case; 16] = [
     (2, 3, 7, 9, 4, 3, 1, 1, 1),   // odd, non-square input
     (3, 4, 8, 8, 6, 3, 2, 1, 1),   // stride 2
     (1, 8, 5, 5, 8, 1, 1, 0, 1),   // pointwise, one image
@@ -19,6 +19,9 @@ const CASES: [Case; 13] = [
     (2, 3, 18, 17, 4, 3, 1, 1, 1), // wide rows: copied row by row
     (3, 4, 16, 16, 6, 1, 1, 0, 1), // pointwise, two images stacked
     (2, 8, 21, 37, 8, 3, 2, 1, 8), // depthwise 3x3 stride 2, rows longer than a vector
+    (2, 3, 37, 35, 8, 7, 2, 3, 1), // wide stem: rows copied at stride 2
+    (2, 8, 33, 33, 8, 3, 2, 1, 1), // wide stride 2: the input gradient added back row by row
+    (2, 4, 49, 52, 6, 3, 3, 1, 1), // wide stride 3
 ];
 
 pub(super) fn randn(dims: &[usize]) -> Tensor {
