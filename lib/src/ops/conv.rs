@@ -540,7 +540,7 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let mut partials = (0..plan.workers()).into_par_iter().map(partial).collect::<Vec<_>>().into_iter();
     let mut dw = partials.next().unwrap_or_else(|| vec![0f32; weights]);
     for partial in partials {
-        dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
+        dw.par_chunks_mut(ADD_RUN).zip(partial.par_chunks(ADD_RUN)).for_each(|(a, b)| a.iter_mut().zip(b).for_each(|(a, b)| *a += b));
     }
     if sums.row != 1 {
         return dw;
@@ -551,6 +551,9 @@ fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     }
     row_major
 }
+
+/// Floats of the partial sums one thread adds at a time.
+const ADD_RUN: usize = 1 << 14;
 
 /// What each pass of [`convolve`] allocates beyond its operands and result,
 /// for the algorithm it takes. The depthwise loop allocates none.
