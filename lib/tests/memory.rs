@@ -99,6 +99,14 @@ fn snapshots_are_published_in_the_shared_region() {
     assert_eq!(memory::published(), Some(snapshot));
 }
 
+/// A rayon pool of `threads` kept for the whole test binary: a dropped
+/// pool's threads exit on their own time and free their gemm slabs then,
+/// in the middle of another test's measurement.
+fn pool_of(threads: usize) -> &'static rayon::ThreadPool {
+    static POOLS: [std::sync::OnceLock<rayon::ThreadPool>; 2] = [std::sync::OnceLock::new(), std::sync::OnceLock::new()];
+    POOLS[threads - 1].get_or_init(|| rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap())
+}
+
 #[test]
 fn a_convolution_allocates_the_scratch_the_ledger_counts_for_it() {
     use vramlab::ops::{self, ConvParams};
@@ -116,13 +124,15 @@ fn a_convolution_allocates_the_scratch_the_ledger_counts_for_it() {
     ];
     for threads in [1, 2] {
         // The scratch follows rayon's pool: the prediction and the run both see this one.
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        let pool = pool_of(threads);
         for (x_dims, w_dims, params) in cases {
             let x = Tensor::randn(0f32, 1.0, x_dims.as_slice(), &Device::Cpu).unwrap();
             let w = Tensor::randn(0f32, 0.1, w_dims.as_slice(), &Device::Cpu).unwrap();
+            // The first product on each thread also allocates gemm's per-thread slab, kept for good:
+            // every thread runs one (a convolution started on a thread runs part of it there; one
+            // started from outside the pool might leave a thread idle if the other took all the chunks).
+            pool.broadcast(|_| drop(ops::conv2d(&x, &w, params).unwrap()));
             let (predicted, measured) = pool.install(|| {
-                // The first product on each thread also allocates gemm's per-thread slab, kept for good.
-                drop(ops::conv2d(&x, &w, params).unwrap());
                 let before = HostMemory::reset_peak();
                 let y = ops::conv2d(&x, &w, params).unwrap();
                 let peak = HostMemory::sample().peak.unwrap();
