@@ -50,9 +50,9 @@ fn add_strided(dst: &mut [f32], src: &[f32], stride: usize) {
 }
 
 /// How patches are copied between an image and the im2col matrix: row by
-/// row for wide outputs (each row one copy, strided at stride 2), through a
-/// table of input offsets for narrow ones, where per-row work would
-/// dominate (a 2x2 map has rows of two).
+/// row for wide outputs (each row one copy of every `stride`-th input),
+/// through a table of input offsets for narrow ones, where per-row work
+/// would dominate (a 2x2 map has rows of two).
 enum Patches {
     Rows,
     /// For each tap `(kh, kw)` and output position, the offset read in the
