@@ -161,9 +161,9 @@ pub(super) fn weight_gradient_scratch(g: &Geometry) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Tensor, Var};
+    use candle_core::Var;
 
-    use super::super::tests::{randn, relative_error};
+    use super::super::tests::{randn, relative_error, tensor, values};
     use super::super::ConvParams;
     use super::*;
 
@@ -176,14 +176,6 @@ mod tests {
         (2, 16, 3, 3, 16, 5, 2), // 5x5 kernel
         (3, 32, 1, 1, 16, 5, 3), // output wider than the input, taps that read only padding
     ];
-
-    fn values(t: &Tensor) -> Vec<f32> {
-        t.flatten_all().unwrap().to_vec1().unwrap()
-    }
-
-    fn tensor(values: Vec<f32>, like: &Tensor) -> Tensor {
-        Tensor::from_vec(values, like.dims(), &Device::Cpu).unwrap()
-    }
 
     #[test]
     fn the_weight_gradient_matches_candle() {

@@ -28,6 +28,15 @@ pub(super) fn randn(dims: &[usize]) -> Tensor {
     Tensor::randn(0f32, 1f32, dims, &Device::Cpu).unwrap()
 }
 
+pub(super) fn values(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1().unwrap()
+}
+
+/// `values` in `like`'s shape, on the CPU.
+pub(super) fn tensor(values: Vec<f32>, like: &Tensor) -> Tensor {
+    Tensor::from_vec(values, like.dims(), &Device::Cpu).unwrap()
+}
+
 fn case_tensors(&(n, c, h, w, o, k, _, _, groups): &Case) -> (Tensor, Tensor) {
     (randn(&[n, c, h, w]), randn(&[o, c / groups, k, k]))
 }

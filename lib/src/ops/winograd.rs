@@ -617,9 +617,9 @@ fn workers(g: &Geometry, gemm: impl Fn(usize) -> ((usize, usize, usize), [Stride
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Tensor, Var};
+    use candle_core::Var;
 
-    use super::super::tests::{randn, relative_error};
+    use super::super::tests::{randn, relative_error, tensor, values};
     use super::super::ConvParams;
     use super::*;
 
@@ -631,14 +631,6 @@ mod tests {
         (1, 32, 4, 5, 136, 1),  // more kernels than one thread's run, row-major sums
         (1, 16, 66, 65, 16, 1), // an image taken in two bands of tile rows
     ];
-
-    fn values(t: &Tensor) -> Vec<f32> {
-        t.flatten_all().unwrap().to_vec1().unwrap()
-    }
-
-    fn tensor(values: Vec<f32>, like: &Tensor) -> Tensor {
-        Tensor::from_vec(values, like.dims(), &Device::Cpu).unwrap()
-    }
 
     /// Each pass against candle's convolution and its autograd, whatever
     /// [`applies`] would choose for these shapes.
