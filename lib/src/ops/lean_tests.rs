@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::tests::{randn, relative_error};
+use super::tests::{randn, relative_error, tensor, values};
 use super::*;
 
 /// Half precision rounds each stored tensor; the two paths round at the same
@@ -210,13 +210,13 @@ fn lean_gradients_match_finite_differences() {
     let total = ((conv * &c.r).unwrap().sum_all().unwrap() + (merged.sqr().unwrap().sum_all().unwrap() * 0.1).unwrap()).unwrap();
     let grads = total.backward().unwrap();
     for (index, var) in vars.iter().enumerate() {
-        let flat = var.as_tensor().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-        let grad = grads.get(var.as_tensor()).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let flat = values(var.as_tensor());
+        let grad = values(grads.get(var.as_tensor()).unwrap());
         for i in (0..flat.len()).step_by(flat.len() / 6 + 1) {
             let shifted = |delta: f32| {
                 let mut v = flat.clone();
                 v[i] += delta;
-                let t = Tensor::from_vec(v, var.as_tensor().dims(), &Device::Cpu).unwrap();
+                let t = tensor(v, var.as_tensor());
                 let mut operands = [c.z.clone(), c.gamma.clone(), w.clone(), x.clone()];
                 operands[index] = t;
                 loss(&operands[0], &operands[1], &operands[2], &operands[3])

@@ -120,13 +120,13 @@ fn conv_backward_matches_finite_differences() {
         };
         let (gx, gw) = conv_grads(|x, w| conv2d(x, w, p).unwrap(), &x, &w, &r);
         for (operand, grad, is_x) in [(&x, &gx, true), (&w, &gw, false)] {
-            let flat = operand.flatten_all().unwrap().to_vec1::<f32>().unwrap();
-            let grad = grad.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let flat = values(operand);
+            let grad = values(grad);
             for i in (0..flat.len()).step_by(flat.len() / 7 + 1) {
                 let shifted = |delta: f32| {
                     let mut v = flat.clone();
                     v[i] += delta;
-                    let t = Tensor::from_vec(v, operand.dims(), &Device::Cpu).unwrap();
+                    let t = tensor(v, operand);
                     if is_x {
                         loss(&t, &w)
                     } else {
@@ -261,7 +261,7 @@ fn max_pool_gradient_adds_up_where_windows_overlap() {
     v[12] = 9.0;
     let x = Tensor::from_vec(v, (1, 1, 5, 5), &Device::Cpu).unwrap();
     let grad = pool_grad(|x| max_pool2d(x, 3, 2, 0).unwrap(), &x, &Tensor::ones((1, 1, 2, 2), DType::F32, &Device::Cpu).unwrap());
-    let grad = grad.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let grad = values(&grad);
     assert_eq!(grad[12], 4.0);
     assert_eq!(grad.iter().sum::<f32>(), 4.0);
 }
@@ -271,7 +271,7 @@ fn max_pool_propagates_nan() {
     let mut v = vec![1f32; 16];
     v[5] = f32::NAN;
     let x = Tensor::from_vec(v, (1, 1, 4, 4), &Device::Cpu).unwrap();
-    let out = max_pool2d(&x, 2, 2, 0).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let out = values(&max_pool2d(&x, 2, 2, 0).unwrap());
     assert!(out[0].is_nan());
     assert_eq!(&out[1..], &[1.0, 1.0, 1.0]);
 }
