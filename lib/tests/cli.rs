@@ -214,3 +214,42 @@ fn measure_and_bench_name_a_device_they_cannot_open() {
     assert!(comparison["measured_with"].as_str().unwrap().contains("allocation counters"), "{comparison}");
     assert!(comparison["device"].as_str().unwrap().starts_with("cpu"), "{comparison}");
 }
+
+/// Every op in both dtypes at the smallest sizes, each check within its
+/// dtype's tolerance, exit status 0.
+#[test]
+fn check_ops_passes_here_at_small_sizes() {
+    let report = json("check-ops --device cpu --json --batch 2 --res 32");
+    let checks = report["checks"].as_array().unwrap();
+    assert_eq!(u(&report["passed"]) as usize, checks.len());
+    assert_eq!(u(&report["failed"]), 0);
+    for op in ["conv2d", "batch_norm_train", "max_pool2d", "silu", "norm_act", "norm_add_act"] {
+        for dtype in ["f32", "f16"] {
+            assert!(checks.iter().any(|c| c["op"] == op && c["dtype"] == dtype), "no {op} in {dtype}");
+        }
+    }
+    for pass in ["forward", "grad_input", "grad_weight", "grad_norm", "grad_residual", "grad_residual_norm"] {
+        assert!(checks.iter().any(|c| c["pass"] == pass), "no {pass}");
+    }
+    for check in checks {
+        let (error, tolerance) = (check["error"].as_f64().unwrap(), check["tolerance"].as_f64().unwrap());
+        assert!(check["ok"] == Value::Bool(true) && error <= tolerance, "{check}");
+    }
+}
+
+/// A size out of range, or `--device cuda` in a build without the feature,
+/// is a one-line usage error.
+#[test]
+fn check_ops_refuses_what_it_cannot_run() {
+    let out = vramlab("check-ops --batch 1");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert_eq!(stderr(&out).trim_end(), "error: check-ops: --batch 1 is outside 2..=8");
+    if !cfg!(feature = "cuda") {
+        let out = vramlab("check-ops --device cuda");
+        assert_eq!(out.status.code(), Some(2));
+        let err = stderr(&out);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains("CUDA device 0: this vramlab was built without the cuda feature"), "{err}");
+        assert!(stdout(&out).is_empty());
+    }
+}

@@ -40,6 +40,13 @@ enum Command {
     Train(WithJson<FitArgs>),
     /// Check that the loader, a training step with each lever and the memory readings work on this machine
     Smoke(WithJson<vramlab::cli::SmokeArgs>),
+    /// Check every op at the zoo's shapes, forward and each gradient, in f32 and f16, against a reference
+    ///
+    /// On the CPU the reference is candle's own composition of each op, computed in f32 from the same
+    /// inputs; on CUDA it is our CPU implementation of the op in the same dtype. A tensor's error is
+    /// max|a - b| / max|b| over its elements (b the reference), and passes within a tolerance per dtype
+    /// (f32 1e-4, f16 5e-3), printed under the table. Exit status 1 when any check fails.
+    CheckOps(WithJson<vramlab::cli::CheckOpsArgs>),
     /// Benchmarks on this machine
     #[command(subcommand)]
     Bench(Bench),
@@ -86,6 +93,7 @@ fn main() -> ExitCode {
             Err(Measured::Usage(error)) => Err(error),
         },
         Command::Smoke(cmd) => return smoke(&cmd.args, cmd.json),
+        Command::CheckOps(cmd) => return check_ops(&cmd.args, cmd.json),
         Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args).and_then(|report| emit(cmd.json, &report, || report_text(&report))),
         Command::Synth(cmd) => data_error(cmd.args.generator().generate(&cmd.args.out)).and_then(|manifest| {
             emit(cmd.json, &manifest, || format!("wrote {}\n{}\n{}", cmd.args.out.display(), manifest.table(), manifest.size_table()))
@@ -212,6 +220,31 @@ fn smoke(args: &vramlab::cli::SmokeArgs, json: bool) -> ExitCode {
         return ExitCode::from(2);
     }
     if report.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// The checks' table (or JSON) and its summary; exit status 1 when any
+/// failed, 2 when the device cannot be opened or a size is out of range.
+fn check_ops(args: &vramlab::cli::CheckOpsArgs, json: bool) -> ExitCode {
+    let usage = |err: &dyn std::fmt::Display| {
+        eprintln!("error: {err}");
+        ExitCode::from(2)
+    };
+    let device = match args.device.open() {
+        Ok(device) => device,
+        Err(err) => return usage(&err),
+    };
+    let report = match vramlab::ops::check::check_ops(&device, &args.options()) {
+        Ok(report) => report,
+        Err(err) => return usage(&err),
+    };
+    if let Err(err) = emit(json, &report, || report.table().to_string()) {
+        return usage(&err);
+    }
+    if report.all_passed() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)

@@ -2,6 +2,7 @@
 //! `vramlab` binary and the kernel's `%summary` / `%oomcheck` magics.
 
 mod args;
+mod check;
 mod data;
 mod device;
 mod fit;
@@ -10,6 +11,7 @@ mod report;
 mod train;
 
 pub use args::{InputShape, MemArgs, OomcheckArgs, SummaryArgs, SummaryOfArgs};
+pub use check::{CheckDtypes, CheckOpsArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};

@@ -40,7 +40,7 @@ pub struct TrainSetup {
     /// Activation checkpointing: none, stages, or stage names (layer3,layer4)
     #[arg(long, value_parser = parse_checkpointing, default_value = "none")]
     pub ckpt: Checkpointing,
-    /// Layers: lean (batch-norm fused with what reads it; CPU kernels) or plain (what an ordinary autograd keeps)
+    /// Layers: lean (batch-norm fused with what reads it; on the CPU and, through cuDNN, on CUDA) or plain (what an ordinary autograd keeps)
     #[arg(long, value_enum, default_value_t = Layers::Lean)]
     pub layers: Layers,
     /// Seed of the weights and the synthetic images

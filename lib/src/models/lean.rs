@@ -33,10 +33,11 @@ pub enum Layers {
 }
 
 impl Layers {
-    /// What these layers are on `device`: the lean ops have CPU kernels
-    /// only, and elsewhere run the plain ops, keeping what those keep.
+    /// What these layers are on `device`: the lean ops run on the CPU and,
+    /// in a build with the cuda feature, on CUDA (through cuDNN); elsewhere
+    /// they run the plain ops, keeping what those keep.
     pub fn on(self, device: &candle_core::Device) -> Layers {
-        if device.is_cpu() {
+        if device.is_cpu() || (cfg!(feature = "cuda") && device.is_cuda()) {
             self
         } else {
             Layers::Plain

@@ -268,8 +268,8 @@ impl fmt::Debug for Network {
 impl Network {
     /// Builds `spec` for one sample of `input` (`C x H x W`), with parameters
     /// initialised as torchvision does from a generator seeded with `seed`,
-    /// from the lean layers where `device` has them (the CPU) and the plain
-    /// ones elsewhere.
+    /// from the lean layers where `device` has them (the CPU, and CUDA in a
+    /// build with the cuda feature) and the plain ones elsewhere.
     pub fn new(spec: &ModelSpec, input: Shape, device: &Device, seed: u64) -> std::result::Result<Self, ModelError> {
         Self::with_layers(spec, input, device, seed, Layers::Lean)
     }

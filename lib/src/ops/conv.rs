@@ -14,10 +14,14 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::conv_geometry::Geometry;
+#[cfg(feature = "cuda")]
+use super::cudnn::run::{self, Arg};
 use super::floats::{f32_view, init_with, storage_from_f32};
 use super::gemm_packing::{self, Strides};
 use super::ConvScratch;
 use super::{depthwise, taps, winograd};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
 
 /// Outputs `o` in `lo..hi` read inside the input along one axis (`0 <= o *
 /// stride + offset - padding < size`); the others read padding.
@@ -649,6 +653,11 @@ impl CustomOp2 for Conv2d {
         Ok((storage_from_f32(self.name(), out, s1.dtype())?, g.out_shape()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        run::conv_forward(&self.0, Arg::new(self.name(), s1, l1)?, Arg::new(self.name(), s2, l2)?)
+    }
+
     fn bwd(&self, x: &Tensor, weight: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
         let grad_x = if x.track_op() { Some(grad.apply_op2_no_bwd(weight, &Conv2dGradInput(self.0))?) } else { None };
@@ -672,6 +681,11 @@ impl CustomOp2 for Conv2dGradInput {
         let dx = convolve_grad_input(g, &dy, &w);
         Ok((storage_from_f32(self.name(), dx, s1.dtype())?, g.in_shape()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        run::conv_input_gradient(&self.0, Arg::new(self.name(), s1, l1)?, Arg::new(self.name(), s2, l2)?)
+    }
 }
 
 /// `(x, grad_out) -> grad_weight`.
@@ -688,5 +702,10 @@ impl CustomOp2 for Conv2dGradWeight {
         let dy = f32_view(self.name(), s2, l2)?;
         let dw = convolve_grad_weight(g, &x, &dy);
         Ok((storage_from_f32(self.name(), dw, s1.dtype())?, g.weight_shape()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        run::conv_weight_gradient(&self.0, Arg::new(self.name(), s1, l1)?, Arg::new(self.name(), s2, l2)?)
     }
 }

@@ -47,6 +47,8 @@ use rayon::prelude::*;
 
 use super::conv::{convolve, convolve_grad_input, convolve_grad_weight};
 use super::conv_geometry::Geometry as ConvGeometry;
+#[cfg(feature = "cuda")]
+use super::cudnn::run as cuda;
 use super::floats::{f32_view, par_chunks_from, par_filled, storage_from_f32};
 use super::norm::{self, cpu_f32, BatchStatistics, Statistics};
 use super::pool::Geometry as PoolGeometry;
@@ -109,12 +111,6 @@ pub struct Norm<'a> {
     pub eps: f64,
 }
 
-impl Norm<'_> {
-    fn plain(&self, z: &Tensor) -> Result<norm::BatchNormTrain> {
-        norm::batch_norm_train(z, self.weight, self.bias, self.eps)
-    }
-}
-
 /// What reads the activation inside the same op.
 #[derive(Debug, Clone, Copy)]
 pub enum Then<'a> {
@@ -143,14 +139,7 @@ pub struct Lean {
 pub fn norm_act(z: &Tensor, norm: Norm<'_>, act: Activation, then: Then<'_>) -> Result<Lean> {
     let geometry = norm::Geometry::checked(OP, z, norm.weight, norm.bias)?;
     if !uses_own_kernels(z) {
-        let bn = norm.plain(z)?;
-        let a = act.forward(&bn.y)?;
-        let y = match then {
-            Then::Nothing => a,
-            Then::Conv { weight, params } => super::conv2d(&a, weight, params)?,
-            Then::MaxPool { kernel, stride, padding } => super::max_pool2d(&a, kernel, stride, padding)?,
-        };
-        return Ok(Lean { y, stats: vec![bn.stats] });
+        return plain_norm_act(&OwnOps, z, norm, act, then);
     }
     let consumer = match then {
         Then::Nothing => Consumer::Nothing,
@@ -163,13 +152,28 @@ pub fn norm_act(z: &Tensor, norm: Norm<'_>, act: Activation, then: Then<'_>) -> 
         Then::MaxPool { kernel, stride, padding } => Consumer::MaxPool(PoolGeometry::new(z, kernel, stride, padding)?),
     };
     let stats = Arc::new(OnceLock::new());
-    let op = NormActOp { norm: geometry, eps: norm.eps, act, consumer, dtype: z.dtype(), stats: Arc::clone(&stats) };
+    let op = NormActOp {
+        norm: geometry,
+        eps: norm.eps,
+        act,
+        consumer,
+        dtype: z.dtype(),
+        stats: Arc::clone(&stats),
+        #[cfg(feature = "cuda")]
+        on_device: Default::default(),
+    };
+    #[cfg(feature = "cuda")]
+    let on_device = Arc::clone(&op.on_device);
     let z = z.contiguous()?;
     let params = Tensor::stack(&[norm.weight, norm.bias], 0)?;
     let y = match then {
         Then::Conv { weight, .. } => z.apply_op3(&params, &weight.contiguous()?, op)?,
         _ => z.apply_op2(&params, op)?,
     };
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = z.device() {
+        return Ok(Lean { y, stats: device_statistics(&geometry, &on_device, dev)? });
+    }
     let stats = stats.get().ok_or(OpError::MissingStatistics)?;
     Ok(Lean { y, stats: vec![BatchStatistics::from_kernel(stats, &geometry, z.device())?] })
 }
@@ -187,20 +191,22 @@ pub fn norm_add_act(z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Act
         Err(OpError::DTypeMismatch { op: MERGE, input: z.dtype(), other: other.dtype() })?
     }
     if !uses_own_kernels(z) {
-        let bn = norm.plain(z)?;
-        let (side, mut stats) = match residual {
-            Residual::Identity(x) => (x.clone(), Vec::new()),
-            Residual::Norm(x, n) => {
-                let side = n.plain(x)?;
-                (side.y, vec![side.stats])
-            }
-        };
-        stats.insert(0, bn.stats);
-        return Ok(Lean { y: act.forward(&(bn.y + side)?)?, stats });
+        return plain_norm_add_act(&OwnOps, z, norm, residual, act);
     }
     let stats = Arc::new(OnceLock::new());
     let projected = matches!(residual, Residual::Norm(..));
-    let op = NormAddActOp { norm: geometry, eps: norm.eps, act, projected, dtype: z.dtype(), stats: Arc::clone(&stats) };
+    let op = NormAddActOp {
+        norm: geometry,
+        eps: norm.eps,
+        act,
+        projected,
+        dtype: z.dtype(),
+        stats: Arc::clone(&stats),
+        #[cfg(feature = "cuda")]
+        on_device: Default::default(),
+    };
+    #[cfg(feature = "cuda")]
+    let on_device = Arc::clone(&op.on_device);
     let z = z.contiguous()?;
     let y = match residual {
         Residual::Identity(x) => z.apply_op3(&Tensor::stack(&[norm.weight, norm.bias], 0)?, &x.contiguous()?, op)?,
@@ -210,9 +216,76 @@ pub fn norm_add_act(z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Act
             z.apply_op3(&x.contiguous()?, &params, op)?
         }
     };
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = z.device() {
+        return Ok(Lean { y, stats: device_statistics(&geometry, &on_device, dev)? });
+    }
     let stats = stats.get().ok_or(OpError::MissingStatistics)?;
     let stats = stats.iter().map(|s| BatchStatistics::from_kernel(s, &geometry, z.device())).collect::<Result<_>>()?;
     Ok(Lean { y, stats })
+}
+
+/// The statistics of each batch-norm of a lean op that ran on CUDA.
+#[cfg(feature = "cuda")]
+fn device_statistics(g: &norm::Geometry, saved: &cuda::Saved, dev: &candle_core::CudaDevice) -> Result<Vec<BatchStatistics>> {
+    let saved = saved.get().ok_or(OpError::MissingStatistics)?;
+    saved.iter().map(|s| cuda::batch_statistics(g, s, dev)).collect()
+}
+
+/// The ops a lean op is made of, which the plain layers run one after
+/// another: ours ([`OwnOps`]), or candle's own, `ops::check`'s reference.
+pub(super) trait PlainOps {
+    fn batch_norm(&self, z: &Tensor, norm: Norm<'_>) -> Result<norm::BatchNormTrain>;
+    fn activation(&self, act: Activation, x: &Tensor) -> Result<Tensor>;
+    fn conv2d(&self, x: &Tensor, weight: &Tensor, params: ConvParams) -> Result<Tensor>;
+    fn max_pool2d(&self, x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor>;
+}
+
+/// The public ops of `ops`, each on its own.
+pub(super) struct OwnOps;
+
+impl PlainOps for OwnOps {
+    fn batch_norm(&self, z: &Tensor, norm: Norm<'_>) -> Result<norm::BatchNormTrain> {
+        norm::batch_norm_train(z, norm.weight, norm.bias, norm.eps)
+    }
+
+    fn activation(&self, act: Activation, x: &Tensor) -> Result<Tensor> {
+        act.forward(x)
+    }
+
+    fn conv2d(&self, x: &Tensor, weight: &Tensor, params: ConvParams) -> Result<Tensor> {
+        super::conv2d(x, weight, params)
+    }
+
+    fn max_pool2d(&self, x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
+        super::max_pool2d(x, kernel, stride, padding)
+    }
+}
+
+/// [`norm_act`] as the plain layers compute it, one op of `ops` after another.
+pub(super) fn plain_norm_act(ops: &dyn PlainOps, z: &Tensor, norm: Norm<'_>, act: Activation, then: Then<'_>) -> Result<Lean> {
+    let bn = ops.batch_norm(z, norm)?;
+    let a = ops.activation(act, &bn.y)?;
+    let y = match then {
+        Then::Nothing => a,
+        Then::Conv { weight, params } => ops.conv2d(&a, weight, params)?,
+        Then::MaxPool { kernel, stride, padding } => ops.max_pool2d(&a, kernel, stride, padding)?,
+    };
+    Ok(Lean { y, stats: vec![bn.stats] })
+}
+
+/// [`norm_add_act`] as the plain layers compute it, one op of `ops` after another.
+pub(super) fn plain_norm_add_act(ops: &dyn PlainOps, z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Activation) -> Result<Lean> {
+    let bn = ops.batch_norm(z, norm)?;
+    let (side, mut stats) = match residual {
+        Residual::Identity(x) => (x.clone(), Vec::new()),
+        Residual::Norm(x, n) => {
+            let side = ops.batch_norm(x, n)?;
+            (side.y, vec![side.stats])
+        }
+    };
+    stats.insert(0, bn.stats);
+    Ok(Lean { y: ops.activation(act, &(bn.y + side)?)?, stats })
 }
 
 const OP: &str = "norm_act";
@@ -313,6 +386,8 @@ struct NormActOp {
     consumer: Consumer,
     dtype: DType,
     stats: Arc<OnceLock<Statistics>>,
+    #[cfg(feature = "cuda")]
+    on_device: cuda::Saved,
 }
 
 /// What [`NormActOp`]'s backward returns, each `None` where no gradient is wanted.
@@ -373,8 +448,47 @@ impl NormActOp {
         Ok(NormActGrads { z: grads.dx, params, weight: dweight })
     }
 
-    fn tensor_backward(&self, z: &Tensor, params: &Tensor, weight: Option<&Tensor>, grad: &Tensor) -> Result<[Option<Tensor>; 3]> {
+    #[cfg(feature = "cuda")]
+    fn lean(&self) -> cuda::Lean<'_> {
+        cuda::Lean { norm: cuda::BatchNorm { op: OP, geometry: &self.norm, eps: self.eps }, act: self.act }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn on_cuda(&self) -> cuda::Consumer<'_> {
+        match &self.consumer {
+            Consumer::Nothing => cuda::Consumer::Nothing,
+            Consumer::Conv(g) => cuda::Consumer::Conv(g),
+            Consumer::MaxPool(g) => cuda::Consumer::MaxPool(g),
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_forward(
+        &self,
+        z: (&candle_core::CudaStorage, &Layout),
+        params: (&candle_core::CudaStorage, &Layout),
+        weight: Option<(&candle_core::CudaStorage, &Layout)>,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let arg = |(s, l)| cuda::Arg::new(OP, s, l);
+        let weight = weight.map(arg).transpose()?;
+        cuda::norm_act_forward(self.lean(), self.on_cuda(), [arg(z)?, arg(params)?], weight, &self.on_device)
+    }
+
+    /// The gradients from the op's inputs, its output `_y` (which cuDNN's
+    /// max-pool backward reads; the CPU finds the maxima again) and `grad`.
+    fn tensor_backward(
+        &self,
+        z: &Tensor,
+        params: &Tensor,
+        weight: Option<&Tensor>,
+        _y: &Tensor,
+        grad: &Tensor,
+    ) -> Result<[Option<Tensor>; 3]> {
         let grad = grad.contiguous()?;
+        #[cfg(feature = "cuda")]
+        if z.device().is_cuda() {
+            return cuda::norm_act_backward(self.lean(), self.on_cuda(), [z, params], weight, [_y, &grad], &self.on_device);
+        }
         let want = [z.track_op(), params.track_op(), weight.is_some_and(|w| w.track_op())];
         let grads = {
             let (zs, zl) = z.storage_and_layout();
@@ -416,8 +530,19 @@ impl CustomOp2 for NormActOp {
         Ok((storage_from_f32(OP, out, s1.dtype())?, shape))
     }
 
-    fn bwd(&self, z: &Tensor, params: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let [dz, dparams, _] = self.tensor_backward(z, params, None, grad)?;
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        self.cuda_forward((s1, l1), (s2, l2), None)
+    }
+
+    fn bwd(&self, z: &Tensor, params: &Tensor, y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let [dz, dparams, _] = self.tensor_backward(z, params, None, y, grad)?;
         Ok((dz, dparams))
     }
 }
@@ -441,15 +566,28 @@ impl CustomOp3 for NormActOp {
         Ok((storage_from_f32(OP, out, s1.dtype())?, shape))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        self.cuda_forward((s1, l1), (s2, l2), Some((s3, l3)))
+    }
+
     fn bwd(
         &self,
         z: &Tensor,
         params: &Tensor,
         weight: &Tensor,
-        _y: &Tensor,
+        y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let [dz, dparams, dweight] = self.tensor_backward(z, params, Some(weight), grad)?;
+        let [dz, dparams, dweight] = self.tensor_backward(z, params, Some(weight), y, grad)?;
         Ok((dz, dparams, dweight))
     }
 }
@@ -464,6 +602,8 @@ struct NormAddActOp {
     projected: bool,
     dtype: DType,
     stats: Arc<OnceLock<Vec<Statistics>>>,
+    #[cfg(feature = "cuda")]
+    on_device: cuda::Saved,
 }
 
 impl NormAddActOp {
@@ -523,6 +663,13 @@ impl NormAddActOp {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl NormAddActOp {
+    fn lean(&self) -> cuda::Lean<'_> {
+        cuda::Lean { norm: cuda::BatchNorm { op: MERGE, geometry: &self.norm, eps: self.eps }, act: self.act }
+    }
+}
+
 impl CustomOp3 for NormAddActOp {
     fn name(&self) -> &'static str {
         MERGE
@@ -543,6 +690,22 @@ impl CustomOp3 for NormAddActOp {
         Ok((storage_from_f32(MERGE, out, s1.dtype())?, self.norm.shape()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let arg = |s, l| cuda::Arg::new(MERGE, s, l);
+        let (z, second, third) = (arg(s1, l1)?, arg(s2, l2)?, arg(s3, l3)?);
+        let (x, params) = if self.projected { (second, third) } else { (third, second) };
+        cuda::norm_add_act_forward(self.lean(), self.projected, [z, x, params], &self.on_device)
+    }
+
     fn bwd(
         &self,
         z: &Tensor,
@@ -553,6 +716,12 @@ impl CustomOp3 for NormAddActOp {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (x, params) = if self.projected { (second, third) } else { (third, second) };
         let grad = grad.contiguous()?;
+        #[cfg(feature = "cuda")]
+        if z.device().is_cuda() {
+            let [dz, dx, dparams] = cuda::norm_add_act_backward(self.lean(), self.projected, [z, x, params], [_y, &grad], &self.on_device)?;
+            let (dz, dx, dparams) = (z.track_op().then_some(dz), x.track_op().then_some(dx), params.track_op().then_some(dparams));
+            return Ok(if self.projected { (dz, dx, dparams) } else { (dz, dparams, dx) });
+        }
         let [dz, dx, dparams] = {
             let (zs, zl) = z.storage_and_layout();
             let (xs, xl) = x.storage_and_layout();

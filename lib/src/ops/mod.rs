@@ -9,8 +9,10 @@
 //! are computed in f32 and stored back in their own dtype). Elsewhere they
 //! use candle's operations.
 
+pub mod check;
 mod conv;
 mod conv_geometry;
+mod cudnn;
 mod depthwise;
 mod floats;
 mod gemm_packing;
@@ -28,6 +30,9 @@ mod tests;
 
 use candle_core::{DType, Result, Tensor};
 
+#[cfg(feature = "cuda")]
+pub use cudnn::conv_algorithms;
+pub use cudnn::{ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
 pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, Residual, Then};
 pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
 
@@ -66,8 +71,18 @@ pub enum OpError {
     TooFewValues { op: &'static str, dims: Vec<usize> },
     #[error("{op}: expected CPU tensors, got one on {device}")]
     NotOnCpu { op: &'static str, device: String },
+    #[error("{op}: expected CUDA tensors, got one on {device}")]
+    NotOnCuda { op: &'static str, device: String },
     #[error("batch-norm: the forward did not record its batch statistics")]
     MissingStatistics,
+    #[error("{op}: the forward ran twice on one op and would overwrite its saved statistics")]
+    StatisticsTwice { op: &'static str },
+    #[error("{op}: a tensor of {dims:?} has 2^31 elements or more, more than cuDNN's int dimensions take")]
+    TooLargeForCudnn { op: &'static str, dims: Vec<usize> },
+    #[error("{op}: cuDNN failed with {status}")]
+    Cudnn { op: &'static str, status: String },
+    #[error("conv2d: no cuDNN algorithm for the {pass} of input {dims:?} by filter {filter:?} fits the {workspace}-byte workspace")]
+    NoCudnnAlgorithm { pass: &'static str, dims: Vec<i32>, filter: Vec<i32>, workspace: u64 },
     #[error("{op}: no {what} was given")]
     MissingOperand { op: &'static str, what: &'static str },
     #[error("norm_add_act: the residual {residual:?} does not match the block's output {body:?}")]
@@ -94,8 +109,11 @@ fn dims4(op: &'static str, what: &'static str, t: &Tensor) -> std::result::Resul
     }
 }
 
+/// Whether `x` runs through our ops: on the CPU, and on CUDA in a build with
+/// the cuda feature (through cuDNN), in f32, f16 and bf16.
 fn uses_own_kernels(x: &Tensor) -> bool {
-    x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
+    let device = x.device().is_cpu() || (cfg!(feature = "cuda") && x.device().is_cuda());
+    device && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)
 }
 
 /// `x` is `N x C x H x W`, `weight` is `O x C/groups x K x K`.
@@ -158,7 +176,7 @@ pub fn silu(x: &Tensor) -> Result<Tensor> {
 /// train.
 pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
     let geometry = pool::Geometry::new(x, kernel, stride, padding)?;
-    if x.device().is_cpu() {
+    if x.device().is_cpu() || uses_own_kernels(x) {
         return x.contiguous()?.apply_op1(pool::MaxPool2d(geometry));
     }
     pool::max_pool2d_composed(x, geometry)

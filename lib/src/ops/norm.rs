@@ -53,8 +53,21 @@ pub fn batch_norm_train(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) ->
         return composed(x, weight, bias, eps, geometry.count());
     }
     let stats = Arc::new(OnceLock::new());
-    let op = BatchNormOp { geometry, eps, stats: Arc::clone(&stats) };
+    let op = BatchNormOp {
+        geometry,
+        eps,
+        stats: Arc::clone(&stats),
+        #[cfg(feature = "cuda")]
+        on_device: Default::default(),
+    };
+    #[cfg(feature = "cuda")]
+    let on_device = Arc::clone(&op.on_device);
     let y = x.contiguous()?.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)?;
+    #[cfg(feature = "cuda")]
+    if let candle_core::Device::Cuda(dev) = x.device() {
+        let saved = on_device.get().and_then(|s| s.first()).ok_or(OpError::MissingStatistics)?;
+        return Ok(BatchNormTrain { y, stats: super::cudnn::run::batch_statistics(&geometry, saved, dev)? });
+    }
     let stats = stats.get().ok_or(OpError::MissingStatistics)?;
     Ok(BatchNormTrain { y, stats: BatchStatistics::from_kernel(stats, &geometry, x.device())? })
 }
@@ -210,6 +223,15 @@ struct BatchNormOp {
     geometry: Geometry,
     eps: f64,
     stats: Arc<OnceLock<Statistics>>,
+    #[cfg(feature = "cuda")]
+    on_device: super::cudnn::run::Saved,
+}
+
+#[cfg(feature = "cuda")]
+impl BatchNormOp {
+    fn on_cuda(&self) -> super::cudnn::run::BatchNorm<'_> {
+        super::cudnn::run::BatchNorm { op: OP, geometry: &self.geometry, eps: self.eps }
+    }
 }
 
 /// The elements of a tensor's storage as f32, for a backward that reads tensors.
@@ -243,6 +265,21 @@ impl CustomOp3 for BatchNormOp {
         Ok((storage_from_f32(OP, y, s1.dtype())?, g.shape()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        use super::cudnn::run::{batch_norm_forward, Arg};
+        let arg = |s, l| Arg::new(OP, s, l);
+        batch_norm_forward(self.on_cuda(), arg(s1, l1)?, arg(s2, l2)?, arg(s3, l3)?, &self.on_device)
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -252,8 +289,14 @@ impl CustomOp3 for BatchNormOp {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let g = &self.geometry;
-        let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
         let grad = grad.contiguous()?;
+        #[cfg(feature = "cuda")]
+        if x.device().is_cuda() {
+            let [dx, dweight, dbias] = super::cudnn::run::batch_norm_backward(self.on_cuda(), x, weight, &grad, &self.on_device)?;
+            let wanted = |t: Tensor, like: &Tensor| like.track_op().then_some(t);
+            return Ok((wanted(dx, x), wanted(dweight, weight), wanted(dbias, bias)));
+        }
+        let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
         let gradients = {
             let (xs, xl) = x.storage_and_layout();
             let (gs, gl) = grad.storage_and_layout();

@@ -4,24 +4,28 @@
 //! strided taps, whose backward candle already has (ties share the gradient).
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor, WithDType};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
 
 use multiversion::multiversion;
 
+#[cfg(feature = "cuda")]
+use super::cudnn::run::{self, Arg};
 use super::floats::{par_chunks_from, par_filled};
 use super::{dims4, window_count, OpError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Geometry {
-    batch: usize,
-    channels: usize,
-    height: usize,
-    width: usize,
-    kernel: usize,
-    stride: usize,
-    padding: usize,
-    out_h: usize,
-    out_w: usize,
+    pub(super) batch: usize,
+    pub(super) channels: usize,
+    pub(super) height: usize,
+    pub(super) width: usize,
+    pub(super) kernel: usize,
+    pub(super) stride: usize,
+    pub(super) padding: usize,
+    pub(super) out_h: usize,
+    pub(super) out_w: usize,
 }
 
 impl Geometry {
@@ -48,6 +52,10 @@ impl Geometry {
 
     pub(super) fn out_plane(&self) -> usize {
         self.out_h * self.out_w
+    }
+
+    pub(super) fn in_shape(&self) -> Shape {
+        (self.batch, self.channels, self.height, self.width).into()
     }
 
     pub(super) fn out_shape(&self) -> Shape {
@@ -171,20 +179,48 @@ impl CustomOp1 for MaxPool2d {
         Ok((out, g.out_shape()))
     }
 
-    fn bwd(&self, x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &MaxPool2dGrad(self.0))?))
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        run::max_pool_forward(&self.0, Arg::new(self.name(), storage, layout)?)
+    }
+
+    fn bwd(&self, x: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(x.apply_op3_no_bwd(&out.contiguous()?, &grad.contiguous()?, &MaxPool2dGrad(self.0))?))
     }
 }
 
-/// `(x, grad_out) -> grad_x`.
+/// `(x, out, grad_out) -> grad_x`. The CPU finds each window's first
+/// maximum again in `x`; cuDNN reads the output as well.
 struct MaxPool2dGrad(Geometry);
 
-impl CustomOp2 for MaxPool2dGrad {
+impl CustomOp3 for MaxPool2dGrad {
     fn name(&self) -> &'static str {
         "max_pool2d-grad"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let arg = |s, l| Arg::new(self.name(), s, l);
+        run::max_pool_backward(&self.0, arg(s1, l1)?, arg(s2, l2)?, arg(s3, l3)?)
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        _out: &CpuStorage,
+        _out_layout: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let g = &self.0;
         let dx = match (s1, s2) {
             (CpuStorage::F32(x), CpuStorage::F32(dy)) => CpuStorage::F32(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),
@@ -194,7 +230,7 @@ impl CustomOp2 for MaxPool2dGrad {
             (x, dy) if x.dtype() != dy.dtype() => Err(OpError::DTypeMismatch { op: self.name(), input: x.dtype(), other: dy.dtype() })?,
             (x, _) => Err(OpError::UnsupportedDType { op: self.name(), dtype: x.dtype() })?,
         };
-        Ok((dx, (g.batch, g.channels, g.height, g.width).into()))
+        Ok((dx, g.in_shape()))
     }
 }
 

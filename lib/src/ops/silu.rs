@@ -11,9 +11,13 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tenso
 use multiversion::multiversion;
 use rayon::prelude::*;
 
+#[cfg(feature = "cuda")]
+use super::cudnn::run::{self, Arg};
 use super::floats::{f32_view, storage_from_f32};
 use super::lean::CHUNK;
 use super::OpError;
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
 
 /// SiLU as a candle op on the CPU: computed in f32 and stored in the
 /// input's dtype; backward keeps the input and the output, as candle's
@@ -29,6 +33,11 @@ impl CustomOp1 for Silu {
         let mut values = f32_view(self.name(), storage, layout)?.into_owned();
         values.par_chunks_mut(CHUNK).for_each(silu_in_place);
         Ok((storage_from_f32(self.name(), values, storage.dtype())?, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        run::silu_forward(Arg::new(self.name(), storage, layout)?)
     }
 
     fn bwd(&self, x: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -64,6 +73,19 @@ impl CustomOp3 for SiluGrad {
             silu_backward(grad, &exp_neg, out);
         });
         Ok((storage_from_f32(self.name(), grad, s3.dtype())?, l3.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        run::silu_backward(Arg::new(self.name(), s1, l1)?, Arg::new(self.name(), s2, l2)?, Arg::new(self.name(), s3, l3)?)
     }
 }
 

@@ -44,6 +44,8 @@ pub struct BenchReport {
     /// The highest bytes in use during a timed step, where the process counts them exactly.
     pub peak_bytes: Option<u64>,
     pub final_loss: f32,
+    /// On CUDA, each convolution's cuDNN plan.
+    pub cudnn: Option<crate::ops::CudnnPlans>,
 }
 
 /// The trainer and synthetic micro-batches a spec describes.
@@ -99,6 +101,7 @@ pub fn bench_train(spec: &BenchSpec, device: &Device) -> Result<BenchReport, Tra
     for _ in 0..spec.warmup {
         trainer.step(&micro_batches, 0)?;
     }
+    let plans_after_warmup = cudnn_plans(device)?.map(|(_, made)| made);
     let mut step_seconds = Vec::with_capacity(spec.steps);
     let mut peak_bytes: Option<u64> = None;
     let mut final_loss = f32::NAN;
@@ -112,6 +115,8 @@ pub fn bench_train(spec: &BenchSpec, device: &Device) -> Result<BenchReport, Tra
         }
     }
     let median_seconds = median(&step_seconds);
+    let cudnn = cudnn_plans(device)?
+        .map(|(algorithms, made)| crate::ops::CudnnPlans { algorithms, made_while_timed: made - plans_after_warmup.unwrap_or(made) });
     let images = (spec.batch * spec.config.accumulation) as f64;
     Ok(BenchReport {
         model: spec.model.as_str().to_owned(),
@@ -128,7 +133,24 @@ pub fn bench_train(spec: &BenchSpec, device: &Device) -> Result<BenchReport, Tra
         step_seconds,
         peak_bytes,
         final_loss,
+        cudnn,
     })
+}
+
+type Plans = candle_core::Result<Option<(Vec<crate::ops::ConvAlgorithm>, usize)>>;
+
+/// The cuDNN plans made on `device` so far and how many, where it is a CUDA device.
+#[cfg(feature = "cuda")]
+fn cudnn_plans(device: &Device) -> Plans {
+    match device {
+        Device::Cuda(dev) => crate::ops::conv_algorithms(dev).map(Some),
+        _ => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cudnn_plans(_: &Device) -> Plans {
+    Ok(None)
 }
 
 fn median(values: &[f64]) -> f64 {

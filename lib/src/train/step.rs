@@ -144,7 +144,7 @@ pub fn forward_backward_watched(
         let mut segment_grads = root.backward()?;
         drop(root);
         for named in net.params() {
-            // Candle's own backward ops (the plain layers', every op on CUDA)
+            // Candle's own backward ops (ReLU, the residual add, the linear layer)
             // build a parameter's gradient from tensors of the graph, and the
             // gradient would keep the whole graph alive until it is dropped.
             if let Some(g) = segment_grads.remove(named.var.as_tensor()) {
