@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::gpus::Card;
 use crate::models::{analyze, ConvLayer, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
-use crate::ops::ConvScratch;
+use crate::ops::{ConvScratch, CUDNN_WORKSPACE_BYTES};
 
 use super::bill::{line, Bill, BillKind, Line};
 use super::config::{Mode, OptimizerKind, StepConfig};
@@ -88,7 +88,7 @@ struct Step<'a> {
     plan: &'a StepPlan,
     batch: u64,
     /// On the CPU, what each of `cost.convs` allocates beyond its operands
-    /// (none on a device, whose workspace is the rules' im2col).
+    /// (none on a device, whose convolutions share cuDNN's one workspace).
     host_scratch: Vec<ConvScratch>,
 }
 
@@ -162,24 +162,31 @@ impl Step<'_> {
     }
 
     /// The largest conv workspace of the step, for its bill line. A device's
-    /// is its whole-batch im2col; the host's convolutions cut the batch into
-    /// chunks, and theirs is what the largest pass of any of them allocates
-    /// on all busy threads at once (columns, stacked images, gemm's packing).
+    /// is cuDNN's one workspace, allocated whole at the first convolution
+    /// and kept; the host's convolutions cut the batch into chunks, and
+    /// theirs is what the largest pass of any of them allocates on all busy
+    /// threads at once (columns, stacked images, gemm's packing).
     fn workspace(&self) -> u64 {
         if self.device.is_cpu() {
             self.host_scratch.iter().map(ConvScratch::most).max().unwrap_or(0)
         } else {
-            self.batch * self.cost.total.workspace_bytes
+            self.device_workspace()
         }
     }
 
-    /// The conv workspace while stage `i` runs forward.
-    fn forward_workspace(&self, i: usize) -> u64 {
-        if self.device.is_cpu() {
-            self.host_convs(i).map(|(_, scratch)| scratch.forward).max().unwrap_or(0)
+    /// cuDNN's workspace on a device, resident from the first convolution
+    /// on (none on the host, or for a model without convolutions).
+    fn device_workspace(&self) -> u64 {
+        if self.device.is_cpu() || self.cost.convs.is_empty() {
+            0
         } else {
-            self.batch * self.cost.stages[i].cost.workspace_bytes
+            CUDNN_WORKSPACE_BYTES
         }
+    }
+
+    /// The host convolutions' scratch while stage `i` runs forward.
+    fn forward_workspace(&self, i: usize) -> u64 {
+        self.host_convs(i).map(|(_, scratch)| scratch.forward).max().unwrap_or(0)
     }
 
     /// The moments inside the host convolutions' backward passes in stage
@@ -211,13 +218,12 @@ impl Step<'_> {
     }
 
     /// Per element of a weight, beyond its f32 gradient, while backward makes
-    /// that gradient. Our CPU convolution returns it contiguous: in f32 it is
-    /// the gradient; under AMP the f32 gradient is a copy of the half one.
-    /// Candle's convolution (on a device) returns it transposed, and the
-    /// gradient store keeps a contiguous copy of that view.
+    /// that gradient. Our convolution returns it contiguous on both devices:
+    /// in f32 it is the gradient; under AMP the f32 gradient is a copy of
+    /// the half one.
     fn weight_gradient_temporary_bytes(&self) -> u64 {
         let precision = self.config.precision;
-        if precision.is_mixed() || !self.device.is_cpu() {
+        if precision.is_mixed() {
             precision.compute_bytes()
         } else {
             0
@@ -289,7 +295,7 @@ impl Step<'_> {
                 BillKind::ContextAndWorkspace,
                 vec![
                     self.context_line(),
-                    line("conv workspace (the largest conv's im2col columns and gemm buffers)", self.workspace()),
+                    line(self.workspace_label(), self.workspace()),
                     line("backward temporaries (the largest layer's gradients and scratch)", self.backward_temporaries()),
                     line(
                         format!("{} step temporaries (or AMP's unscaling, the larger)", c.optimizer),
@@ -298,6 +304,14 @@ impl Step<'_> {
                 ],
             ),
         ]
+    }
+
+    fn workspace_label(&self) -> &'static str {
+        if self.device.is_cpu() {
+            "conv workspace (the largest conv's im2col columns and gemm buffers)"
+        } else {
+            "cuDNN workspace (one per device, made at the first convolution)"
+        }
     }
 
     fn input_lines(&self, training: bool) -> Vec<Line> {
@@ -335,7 +349,11 @@ impl Step<'_> {
             Bill::new(BillKind::InputBatch, self.input_lines(false)),
             Bill::new(
                 BillKind::ContextAndWorkspace,
-                vec![self.context_line(), line("largest weight cast (AMP)", self.amp_copies(self.cost.total.largest_param_elems))],
+                vec![
+                    self.context_line(),
+                    line(self.workspace_label(), self.device_workspace()),
+                    line("largest weight cast (AMP)", self.amp_copies(self.cost.total.largest_param_elems)),
+                ],
             ),
         ]
     }
@@ -354,6 +372,7 @@ impl Step<'_> {
         let mut live = Parts::default();
         let none = Parts::default();
         live.set(Part::Context, self.context_line().bytes);
+        live.set(Part::Workspace, self.device_workspace());
         live.set(Part::Weights, self.weights());
         live.set(Part::Buffers, self.cost.total.buffers * F32_BYTES);
         live.set(Part::OptimizerState, self.optimizer_state().iter().map(|l| l.bytes).sum());
@@ -403,9 +422,6 @@ impl Step<'_> {
                     live.add(Part::AmpWeightCopies, self.amp_copies(stage.cost.amp_copy_params));
                 }
                 let mut transient = Parts::default();
-                if !self.device.is_cpu() {
-                    transient.set(Part::Workspace, self.batch * stage.cost.workspace_bytes);
-                }
                 transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes + root);
                 live.add(Part::Gradients, stage.cost.params * F32_BYTES);
                 // The stage's largest weight gradient is made before the
@@ -470,6 +486,7 @@ impl Step<'_> {
         let mut rec = Recorder::new(self.plan);
         let mut live = Parts::default();
         live.set(Part::Context, self.context_line().bytes);
+        live.set(Part::Workspace, self.device_workspace());
         live.set(Part::Weights, self.weights());
         live.set(Part::Buffers, self.cost.total.buffers * F32_BYTES);
         rec.phase(StepPhase::Loaded, &live, &Parts::default());

@@ -3,9 +3,7 @@
 use crate::render::{Chart, Series, Table};
 
 use super::bill::BillKind;
-use super::config::Mode;
 use super::estimate::Ledger;
-use crate::models::Layers;
 use crate::units::{grouped, human, percent};
 
 const GIB: f64 = (1u64 << 30) as f64;
@@ -31,11 +29,6 @@ impl Ledger {
                 human(self.sum_of_bills()),
                 percent(self.sum_of_bills(), card)
             ));
-        if self.config.layers == Layers::Lean && self.config.mode == Mode::Training && !self.device.is_cpu() {
-            return table.note(
-                "Costed on the lean layers, which vramlab runs on the CPU; on CUDA it runs the plain ones, which --layers plain costs.",
-            );
-        }
         table
     }
 
