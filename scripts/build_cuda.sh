@@ -6,10 +6,10 @@
 # target/cuda), the stripped binary to $GPU_DIST (default .gpu/vramlab) and
 # compressed beside it (.gpu/vramlab.xz, what travels).
 #
-# The binary links libcuda.so.1 (the driver's, which no wheel ships: a stub
-# with the driver API's names stands in for it at link time), and CUDA 13's
-# libcudart, libcublas, libcublasLt, libcurand and libnvrtc, found at run time
-# through LD_LIBRARY_PATH.
+# The binary links libcuda.so.1 (the driver's) and libcudnn.so.9 (cuDNN 9),
+# which stubs with their functions' names stand in for at link time, and
+# CUDA 13's libcudart, libcublas, libcublasLt, libcurand and libnvrtc, all
+# found at run time through LD_LIBRARY_PATH.
 #
 # It takes long (candle-kernels compiles every kernel with nvcc): it is not
 # part of the normal build or of the test command.
@@ -32,9 +32,16 @@ for library in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10
 done
 cudarc="$(cargo metadata --format-version 1 --locked --features vramlab/cuda |
     python3 -c 'import json, os, sys; print(next(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc"))')"
-grep -ohE '\bfn cu[A-Za-z0-9_]+\(' "$cudarc/src/driver/sys/mod.rs" | sed -E 's/fn (.*)\(/void \1(void) {}/' | sort -u >"$LINK/libcuda_stub.c"
-cc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$LINK/libcuda.so" "$LINK/libcuda_stub.c"
-echo "libcuda.so stub: $(wc -l <"$LINK/libcuda_stub.c") driver functions"
+# Stubs with the functions' names stand in for the libraries no wheel here
+# ships, at link time only: the driver's libcuda.so.1, and cuDNN 9's
+# libcudnn.so.9 (the GPU machine's torch venv has the real one).
+stub() { # name soname sys-module pattern
+    grep -ohE "\\bfn $4[A-Za-z0-9_]+\\(" "$cudarc/src/$3/sys/mod.rs" | sed -E 's/fn (.*)\(/void \1(void) {}/' | sort -u >"$LINK/$1_stub.c"
+    cc -shared -fPIC -Wl,-soname,"$2" -o "$LINK/$1.so" "$LINK/$1_stub.c"
+    echo "$1.so stub ($2): $(wc -l <"$LINK/$1_stub.c") functions"
+}
+stub libcuda libcuda.so.1 driver cu
+stub libcudnn libcudnn.so.9 cudnn cudnn
 export LIBRARY_PATH="$LINK${LIBRARY_PATH:+:$LIBRARY_PATH}"
 
 say "cargo build of vramlab with the cuda feature (compute capability $CUDA_COMPUTE_CAP, target dir $CARGO_TARGET_DIR)"

@@ -12,14 +12,19 @@ limit inside the overall budget (a part that would start past the budget is
 skipped and the report says so):
 
   env      the GPU, the driver, torch, and the libraries the binary resolves
+  ops      vramlab check-ops --device cuda: every op on the GPU against our CPU
+           implementation; a mismatch stops the run here
   smoke    vramlab smoke --device cuda
   measure  vramlab measure --device cuda for the twelve configurations of the
            measure matrix (tests/tests/measure.rs) and ResNet-18, ResNet-50 and
-           EfficientNet-B0 at batch 32, 224x224, f32 and f16; PyTorch's peak
-           (max_memory_allocated) for the same step beside each
+           EfficientNet-B0 at batch 32, 224x224, f32 and f16, lean and plain;
+           PyTorch's peak (max_memory_allocated) and what its forward saves for
+           backward (unique storages) for the same step beside each
   bench    vramlab bench train --device cuda against the same step in PyTorch
            (torchvision's model, same batch, optimizer and precision),
-           alternated, for the batch-32 224x224 configurations
+           alternated, for the batch-32 224x224 configurations; each
+           convolution's cuDNN algorithm and workspace, and whether any plan
+           was made after the warm-up
   h2d      vramlab bench h2d, and PyTorch's pageable and pinned copies
 
 `--device cpu --binary target/release/vramlab` rehearses the whole run on a
@@ -41,9 +46,9 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PARTS = ["env", "smoke", "measure", "bench", "h2d"]
+PARTS = ["env", "ops", "smoke", "measure", "bench", "h2d"]
 # Seconds each part may take at most (it also stops at the overall budget).
-PART_LIMITS = {"env": 30, "smoke": 150, "measure": 240, "bench": 200, "h2d": 60}
+PART_LIMITS = {"env": 30, "ops": 90, "smoke": 120, "measure": 240, "bench": 200, "h2d": 60}
 STEP_LIMIT = 90
 
 MEASURE_MATRIX = [
@@ -61,6 +66,7 @@ MEASURE_MATRIX = [
     ("efficientnet-b0", 8, 64, ["--amp", "f16", "--ckpt", "stages"]),
 ]
 LARGE = [(model, 32, 224, amp) for model in ("resnet18", "resnet50", "efficientnet-b0") for amp in ([], ["--amp", "f16"])]
+LARGE_PLAIN = [(model, batch, res, [*extra, "--layers", "plain"]) for model, batch, res, extra in LARGE]
 TORCH_MODELS = {"resnet18": "resnet18", "resnet34": "resnet34", "resnet50": "resnet50", "efficientnet-b0": "efficientnet_b0"}
 CLASSES = 10
 
@@ -204,6 +210,32 @@ def torch_step(model: str, batch: int, res: int, extra: list[str], device: str):
     return step, None
 
 
+def torch_saved(model: str, batch: int, res: int, extra: list[str], device: str) -> dict:
+    """What the forward of PyTorch's step saves for backward: unique storages, counted once."""
+    import torch
+    import torchvision
+
+    if model not in TORCH_MODELS:
+        return {}
+    f16 = flag(extra, "--amp", "") == "f16"
+    dev = torch.device(device)
+    net = getattr(torchvision.models, TORCH_MODELS[model])(num_classes=CLASSES).to(dev).train()
+    x = torch.randn(batch, 3, res, res, device=dev)
+    storages = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(device_type=dev.type, dtype=torch.float16, enabled=f16):
+            out = net(x)
+    saved = sum(storages.values())
+    del out, net, x
+    return {"torch_saved_bytes": saved}
+
+
 def torch_peak(step, device: str) -> dict:
     """PyTorch's allocated and reserved bytes around one step after two warm-ups."""
     import torch
@@ -273,6 +305,10 @@ def serve(device: str) -> int:
                     answer = {"none": why}
                 elif request["ask"] == "peak":
                     answer = torch_peak(step, device)
+                    del step
+                    release_torch()
+                    step = None
+                    answer |= torch_saved(request["model"], request["batch"], request["res"], request["extra"], device)
                 else:
                     answer = {"times": torch_times(step, request["steps"], request["warmup"])}
                 del step
@@ -319,6 +355,21 @@ def part_env(run: Run, binary: pathlib.Path, device: str) -> None:
         run.say(f"  the binary does not find: {', '.join(env['unresolved'])}")
 
 
+def part_ops(run: Run, binary: pathlib.Path, device: str) -> bool:
+    """check-ops on the device; False (the run stops) on a mismatch or when it did not run."""
+    result = vramlab(run, binary, ["check-ops", "--device", device, "--json"], PART_LIMITS["ops"])
+    run.write("ops.json", result)
+    report = result.get("json", {})
+    failed = [c for c in report.get("checks", []) if not c.get("ok")]
+    for check in failed[:20]:
+        run.say(f"  MISMATCH {json.dumps(check)}")
+    run.say(f"  check-ops: exit {result.get('exit')}, {report.get('passed', '?')} passed, {report.get('failed', '?')} failed")
+    if result.get("exit") != 0:
+        run.say(f"  {result.get('error') or result.get('stderr', '')[-500:]}")
+        return False
+    return True
+
+
 def part_smoke(run: Run, binary: pathlib.Path, device: str) -> None:
     result = vramlab(run, binary, ["smoke", "--device", device, "--json"], PART_LIMITS["smoke"])
     run.write("smoke.json", result)
@@ -331,7 +382,7 @@ def part_smoke(run: Run, binary: pathlib.Path, device: str) -> None:
 def part_measure(run: Run, binary: pathlib.Path, device: str) -> None:
     deadline = time.monotonic() + PART_LIMITS["measure"]
     rows = []
-    for model, batch, res, extra in MEASURE_MATRIX + LARGE:
+    for model, batch, res, extra in MEASURE_MATRIX + LARGE + LARGE_PLAIN:
         label = " ".join([model, f"b{batch}@{res}", *extra])
         if time.monotonic() > deadline or run.left() < 5:
             run.skip(f"measure {label}", "the part's time was spent")
@@ -356,7 +407,10 @@ def part_measure(run: Run, binary: pathlib.Path, device: str) -> None:
         row["torch"] = worker.ask({"ask": "peak", "model": model, "batch": batch, "res": res, "extra": extra},
                                   min(STEP_LIMIT, deadline - time.monotonic()))
         if "torch_peak_bytes" in row["torch"]:
-            run.say(f"  {row['label']}: PyTorch's peak {row['torch']['torch_peak_bytes'] / 2**20:.1f} MiB")
+            ours = row.get("json", {})
+            run.say(f"  {row['label']}: PyTorch's peak {row['torch']['torch_peak_bytes'] / 2**20:.1f} MiB "
+                    f"(ours {ours.get('measured_peak', 0) / 2**20:.1f}), saved for backward "
+                    f"{row['torch'].get('torch_saved_bytes', 0) / 2**20:.1f} MiB")
     worker.close()
     run.write("measure.json", rows)
 
@@ -379,6 +433,7 @@ def part_bench(run: Run, binary: pathlib.Path, device: str, steps: int, warmup: 
                 row["failures"].append(result.get("error") or result.get("stderr", "")[-300:])
                 break
             row["ours_s"].append(result["json"]["median_seconds"])
+            row["cudnn"] = result["json"].get("cudnn")
             theirs = worker.ask({"ask": "times", "model": model, "batch": batch, "res": res, "extra": extra,
                                  "steps": steps, "warmup": warmup}, min(STEP_LIMIT, deadline - time.monotonic()))
             if "times" not in theirs:
@@ -392,6 +447,12 @@ def part_bench(run: Run, binary: pathlib.Path, device: str, steps: int, warmup: 
             ours, torch_s = statistics.median(row["ours_s"]), statistics.median(row["torch_s"])
             row["ratio"] = ours / torch_s
             run.say(f"  {label}: vramlab {ours * 1000:.1f} ms, PyTorch {torch_s * 1000:.1f} ms, ratio {row['ratio']:.2f}x")
+            if row.get("cudnn"):
+                plans = row["cudnn"]
+                off_first = [a for a in plans["algorithms"] if a["rank"] > 0]
+                run.say(f"  {label}: {len(plans['algorithms'])} cuDNN plans, {plans['made_while_timed']} made while timed, "
+                        f"largest workspace {max((a['workspace_bytes'] for a in plans['algorithms']), default=0) / 2**20:.1f} MiB, "
+                        f"{len(off_first)} not the heuristics' first choice")
         else:
             run.say(f"  {label}: vramlab {row['ours_s'] or row['failures']}, PyTorch {row['torch_s'] or row.get('torch')}")
         rows.append(row)
@@ -446,6 +507,12 @@ def main() -> int:
         started = time.monotonic()
         if part == "env":
             part_env(run, args.binary, args.device)
+        elif part == "ops":
+            if not part_ops(run, args.binary, args.device):
+                for rest in PARTS[PARTS.index("ops") + 1:]:
+                    if rest in args.only:
+                        run.skip(rest, "check-ops found a mismatch or did not run")
+                break
         elif part == "smoke":
             part_smoke(run, args.binary, args.device)
         elif part == "measure":
