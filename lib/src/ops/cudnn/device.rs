@@ -271,6 +271,8 @@ fn with_cudnn<R>(dev: &CudaDevice, f: impl FnOnce(&mut DeviceCudnn) -> Result<R>
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(v) => {
                 let stream = dev.cuda_stream();
+                // cuDNN makes its handle in the context current on this thread.
+                stream.context().bind_to_thread()?;
                 let handle = Handle(result::create_handle().map_err(cudnn_error("cudnn"))?);
                 unsafe { result::set_stream(handle.0, stream.cu_stream() as sys::cudaStream_t) }.map_err(cudnn_error("cudnn"))?;
                 v.insert(DeviceCudnn {
@@ -639,13 +641,14 @@ pub fn batch_norm(
 ) -> Result<Option<NormStatistics>> {
     let NormCall { dims, element: e, eps } = call;
     let channels = dims.per_channel.elements();
+    // The running outputs are read as well as written (`running * (1 -
+    // factor) + batch * factor`, factor 1): they start as zeros, so that
+    // whatever the memory held (a NaN) cannot leak in.
     let stats = if keep {
-        Some(unsafe {
-            NormStatistics {
-                mean: dev.alloc::<f32>(channels)?,
-                inv_std: dev.alloc::<f32>(channels)?,
-                unbiased_var: dev.alloc::<f32>(channels)?,
-            }
+        Some(NormStatistics {
+            mean: unsafe { dev.alloc::<f32>(channels)? },
+            inv_std: unsafe { dev.alloc::<f32>(channels)? },
+            unbiased_var: dev.alloc_zeros::<f32>(channels)?,
         })
     } else {
         None
@@ -657,7 +660,7 @@ pub fn batch_norm(
         // cuDNN writes the batch mean into the running mean with an averaging
         // factor of 1; it is the same as the saved mean, so it goes to scratch.
         let running_mean = match &stats {
-            Some(_) => Some(unsafe { dev.alloc::<f32>(channels)? }),
+            Some(_) => Some(dev.alloc_zeros::<f32>(channels)?),
             None => None,
         };
         let out = |s| optional_address(s, &stream);
