@@ -237,10 +237,13 @@ fn check_ops(args: &vramlab::cli::CheckOpsArgs, json: bool) -> ExitCode {
         Ok(device) => device,
         Err(err) => return usage(&err),
     };
-    let report = match vramlab::ops::check::check_ops(&device, &args.options()) {
+    let mut report = match vramlab::ops::check::check_ops(&device, &args.options()) {
         Ok(report) => report,
         Err(err) => return usage(&err),
     };
+    if args.options().dtypes.contains(&vramlab::ops::check::CheckedDtype::F32) {
+        report.add(vramlab::train::optim::check::check_updates(&device));
+    }
     if let Err(err) = emit(json, &report, || report.table().to_string()) {
         return usage(&err);
     }

@@ -112,6 +112,8 @@ pub enum Pass {
     GradResidualNorm,
     /// The case itself, which failed before anything could be compared.
     Run,
+    /// An optimizer's parameters after a few updates.
+    Step,
 }
 
 impl Pass {
@@ -126,6 +128,7 @@ impl Pass {
             Pass::GradResidual => "grad residual",
             Pass::GradResidualNorm => "grad residual norm weight;bias",
             Pass::Run => "run",
+            Pass::Step => "parameters after the updates",
         }
     }
 }
@@ -214,6 +217,14 @@ pub struct OpsReport {
 }
 
 impl OpsReport {
+    /// Adds checks made elsewhere (the optimizers' updates) to the report.
+    pub fn add(&mut self, checks: Vec<Check>) {
+        let passed = checks.iter().filter(|c| c.ok).count();
+        self.passed += passed;
+        self.failed += checks.len() - passed;
+        self.checks.extend(checks);
+    }
+
     pub fn all_passed(&self) -> bool {
         self.failed == 0
     }

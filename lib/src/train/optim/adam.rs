@@ -156,8 +156,8 @@ impl Adam {
         Ok(Adam { name, states: (0..vars.len()).map(|_| None).collect(), vars, config, decay, fuse_on_cpu: true })
     }
 
-    /// Forces the tensor-op path on the CPU too, so tests can compare the two paths.
-    #[cfg(test)]
+    /// Forces the tensor-op path on the CPU too, so that the tests and
+    /// check-ops compare the two paths.
     pub(super) fn unfused(mut self) -> Self {
         self.fuse_on_cpu = false;
         self
@@ -232,6 +232,10 @@ impl Optimizer for Adam {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<(), OptimError> {
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = super::multi::device::device_of(&self.vars) {
+            return self.step_on_cuda(&dev, grads);
+        }
         for (index, var) in self.vars.iter().enumerate() {
             let Some(g) = grad_of(grads, var, index)? else {
                 continue;
@@ -262,6 +266,58 @@ impl Optimizer for Adam {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl Adam {
+    /// Every parameter in one launch of the multi-tensor kernel, each with
+    /// its own step's bias corrections.
+    fn step_on_cuda(&mut self, dev: &candle_core::cuda_backend::CudaDevice, grads: &GradStore) -> Result<(), OptimError> {
+        use super::multi::device::{adam, address, AdamArgs};
+        use super::multi::Entry;
+        let mut entries = Vec::with_capacity(self.vars.len());
+        // The contiguous gradients, alive until the launch is queued.
+        let mut gradients = Vec::with_capacity(self.vars.len());
+        for (index, var) in self.vars.iter().enumerate() {
+            let Some(g) = grad_of(grads, var, index)? else {
+                continue;
+            };
+            let g = g.contiguous()?;
+            let mut state = match self.states[index].take() {
+                Some(state) => state,
+                None => self.new_state(var)?,
+            };
+            state.step += 1;
+            let k = self.constants(state.step);
+            let max_v = state.max_v.as_ref().map(address).transpose()?.unwrap_or(0);
+            entries.push(Entry {
+                param: address(var.as_tensor())?,
+                grad: address(&g)?,
+                state: [address(&state.m)?, address(&state.v)?, max_v],
+                len: var.elem_count() as u64,
+                step_size: k.step_size,
+                bias_correction2_sqrt: k.bias_correction2_sqrt,
+                ..Entry::default()
+            });
+            self.states[index] = Some(state);
+            gradients.push(g);
+        }
+        let (c, k) = (&self.config, self.constants(1));
+        let decoupled = self.decay == Decay::Decoupled;
+        let args = AdamArgs {
+            one_minus_beta1: k.one_minus_beta1,
+            beta2: k.beta2,
+            one_minus_beta2: k.one_minus_beta2,
+            eps: k.eps,
+            weight_decay: c.weight_decay as f32,
+            shrink: if decoupled && c.weight_decay != 0.0 { (1.0 - c.lr * c.weight_decay) as f32 } else { 1.0 },
+            decoupled,
+            amsgrad: c.amsgrad,
+        };
+        adam(dev, entries, args)?;
+        drop(gradients);
+        Ok(())
+    }
+}
+
 /// `torch.optim.AdamW`: Adam with the weight decay applied to the parameter
 /// (`p *= 1 - lr * weight_decay`) instead of added to the gradient.
 pub struct AdamW(Adam);
@@ -273,7 +329,6 @@ impl AdamW {
         Ok(AdamW(Adam::with_decay("AdamW", vars, config, Decay::Decoupled)?))
     }
 
-    #[cfg(test)]
     pub(super) fn unfused(self) -> Self {
         AdamW(self.0.unfused())
     }

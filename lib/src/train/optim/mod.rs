@@ -11,7 +11,10 @@
 
 mod adam;
 mod adam8bit;
+pub mod check;
 mod fused;
+#[cfg(any(feature = "cuda", test))]
+mod multi;
 mod quant;
 mod sgd;
 

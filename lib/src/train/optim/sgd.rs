@@ -62,8 +62,8 @@ impl Sgd {
         &self.config
     }
 
-    /// Forces the tensor-op path on the CPU too, so tests can compare the two paths.
-    #[cfg(test)]
+    /// Forces the tensor-op path on the CPU too, so that the tests and
+    /// check-ops compare the two paths.
     pub(super) fn unfused(mut self) -> Self {
         self.fuse_on_cpu = false;
         self
@@ -111,6 +111,52 @@ impl Sgd {
     }
 }
 
+#[cfg(feature = "cuda")]
+impl Sgd {
+    /// Every parameter in one launch of the multi-tensor kernel; a
+    /// parameter's momentum buffer is made (zeros, which its first step
+    /// overwrites with the gradient) the first time it has a gradient.
+    fn step_on_cuda(&mut self, dev: &candle_core::cuda_backend::CudaDevice, grads: &GradStore) -> Result<(), OptimError> {
+        use super::multi::device::{address, sgd, SgdArgs};
+        use super::multi::Entry;
+        let c = &self.config;
+        let mut entries = Vec::with_capacity(self.vars.len());
+        // The contiguous gradients, alive until the launch is queued.
+        let mut gradients = Vec::with_capacity(self.vars.len());
+        for (index, var) in self.vars.iter().enumerate() {
+            let Some(g) = grad_of(grads, var, index)? else {
+                continue;
+            };
+            let g = g.contiguous()?;
+            let mut entry =
+                Entry { param: address(var.as_tensor())?, grad: address(&g)?, len: var.elem_count() as u64, ..Entry::default() };
+            if c.momentum != 0.0 {
+                let buffer = match &self.momentum_buffers[index] {
+                    Some(buffer) => buffer.clone(),
+                    None => {
+                        entry.first = 1;
+                        var.zeros_like()?
+                    }
+                };
+                entry.state[0] = address(&buffer)?;
+                self.momentum_buffers[index] = Some(buffer);
+            }
+            entries.push(entry);
+            gradients.push(g);
+        }
+        let args = SgdArgs {
+            lr: c.lr as f32,
+            momentum: c.momentum as f32,
+            keep: (1.0 - c.dampening) as f32,
+            weight_decay: c.weight_decay as f32,
+            nesterov: c.nesterov,
+        };
+        sgd(dev, entries, args)?;
+        drop(gradients);
+        Ok(())
+    }
+}
+
 /// `g + wd * p`, or `g` itself without weight decay.
 fn decayed_grad(p: &Tensor, g: &Tensor, weight_decay: f64) -> candle_core::Result<Tensor> {
     if weight_decay == 0.0 {
@@ -130,6 +176,10 @@ impl Optimizer for Sgd {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<(), OptimError> {
+        #[cfg(feature = "cuda")]
+        if let Some(dev) = super::multi::device::device_of(&self.vars) {
+            return self.step_on_cuda(&dev, grads);
+        }
         for (index, var) in self.vars.iter().enumerate() {
             let Some(g) = grad_of(grads, var, index)? else {
                 continue;
