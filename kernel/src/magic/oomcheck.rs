@@ -1,3 +1,7 @@
+use vramlab::cli::{parse, OomcheckOfArgs, UsageError};
+use vramlab::models::ModelName;
+use vramlab::render::Bundle;
+
 use super::{Context, Invocation, Kind, Magic};
 
 pub const MAGIC: Magic = Magic {
@@ -8,18 +12,39 @@ pub const MAGIC: Magic = Magic {
             \x20         [--accum N] [--ckpt none|stages|layer3,layer4] [--layers lean|plain] [--gpu NAME|8GiB|cpu]\n\
             \x20         [--sweep batch=8..64|res=128..512]\n\
             \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB]]\n\
+            %oomcheck --spec FILE.json --batch B --res R [the same flags]   (a model spec saved as JSON)\n\
+            %oomcheck VARIABLE --batch B [--res R] [the levers, --gpu, --sweep and --eval as above]\n\
+            \x20         (a Network or Trainer built in a cell: its spec, input and levers unless a flag overrides one)\n\
             %oomcheck --last-error   (the investigation of the cell process's last out-of-memory error, again)",
     run,
 };
 
-/// `--last-error` asks the cell process, where the failed step's record is;
-/// everything else is a configuration, judged here.
+/// `--last-error` asks the cell process, where the failed step's record is,
+/// and so does a cell's variable, where it lives (its flags checked here
+/// first, so that a bad one stops before anything compiles); a zoo model or
+/// a spec file is a configuration, judged here.
 fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
     match args {
         [only] if only == LAST_ERROR => Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".to_owned())),
         _ if args.iter().any(|a| a == LAST_ERROR) => Err(format!("{LAST_ERROR} takes no other argument")),
+        [target, rest @ ..] if is_variable(target) => {
+            if let Err(help) = parse::<OomcheckOfArgs>("%oomcheck VARIABLE", rest).map_err(|UsageError(e)| e)? {
+                return Ok(Invocation::Show(Bundle::plain(help)));
+            }
+            let words: Vec<String> = rest.iter().map(|a| format!("{a:?}")).collect();
+            Ok(Invocation::Evaluate(format!("vramlab::cli::oomcheck_of(&{target}, &[{}])?", words.join(", "))))
+        }
         _ => vramlab::cli::oomcheck(args).map(Invocation::Show).map_err(|e| e.0),
     }
+}
+
+/// A Rust identifier that is not a zoo model's name nor a near miss of one
+/// (those get the parser's "did you mean").
+fn is_variable(word: &str) -> bool {
+    let mut chars = word.chars();
+    let identifier =
+        chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    identifier && !ModelName::ALL.iter().any(|m| strsim::levenshtein(&word.to_lowercase(), m.as_str()) <= 2)
 }
 
 const LAST_ERROR: &str = "--last-error";
@@ -54,6 +79,23 @@ mod tests {
         for positional in command.get_positionals() {
             assert!(MAGIC.usage.contains(&positional.get_id().as_str().to_uppercase()), "{}", positional.get_id());
         }
+    }
+
+    #[test]
+    fn a_variable_becomes_a_cell_and_bad_flags_stop_before_compiling() {
+        let argv: Vec<String> = ["net", "--batch", "512", "--gpu", "rtx4060-laptop"].map(String::from).into();
+        assert_eq!(
+            (MAGIC.run)(&Context::default(), &argv),
+            Ok(Invocation::Evaluate(r#"vramlab::cli::oomcheck_of(&net, &["--batch", "512", "--gpu", "rtx4060-laptop"])?"#.into()))
+        );
+        let err = (MAGIC.run)(&Context::default(), &["net".into(), "--batch".into(), "0".into()]).unwrap_err();
+        assert!(err.contains("--batch"), "{err}");
+        let err = (MAGIC.run)(&Context::default(), &["net".into(), "--classes".into(), "10".into()]).unwrap_err();
+        assert!(err.contains("--classes"), "{err}");
+        // A near miss of a zoo name is judged here, with the valid names.
+        let err =
+            (MAGIC.run)(&Context::default(), &["resnet19".into(), "--batch".into(), "8".into(), "--res".into(), "64".into()]).unwrap_err();
+        assert!(err.contains("resnet18"), "{err}");
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub const MAGIC: Magic = Magic {
     kind: Kind::Line,
     summary: "a model's layer table: output shape, parameters, bytes saved for backward, MACs",
     usage: "%summary MODEL [--input 32x3x224x224] [--dtype f32|f16|bf16] [--depth 1|2|3] [--eval] [--classes N] [--layers lean|plain]\n\
+            %summary --spec FILE.json [the same flags]   (a model spec saved as JSON)\n\
             %summary VARIABLE [--batch N] [--dtype f32|f16|bf16] [--depth 1|2|3] [--eval]\n\
             MODEL: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn; VARIABLE: a Network or Trainer built in a cell",
     run,

@@ -6,16 +6,19 @@ use clap::{ColorChoice, Parser, ValueEnum};
 use crate::data::LoaderShape;
 use crate::gpus::Card;
 use crate::ledger::{Checkpointing, Mode, OptimizerKind, StepConfig};
-use crate::models::{Layers, ModelName, Precision, Shape, MAX_CLASSES};
+use crate::models::{Layers, ModelName, ModelSpec, Precision, Shape, MAX_CLASSES};
 use crate::oom::SweepSpec;
 
-/// `summary MODEL [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]`
+/// `summary MODEL|--spec FILE.json [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]`
 #[derive(Debug, Clone, Parser)]
-#[command(name = "summary", color = ColorChoice::Never, about = "Per-layer shapes, parameters, saved-for-backward bytes and MACs of a zoo model")]
+#[command(name = "summary", color = ColorChoice::Never, about = "Per-layer shapes, parameters, saved-for-backward bytes and MACs of a zoo model or a spec")]
 pub struct SummaryArgs {
     /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
-    #[arg(value_parser = parse_model)]
-    pub model: ModelName,
+    #[arg(value_parser = parse_model, required_unless_present = "spec")]
+    pub model: Option<ModelName>,
+    /// A model spec as JSON (a serialised `ModelSpec`) instead of a zoo model
+    #[arg(long, value_parser = parse_spec_file, conflicts_with = "model")]
+    pub spec: Option<SpecFile>,
     /// Batch x channels x height x width (or channels x height x width for batch 1)
     #[arg(long, value_parser = parse_input, default_value = "1x3x224x224")]
     pub input: InputShape,
@@ -61,8 +64,11 @@ pub struct SummaryOfArgs {
 #[command(name = "oomcheck", color = ColorChoice::Never, about = "Will a training step fit? The five bills, the peak, and ranked fixes")]
 pub struct OomcheckArgs {
     /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
-    #[arg(value_parser = parse_model)]
-    pub model: ModelName,
+    #[arg(value_parser = parse_model, required_unless_present = "spec")]
+    pub model: Option<ModelName>,
+    /// A model spec as JSON (a serialised `ModelSpec`) instead of a zoo model
+    #[arg(long, value_parser = parse_spec_file, conflicts_with = "model")]
+    pub spec: Option<SpecFile>,
     /// Samples per forward pass (the micro-batch when accumulating)
     #[arg(long, value_parser = positive)]
     pub batch: usize,
@@ -113,7 +119,88 @@ pub struct OomcheckArgs {
     pub host_ram: Option<u64>,
 }
 
+/// A model spec read from a JSON file, and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpecFile {
+    pub path: std::path::PathBuf,
+    pub spec: ModelSpec,
+}
+
+fn parse_spec_file(text: &str) -> Result<SpecFile, String> {
+    let json = std::fs::read_to_string(text).map_err(|e| format!("cannot read the spec {text}: {e}"))?;
+    let spec = serde_json::from_str(&json).map_err(|e| format!("{text} is not a model spec (a serialised ModelSpec): {e}"))?;
+    Ok(SpecFile { path: text.into(), spec })
+}
+
+/// The spec a zoo model's name or `--spec` names.
+fn spec_of(model: Option<ModelName>, spec: &Option<SpecFile>, classes: usize) -> Result<ModelSpec, super::UsageError> {
+    match (spec, model) {
+        (Some(file), _) => Ok(file.spec.clone()),
+        (None, Some(model)) => Ok(model.spec(classes)),
+        (None, None) => Err(super::UsageError("name a zoo model or give --spec FILE.json".to_owned())),
+    }
+}
+
+impl SummaryArgs {
+    /// The spec summarised: the zoo model's, or the file's.
+    pub fn model_spec(&self) -> Result<ModelSpec, super::UsageError> {
+        spec_of(self.model, &self.spec, self.classes)
+    }
+}
+
+/// `%oomcheck VARIABLE --batch B [...]`: the fit check of a model built in a
+/// cell (a `Network` or a `Trainer`), for its input unless `--res` says
+/// otherwise, with a trainer's own levers unless a flag overrides one.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "oomcheck", color = ColorChoice::Never, about = "Will a training step of a model built in a cell fit?")]
+pub struct OomcheckOfArgs {
+    /// Samples per forward pass (the micro-batch when accumulating)
+    #[arg(long, value_parser = positive)]
+    pub batch: usize,
+    /// Square input resolution in pixels; default: the model's own input
+    #[arg(long, value_parser = positive)]
+    pub res: Option<usize>,
+    /// Mixed precision; default: the trainer's
+    #[arg(long, value_parser = amp_parser())]
+    pub amp: Option<Precision>,
+    /// Optimizer; default: the trainer's, or adam for a network
+    #[arg(long, value_enum)]
+    pub opt: Option<OptimizerKind>,
+    /// Gradient accumulation steps per optimizer step; default: the trainer's
+    #[arg(long, value_parser = positive)]
+    pub accum: Option<usize>,
+    /// Activation checkpointing: none, stages, or stage names; default: the trainer's
+    #[arg(long, value_parser = parse_checkpointing)]
+    pub ckpt: Option<Checkpointing>,
+    /// Layers: lean or plain; default: the ones the model was built with
+    #[arg(long, value_enum)]
+    pub layers: Option<Layers>,
+    /// A catalogue GPU (4090, a100-80gb, rtx4060-laptop...), a size (8GiB, 12GB) or cpu
+    #[arg(long, value_parser = parse_device, default_value = "rtx4060-laptop")]
+    pub gpu: Card,
+    /// Peak against batch or resolution: batch=8..64, res=128..512:32, batch=8,16,32
+    #[arg(long, value_parser = parse_sweep)]
+    pub sweep: Option<SweepSpec>,
+    /// Inference instead of training
+    #[arg(long)]
+    pub eval: bool,
+}
+
 impl OomcheckArgs {
+    /// The spec checked: the zoo model's, or the file's.
+    pub fn model_spec(&self) -> Result<ModelSpec, super::UsageError> {
+        spec_of(self.model, &self.spec, self.classes)
+    }
+
+    /// How a fix's flags name the model: the zoo model, or `--spec FILE`.
+    pub fn model_words(&self) -> String {
+        match (&self.spec, self.model) {
+            (Some(file), _) => format!("--spec {}", file.path.display()),
+            (None, Some(model)) => model.as_str().to_owned(),
+            (None, None) => String::new(),
+        }
+    }
+
     /// The loader settings, when `--workers` asks for the host-memory report.
     pub fn loader_shape(&self) -> Option<LoaderShape> {
         self.workers.map(|num_workers| LoaderShape {

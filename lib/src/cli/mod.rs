@@ -10,7 +10,7 @@ mod flags;
 mod report;
 mod train;
 
-pub use args::{InputShape, MemArgs, OomcheckArgs, SummaryArgs, SummaryOfArgs};
+pub use args::{InputShape, MemArgs, OomcheckArgs, OomcheckOfArgs, SpecFile, SummaryArgs, SummaryOfArgs};
 pub use check::{CheckDtypes, CheckOpsArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
@@ -24,6 +24,7 @@ pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 use clap::error::ErrorKind;
 use clap::Parser;
 
+use crate::ledger::{Checkpointing, Mode, OptimizerKind, StepConfig};
 use crate::models::Summary;
 use crate::oom::{check, host_check, sweep};
 use crate::render::{Bundle, Render};
@@ -46,13 +47,13 @@ pub fn parse<T: Parser>(command: &str, argv: &[String]) -> Result<Result<T, Stri
 
 /// The summary a [`SummaryArgs`] asks for.
 pub fn run_summary(args: &SummaryArgs) -> Result<Summary, UsageError> {
-    let spec = args.model.spec(args.classes);
+    let spec = args.model_spec()?;
     Summary::new(&spec, args.input.batch, args.input.sample, args.dtype, args.layers, !args.eval).map_err(|e| UsageError(e.to_string()))
 }
 
 /// The fit report (and sweep) an [`OomcheckArgs`] asks for.
 pub fn run_oomcheck(args: &OomcheckArgs) -> Result<Oomcheck, UsageError> {
-    let spec = args.model.spec(args.classes);
+    let spec = args.model_spec()?;
     let config = args.step_config();
     let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
     let report = check(&spec, &config, &args.gpu).map_err(usage)?;
@@ -78,6 +79,60 @@ pub fn summary_of(model: &dyn crate::models::Summarize, argv: &[&str]) -> Result
     let summary = Summary::new(model.summary_spec(), args.batch, model.summary_input(), precision, model.summary_layers(), !args.eval)
         .map_err(|e| UsageError(e.to_string()))?;
     Ok(summary.table(args.depth))
+}
+
+/// What `%oomcheck VARIABLE` needs of a model built in a cell beyond its
+/// spec and input: the levers of its training step.
+pub trait CheckOf: crate::models::Summarize {
+    /// The optimizer, accumulation and checkpointing it trains with.
+    fn levers(&self) -> (OptimizerKind, usize, Checkpointing);
+}
+
+/// A bare network is checked as a zoo model is, with Adam and neither
+/// accumulation nor checkpointing unless a flag says otherwise.
+impl CheckOf for crate::models::Network {
+    fn levers(&self) -> (OptimizerKind, usize, Checkpointing) {
+        (OptimizerKind::Adam, 1, Checkpointing::None)
+    }
+}
+
+impl CheckOf for crate::train::Trainer {
+    fn levers(&self) -> (OptimizerKind, usize, Checkpointing) {
+        let c = self.config();
+        (c.optimizer.kind(), c.accumulation, c.checkpointing.clone())
+    }
+}
+
+/// `%oomcheck VARIABLE --batch B [...]`: the same report as a zoo model's
+/// for `model`, a network or trainer built in a cell. The kernel turns the
+/// magic into a call of this.
+pub fn oomcheck_of(model: &dyn CheckOf, argv: &[&str]) -> Result<Bundle, UsageError> {
+    let argv: Vec<String> = argv.iter().map(|&a| a.to_owned()).collect();
+    let args = match parse::<OomcheckOfArgs>("%oomcheck VARIABLE", &argv)? {
+        Ok(args) => args,
+        Err(help) => return Ok(Bundle::plain(help)),
+    };
+    let input = match (args.res, model.summary_input()) {
+        (None, input) => input,
+        (Some(res), crate::models::Shape::Map { c, .. }) => crate::models::Shape::map(c, res, res),
+        (Some(_), flat) => return Err(UsageError(format!("--res needs an image input; this model takes {flat}"))),
+    };
+    let (optimizer, accumulation, checkpointing) = model.levers();
+    let config = StepConfig {
+        batch: args.batch,
+        input,
+        precision: args.amp.unwrap_or(model.summary_precision()),
+        optimizer: args.opt.unwrap_or(optimizer),
+        accumulation: args.accum.unwrap_or(accumulation),
+        checkpointing: args.ckpt.unwrap_or(checkpointing),
+        mode: if args.eval { Mode::Inference } else { Mode::Training },
+        layers: args.layers.unwrap_or(model.summary_layers()),
+    };
+    let spec = model.summary_spec();
+    let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
+    let report = check(spec, &config, &args.gpu).map_err(usage)?;
+    let sweep = args.sweep.as_ref().map(|plan| sweep(spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
+    Ok(Oomcheck { report, sweep, host: None }.bundle())
 }
 
 /// `%oomcheck MODEL --batch B --res R [...]` as a bundle: verdict, ledger

@@ -138,11 +138,11 @@ fn every_fix_flag_round_trips_through_the_parser() {
         "resnet34 --batch 64 --res 320 --ckpt layer1,layer2 --accum 2 --opt sgd-momentum --gpu 3GiB",
     ] {
         let args = OomcheckArgs::try_parse_from(std::iter::once("oomcheck").chain(line.split_whitespace())).unwrap();
-        let report = crate::oom::check(&args.model.spec(args.classes), &args.step_config(), &args.gpu).unwrap();
+        let report = crate::oom::check(&args.model_spec().unwrap(), &args.step_config(), &args.gpu).unwrap();
         assert!(!report.fixes.is_empty(), "{line}: no fixes to check");
         for fix in &report.fixes {
             let flags = oomcheck_flags(&fix.config).expect("oomcheck's fixes keep a square input");
-            let again = format!("oomcheck {} {flags}", args.model.as_str());
+            let again = format!("oomcheck {} {flags}", args.model_words());
             let parsed = OomcheckArgs::try_parse_from(again.split_whitespace()).unwrap_or_else(|e| panic!("{again}: {e}"));
             assert_eq!(parsed.step_config(), fix.config, "{line}: `{flags}` does not describe the fix {}", fix.change);
             fixes += 1;
@@ -194,4 +194,76 @@ fn measure_flags_parse_back_to_the_step_they_describe() {
     assert_eq!(oomcheck_flags(&grey).as_deref(), Some("--batch 48 --res 96 --channels 1 --opt adam"));
     let wide = crate::ledger::StepConfig { input: crate::models::Shape::map(3, 96, 128), ..base };
     assert_eq!(oomcheck_flags(&wide), None, "--res cannot say a wide input");
+}
+
+/// A spec saved as JSON, in a directory that lives as long as the test.
+fn spec_file(spec: &crate::models::ModelSpec) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("net.json");
+    std::fs::write(&path, serde_json::to_string(spec).unwrap()).unwrap();
+    (dir, path.to_str().unwrap().to_owned())
+}
+
+#[test]
+fn a_spec_file_gets_the_report_of_the_zoo_model_it_describes() {
+    let zoo = oomcheck(&words("resnet18 --batch 128 --res 224 --gpu 2GiB --classes 10")).unwrap();
+    let (_dir, path) = spec_file(&crate::models::ModelName::Resnet18.spec(10));
+    let spec = oomcheck(&words(&format!("--spec {path} --batch 128 --res 224 --gpu 2GiB"))).unwrap();
+    assert_eq!(spec.text(), zoo.text());
+    assert!(spec.text().contains("fixes that peak under"), "{}", spec.text());
+    let table = summary(&words(&format!("--spec {path} --input 8x3x64x64"))).unwrap();
+    assert!(table.text().contains("layer4"), "{}", table.text());
+    let both = oomcheck(&words(&format!("resnet18 --spec {path} --batch 8 --res 64"))).unwrap_err().to_string();
+    assert!(both.contains("--spec") && both.contains("cannot be used with"), "{both}");
+    assert_short_and_plain(&both);
+}
+
+#[test]
+fn a_bad_spec_file_is_named_with_what_is_wrong() {
+    let missing = oomcheck(&words("--spec /nonexistent/net.json --batch 8 --res 64")).unwrap_err().to_string();
+    assert!(missing.contains("cannot read the spec /nonexistent/net.json"), "{missing}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("not-a-spec.json");
+    std::fs::write(&path, r#"{"name": "x"}"#).unwrap();
+    let wrong = oomcheck(&words(&format!("--spec {} --batch 8 --res 64", path.display()))).unwrap_err().to_string();
+    assert!(wrong.contains("is not a model spec"), "{wrong}");
+    assert_short_and_plain(&wrong);
+    let neither = oomcheck(&words("--batch 8 --res 64")).unwrap_err().to_string();
+    assert!(neither.contains("MODEL") || neither.contains("--spec"), "{neither}");
+}
+
+#[test]
+fn a_network_built_in_a_cell_gets_the_zoo_report_for_its_own_input() {
+    use crate::models::{ModelName, Network, Shape};
+    let spec = ModelName::Resnet18.spec(10);
+    let net = Network::new(&spec, Shape::map(3, 64, 64), &candle_core::Device::Cpu, 0).unwrap();
+    let ours = oomcheck_of(&net, &["--batch", "256", "--gpu", "4GiB"]).unwrap();
+    let zoo = oomcheck(&words("resnet18 --batch 256 --res 64 --gpu 4GiB --classes 10")).unwrap();
+    assert_eq!(ours.text(), zoo.text());
+    let larger = oomcheck_of(&net, &["--batch", "256", "--res", "224", "--gpu", "4GiB", "--sweep", "batch=8..64:8"]).unwrap();
+    assert!(larger.text().contains("sweep on"), "{}", larger.text());
+    let err = oomcheck_of(&net, &["--batch", "0"]).unwrap_err().to_string();
+    assert!(err.contains("--batch"), "{err}");
+    assert_short_and_plain(&err);
+}
+
+#[test]
+fn a_trainer_is_checked_with_its_own_levers() {
+    use crate::ledger::OptimizerKind;
+    use crate::models::{ModelName, Network, Precision, Shape};
+    use crate::train::{OptimizerConfig, TrainConfig, Trainer};
+    let net = Network::new(&ModelName::SmallCnn.spec(10), Shape::map(3, 32, 32), &candle_core::Device::Cpu, 0).unwrap();
+    let config = TrainConfig {
+        precision: Precision::F16Amp,
+        accumulation: 4,
+        optimizer: OptimizerConfig::for_kind(OptimizerKind::AdamW, 1e-3),
+        ..TrainConfig::default()
+    };
+    let trainer = Trainer::new(net, config).unwrap();
+    let ours = oomcheck_of(&trainer, &["--batch", "32", "--gpu", "2GiB"]).unwrap();
+    let zoo = oomcheck(&words("small-cnn --batch 32 --res 32 --amp f16 --opt adamw --accum 4 --gpu 2GiB --classes 10")).unwrap();
+    assert_eq!(ours.text(), zoo.text());
+    let overridden = oomcheck_of(&trainer, &["--batch", "32", "--gpu", "2GiB", "--opt", "sgd", "--accum", "1"]).unwrap();
+    let plain_sgd = oomcheck(&words("small-cnn --batch 32 --res 32 --amp f16 --opt sgd --gpu 2GiB --classes 10")).unwrap();
+    assert_eq!(overridden.text(), plain_sgd.text());
 }
