@@ -14,13 +14,16 @@ use super::oom::checkpoint;
 use crate::ledger::{Segment, StepPhase, StepPlan};
 use crate::models::{Network, Pass};
 
-/// What one micro-batch produced.
+/// What one micro-batch produced. The loss and the count of correct
+/// predictions stay on the device (scalars) until the step has queued
+/// everything: reading them between forward and backward would make the
+/// host wait for the device there.
 #[derive(Debug)]
 pub struct Gradients {
-    /// The unscaled mean loss of the micro-batch.
-    pub loss: f32,
-    /// Samples whose arg-max logit is the label.
-    pub correct: usize,
+    /// The unscaled mean loss of the micro-batch, an f32 scalar.
+    pub loss: Tensor,
+    /// Samples whose arg-max logit is the label, a u32 scalar.
+    pub correct: Tensor,
     pub samples: usize,
     /// Gradients of the network's parameters only, of `loss * loss_scale`.
     pub grads: GradStore,
@@ -32,10 +35,10 @@ pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     candle_nn::loss::cross_entropy(&logits, labels)
 }
 
-fn correct(logits: &Tensor, labels: &Tensor) -> Result<usize> {
+fn correct(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let predicted = logits.argmax(1)?;
     let hits = predicted.eq(&labels.to_dtype(predicted.dtype())?)?;
-    Ok(hits.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()? as usize)
+    hits.to_dtype(DType::U32)?.sum_all()
 }
 
 /// A segment's input in forward: the batch itself (no gradient wanted), or
@@ -113,7 +116,7 @@ pub fn forward_backward_watched(
 
     let mut grads = GradStore::default();
     let mut grad_out: Option<Tensor> = None;
-    let (mut loss, mut hits) = (0.0, 0);
+    let mut scored = None;
     for (i, segment) in segments.iter().enumerate().rev() {
         let input = inputs.pop().ok_or_else(|| candle_core::Error::Msg("segment input missing".into()))?;
         let (input_tensor, out) = match graphs.pop().flatten() {
@@ -132,8 +135,7 @@ pub fn forward_backward_watched(
         let root = match grad_out.take() {
             None => {
                 let l = cross_entropy(&out, labels)?;
-                loss = l.to_scalar::<f32>()?;
-                hits = correct(&out.detach(), labels)?;
+                scored = Some((l.detach(), correct(&out.detach(), labels)?));
                 (l * loss_scale)?
             }
             Some(g) => {
@@ -163,7 +165,8 @@ pub fn forward_backward_watched(
         phase(backward, grad_bytes(&grads, net));
         checkpoint(plan, backward)?;
     }
-    Ok(Gradients { loss, correct: hits, samples: images.dim(0)?, grads })
+    let (loss, correct) = scored.ok_or_else(|| candle_core::Error::Msg("the last segment computed no loss".into()))?;
+    Ok(Gradients { loss, correct, samples: images.dim(0)?, grads })
 }
 
 fn run(net: &Network, segment: &Segment, x: &Tensor, pass: Pass, stage_done: &mut dyn FnMut(usize) -> Result<()>) -> Result<Tensor> {

@@ -270,7 +270,7 @@ impl Trainer {
         }
         let loss_scale = self.scaler.scale_factor() / self.config.accumulation as f64;
         let mut grads = GradStore::default();
-        let (mut loss, mut correct, mut samples) = (0.0f32, 0, 0);
+        let (mut scores, mut samples) = (Vec::with_capacity(micro_batches.len()), 0);
         let last = micro_batches.len() - 1;
         let mut earlier_peak = None;
         for (i, (images, labels)) in micro_batches.iter().enumerate() {
@@ -291,8 +291,7 @@ impl Trainer {
             };
             inner(StepPhase::InputCopied, 0);
             let part = forward_backward_watched(&self.net, images, labels, self.pass, &self.plan, loss_scale, &mut inner)?;
-            loss += part.loss / self.config.accumulation as f32;
-            correct += part.correct;
+            scores.push((part.loss, part.correct));
             samples += part.samples;
             if i == last {
                 phase(StepPhase::GraphDropped, accumulated + grad_bytes(&part.grads, &self.net));
@@ -319,6 +318,12 @@ impl Trainer {
         self.scaler.update()?;
         drop(grads);
         phase(StepPhase::StepDone, 0);
+        // Read once everything is queued: the one wait for the device in a step.
+        let (mut loss, mut correct) = (0.0f32, 0usize);
+        for (part_loss, part_correct) in scores {
+            loss += part_loss.to_scalar::<f32>()? / self.config.accumulation as f32;
+            correct += part_correct.to_scalar::<u32>()? as usize;
+        }
         self.steps += 1;
         let seconds = started.elapsed().as_secs_f64();
         let in_use = self.meter.in_use()?;
