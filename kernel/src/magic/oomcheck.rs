@@ -13,7 +13,7 @@ pub const MAGIC: Magic = Magic {
             \x20         [--sweep batch=8..64|res=128..512]\n\
             \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB]]\n\
             %oomcheck --spec FILE.json --batch B --res R [the same flags]   (a model spec saved as JSON)\n\
-            %oomcheck VARIABLE --batch B [--res R] [the levers, --gpu, --sweep and --eval as above]\n\
+            %oomcheck VARIABLE --batch B [--res R] [--amp ...] [--opt ...] [--accum N] [--ckpt ...] [--layers ...] [--gpu ...] [--sweep ...] [--eval]\n\
             \x20         (a Network or Trainer built in a cell: its spec, input and levers unless a flag overrides one)\n\
             %oomcheck --last-error   (the investigation of the cell process's last out-of-memory error, again)",
     run,

@@ -33,7 +33,7 @@ pub use shape::Shape;
 pub use small_cnn::small_cnn;
 pub use spec::{Block, Conv2d, Grouping, Layer, ModelSpec, Op, Shortcut, Stage};
 pub use summary::{Summarize, Summary};
-pub use weights::{Mismatch, WeightsError};
+pub use weights::{torchvision_names, Mismatch, WeightsError};
 pub use zoo::{model, ModelName};
 
 /// The input every zoo model is described for: one RGB image of 224 x 224.

@@ -264,6 +264,69 @@ mod network {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// torchvision's `efficientnet_b0` state-dict names, built from its own
+    /// table of stages (expand ratio, kernel, stride, in, out, repeats), not
+    /// from our spec.
+    fn torchvision_efficientnet_b0_names() -> Vec<String> {
+        const STAGES: [(usize, usize); 7] = [(1, 1), (6, 2), (6, 2), (6, 3), (6, 3), (6, 4), (6, 1)];
+        let bn = |prefix: &str| ["weight", "bias", "running_mean", "running_var", "num_batches_tracked"].map(|s| format!("{prefix}.{s}"));
+        let mut names = vec!["features.0.0.weight".to_owned()];
+        names.extend(bn("features.0.1"));
+        for (stage, (expand, repeats)) in STAGES.iter().enumerate() {
+            for r in 0..*repeats {
+                let block = format!("features.{}.{r}.block", stage + 1);
+                let mut part = 0;
+                if *expand != 1 {
+                    names.push(format!("{block}.0.0.weight"));
+                    names.extend(bn(&format!("{block}.0.1")));
+                    part = 1;
+                }
+                names.push(format!("{block}.{part}.0.weight"));
+                names.extend(bn(&format!("{block}.{part}.1")));
+                for fc in ["fc1", "fc2"] {
+                    names.extend(["weight", "bias"].map(|s| format!("{block}.{}.{fc}.{s}", part + 1)));
+                }
+                names.push(format!("{block}.{}.0.weight", part + 2));
+                names.extend(bn(&format!("{block}.{}.1", part + 2)));
+            }
+        }
+        names.push("features.8.0.weight".to_owned());
+        names.extend(bn("features.8.1"));
+        names.extend(["classifier.1.weight".to_owned(), "classifier.1.bias".to_owned()]);
+        names
+    }
+
+    #[test]
+    fn efficientnet_b0_saves_and_loads_under_torchvision_s_names() {
+        let net = build(ModelName::EfficientnetB0, 1000, 32);
+        let ours: Vec<&str> = net.params().iter().chain(net.buffers()).map(|n| n.name.as_str()).collect();
+        let mut mapped = crate::models::torchvision_names(ours.iter().copied());
+        let mut expected = torchvision_efficientnet_b0_names();
+        mapped.sort();
+        expected.sort();
+        assert_eq!(mapped, expected);
+        // The tables keep the readable names.
+        assert!(ours.contains(&"features.2.0.depthwise.weight") && ours.contains(&"features.1.0.se.fc1.bias"));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("efficientnet_b0.safetensors");
+        net.save(&path).unwrap();
+        let mut saved: Vec<String> = candle_core::safetensors::load(&path, &Device::Cpu).unwrap().into_keys().collect();
+        saved.sort();
+        assert_eq!(saved, expected);
+        let other = Network::new(&efficientnet_b0(1000), Shape::map(3, 32, 32), &Device::Cpu, 5).unwrap();
+        other.load(&path).unwrap();
+        let x = Tensor::randn(0f32, 1.0, (2, 3, 32, 32), &Device::Cpu).unwrap();
+        let (ya, yb) = (net.forward(&x, Pass::eval(DType::F32)).unwrap(), other.forward(&x, Pass::eval(DType::F32)).unwrap());
+        assert_eq!(ya.to_vec2::<f32>().unwrap(), yb.to_vec2::<f32>().unwrap());
+    }
+
+    #[test]
+    fn the_resnets_names_are_torchvision_s_unchanged() {
+        let net = build(ModelName::Resnet50, 10, 32);
+        let ours: Vec<&str> = net.params().iter().chain(net.buffers()).map(|n| n.name.as_str()).collect();
+        assert_eq!(crate::models::torchvision_names(ours.iter().copied()), ours);
+    }
+
     #[test]
     fn loading_names_every_mismatch() {
         let dir = std::env::temp_dir().join(format!("vramlab-mismatch-{}", std::process::id()));
