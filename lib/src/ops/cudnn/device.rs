@@ -32,60 +32,32 @@ fn data_type(e: Element) -> sys::cudnnDataType_t {
     }
 }
 
-struct TensorDesc(sys::cudnnTensorDescriptor_t);
+/// A cuDNN object, destroyed with the value (a failure to destroy one
+/// leaves nothing to recover).
+macro_rules! owned {
+    ($name:ident, $raw:ty, $destroy:path) => {
+        struct $name($raw);
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                let _ = unsafe { $destroy(self.0) };
+            }
+        }
+    };
+}
+
+owned!(Handle, sys::cudnnHandle_t, result::destroy_handle);
+owned!(TensorDesc, sys::cudnnTensorDescriptor_t, result::destroy_tensor_descriptor);
+owned!(FilterDesc, sys::cudnnFilterDescriptor_t, result::destroy_filter_descriptor);
+owned!(ConvDesc, sys::cudnnConvolutionDescriptor_t, result::destroy_convolution_descriptor);
+owned!(PoolDesc, sys::cudnnPoolingDescriptor_t, sys::cudnnDestroyPoolingDescriptor);
+owned!(ActivationDesc, sys::cudnnActivationDescriptor_t, sys::cudnnDestroyActivationDescriptor);
 
 impl TensorDesc {
     fn new(op: &'static str, d: &TensorDims, e: Element) -> Result<Self> {
         let desc = TensorDesc(result::create_tensor_descriptor().map_err(cudnn_error(op))?);
         unsafe { result::set_tensor4d_descriptor_ex(desc.0, data_type(e), d.dims, d.strides) }.map_err(cudnn_error(op))?;
         Ok(desc)
-    }
-}
-
-impl Drop for TensorDesc {
-    fn drop(&mut self) {
-        // A failure to free a descriptor leaves nothing to recover.
-        let _ = unsafe { result::destroy_tensor_descriptor(self.0) };
-    }
-}
-
-struct FilterDesc(sys::cudnnFilterDescriptor_t);
-
-impl Drop for FilterDesc {
-    fn drop(&mut self) {
-        let _ = unsafe { result::destroy_filter_descriptor(self.0) };
-    }
-}
-
-struct ConvDesc(sys::cudnnConvolutionDescriptor_t);
-
-impl Drop for ConvDesc {
-    fn drop(&mut self) {
-        let _ = unsafe { result::destroy_convolution_descriptor(self.0) };
-    }
-}
-
-struct PoolDesc(sys::cudnnPoolingDescriptor_t);
-
-impl Drop for PoolDesc {
-    fn drop(&mut self) {
-        let _ = unsafe { sys::cudnnDestroyPoolingDescriptor(self.0) };
-    }
-}
-
-struct ActivationDesc(sys::cudnnActivationDescriptor_t);
-
-impl Drop for ActivationDesc {
-    fn drop(&mut self) {
-        let _ = unsafe { sys::cudnnDestroyActivationDescriptor(self.0) };
-    }
-}
-
-struct Handle(sys::cudnnHandle_t);
-
-impl Drop for Handle {
-    fn drop(&mut self) {
-        let _ = unsafe { result::destroy_handle(self.0) };
     }
 }
 

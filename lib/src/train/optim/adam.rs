@@ -271,7 +271,7 @@ impl Adam {
     /// Every parameter in one launch of the multi-tensor kernel, each with
     /// its own step's bias corrections.
     fn step_on_cuda(&mut self, dev: &candle_core::cuda_backend::CudaDevice, grads: &GradStore) -> Result<(), OptimError> {
-        use super::multi::device::{adam, address, AdamArgs};
+        use super::multi::device::{adam, address, entry, AdamArgs};
         use super::multi::Entry;
         let mut entries = Vec::with_capacity(self.vars.len());
         // The contiguous gradients, alive until the launch is queued.
@@ -289,13 +289,10 @@ impl Adam {
             let k = self.constants(state.step);
             let max_v = state.max_v.as_ref().map(address).transpose()?.unwrap_or(0);
             entries.push(Entry {
-                param: address(var.as_tensor())?,
-                grad: address(&g)?,
                 state: [address(&state.m)?, address(&state.v)?, max_v],
-                len: var.elem_count() as u64,
                 step_size: k.step_size,
                 bias_correction2_sqrt: k.bias_correction2_sqrt,
-                ..Entry::default()
+                ..entry(var, &g)?
             });
             self.states[index] = Some(state);
             gradients.push(g);

@@ -77,6 +77,12 @@ pub(super) mod device {
             .then_some(first)
     }
 
+    /// The entry of `var`, updated from its contiguous gradient `g`; its
+    /// state and constants are the optimizer's to set.
+    pub fn entry(var: &Var, g: &Tensor) -> Result<Entry> {
+        Ok(Entry { param: address(var.as_tensor())?, grad: address(g)?, len: var.elem_count() as u64, ..Entry::default() })
+    }
+
     /// The device address of a contiguous f32 CUDA tensor's first element.
     pub fn address(t: &Tensor) -> Result<u64> {
         let (storage, layout) = t.storage_and_layout();

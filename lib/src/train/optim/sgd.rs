@@ -117,8 +117,7 @@ impl Sgd {
     /// parameter's momentum buffer is made (zeros, which its first step
     /// overwrites with the gradient) the first time it has a gradient.
     fn step_on_cuda(&mut self, dev: &candle_core::cuda_backend::CudaDevice, grads: &GradStore) -> Result<(), OptimError> {
-        use super::multi::device::{address, sgd, SgdArgs};
-        use super::multi::Entry;
+        use super::multi::device::{address, entry, sgd, SgdArgs};
         let c = &self.config;
         let mut entries = Vec::with_capacity(self.vars.len());
         // The contiguous gradients, alive until the launch is queued.
@@ -128,20 +127,19 @@ impl Sgd {
                 continue;
             };
             let g = g.contiguous()?;
-            let mut entry =
-                Entry { param: address(var.as_tensor())?, grad: address(&g)?, len: var.elem_count() as u64, ..Entry::default() };
+            let mut update = entry(var, &g)?;
             if c.momentum != 0.0 {
                 let buffer = match &self.momentum_buffers[index] {
                     Some(buffer) => buffer.clone(),
                     None => {
-                        entry.first = 1;
+                        update.first = 1;
                         var.zeros_like()?
                     }
                 };
-                entry.state[0] = address(&buffer)?;
+                update.state[0] = address(&buffer)?;
                 self.momentum_buffers[index] = Some(buffer);
             }
-            entries.push(entry);
+            entries.push(update);
             gradients.push(g);
         }
         let args = SgdArgs {
