@@ -249,11 +249,13 @@ impl<'a> Investigation<'a> {
             (Some(oom), step) => {
                 let during = step.map_or(String::new(), |s| format!(" during {}, when {} grow", s.phase_name, s.phase.growing_in_words()));
                 format!(
-                    "tried to allocate {}{during}; {} of the card's {} were taken ({} CUDA context, {} in use), leaving {}",
+                    "tried to allocate {}{during}; {} of the card's {} were taken ({} CUDA context, {} cuDNN workspace, {} in use), \
+                     leaving {}",
                     human(oom.requested),
-                    human(oom.budget.context + oom.in_use),
+                    human(oom.budget.held_by_card() + oom.in_use),
                     human(oom.budget.usable),
                     human(oom.budget.context),
+                    human(oom.budget.workspace),
                     human(oom.in_use),
                     human(oom.free())
                 )
@@ -312,9 +314,10 @@ fn summary(memory: &HostMemory, budget: Option<Budget>, ledger: Option<&Ledger>)
     }
     if let Some(budget) = budget {
         finding.push_str(&format!(
-            "; on the simulated {} card ({} context): largest free block {} (the budget counts bytes and does not fragment; memory::SimulatedCard models a caching allocator that does)",
+            "; on the simulated {} card ({} context, {} cuDNN workspace): largest free block {} (the budget counts bytes and does not fragment; memory::SimulatedCard models a caching allocator that does)",
             human(budget.usable),
             human(budget.context),
+            human(budget.workspace),
             human(budget.room().saturating_sub(memory.in_use))
         ));
     }
@@ -519,14 +522,14 @@ impl Trials<'_> {
             return None;
         }
         let budget = crate::memory::budget();
-        let context = budget.map_or(0, |b| b.context);
+        let context = budget.map_or(0, |b| b.held_by_card());
         let card_bytes = self.room.map(|room| room + context);
         let mut trial =
             Trial { config: config.clone(), ran: false, peak_bytes: None, card_bytes, loss: None, steps: 0, seconds: 0.0, error: None };
         let started = Instant::now();
         let start = HostMemory::sample().in_use;
         if let (Some(budget), Some(room)) = (budget, self.room) {
-            let _ = crate::memory::set_budget(Some(Budget { usable: start + room + budget.context, context: budget.context }));
+            let _ = crate::memory::set_budget(Some(Budget { usable: start + room + budget.held_by_card(), ..budget }));
         }
         let result = self.steps(config, start);
         if budget.is_some() {

@@ -173,7 +173,7 @@ fn budget(device: &Device, share: f64) -> Result<String, String> {
     let predicted = estimate(&spec.model.spec(spec.classes), &config, &host).map_err(|e| e.to_string())?.peak.bytes;
     let held = HostMemory::sample().in_use;
     let room = (predicted as f64 * share) as u64;
-    crate::memory::set_budget(Some(Budget { usable: held + room, context: 0 })).map_err(|e| e.to_string())?;
+    crate::memory::set_budget(Some(Budget { usable: held + room, context: 0, workspace: 0 })).map_err(|e| e.to_string())?;
     let result = measure_train(&spec, device);
     crate::memory::set_budget(None).map_err(|e| e.to_string())?;
     crate::train::clear_last_step_oom();

@@ -85,7 +85,7 @@ async fn bad_arguments_are_a_short_usage_error_and_the_kernel_goes_on() {
 async fn a_simulated_budget_raises_the_cuda_shaped_error_and_mem_shows_the_registered_bills() {
     let mut kernel = Kernel::start().await;
     let cell = "let in_use = vramlab::memory::HostMemory::sample().in_use;\n\
-                let device = vramlab::memory::cpu_with_budget(&format!(\"{}MiB\", (in_use + vramlab::gpus::GENERIC_CONTEXT_BYTES) / (1 << 20) + 48)).unwrap();\n\
+                let device = vramlab::memory::cpu_with_budget(&format!(\"{}MiB\", (in_use + vramlab::gpus::GENERIC_CONTEXT_BYTES + vramlab::ops::CUDNN_WORKSPACE_BYTES) / (1 << 20) + 48)).unwrap();\n\
                 let a = vramlab::candle::Tensor::zeros((8, 1024, 1024), vramlab::candle::DType::F32, &device).unwrap();\n\
                 vramlab::memory::check_budget().unwrap();\n\
                 let b = vramlab::candle::Tensor::zeros((8, 1024, 1024), vramlab::candle::DType::F32, &device).unwrap();\n\

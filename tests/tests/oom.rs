@@ -29,7 +29,7 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
                  let batch = Stripes::new(10, 64).generate(64, 0, &device).unwrap();\n\
                  let peak = trainer.predict(64).unwrap().peak.bytes;\n\
                  let in_use = HostMemory::sample().in_use;\n\
-                 cpu_with_budget(&format!(\"{}MiB\", (in_use + vramlab::gpus::GENERIC_CONTEXT_BYTES + peak / 2) >> 20)).unwrap();";
+                 cpu_with_budget(&format!(\"{}MiB\", (in_use + vramlab::gpus::GENERIC_CONTEXT_BYTES + vramlab::ops::CUDNN_WORKSPACE_BYTES + peak / 2) >> 20)).unwrap();";
     let ran = kernel.execute(setup).await;
     assert_eq!(ran.reply.status, ReplyStatus::Ok, "{:?}", ran.error());
 

@@ -11,8 +11,10 @@
 //! A simulated card is the device `%oomcheck --gpu` judges: its usable
 //! memory, of which its CUDA context (the catalogue's figure, or
 //! [`GENERIC_CONTEXT_BYTES`](crate::gpus::GENERIC_CONTEXT_BYTES) for a bare
-//! size) is in use before any tensor. So a configuration `%oomcheck` says
-//! fits on a card fits under that card's budget, and the reverse.
+//! size) and cuDNN's workspace (which the card holds from its first
+//! convolution, and the ledger counts for any model that convolves) are in
+//! use before any tensor. So a configuration `%oomcheck` says fits on a card
+//! fits under that card's budget, and the reverse.
 
 use serde::{Deserialize, Serialize};
 
@@ -20,6 +22,7 @@ use super::counters;
 use super::host::HostMemory;
 use super::MemoryError;
 use crate::gpus::{Card, CardKind};
+use crate::ops::CUDNN_WORKSPACE_BYTES;
 use crate::units::human;
 
 /// The out-of-memory error of a simulated budget, shaped like CUDA's.
@@ -56,9 +59,10 @@ impl std::fmt::Display for OutOfMemory {
         }
         write!(
             f,
-            "; budget {}, of which {} CUDA context and {} in use; {} held by the host allocator",
+            "; budget {}, of which {} CUDA context, {} cuDNN workspace and {} in use; {} held by the host allocator",
             human(self.budget.usable),
             human(self.budget.context),
+            human(self.budget.workspace),
             human(self.in_use),
             human(self.held)
         )
@@ -73,12 +77,13 @@ impl From<OutOfMemory> for candle_core::Error {
     }
 }
 
-/// A simulated card: the bytes it gives this process and the share its
-/// CUDA context takes of them before any tensor.
+/// A simulated card: the bytes it gives this process and the shares its
+/// CUDA context and cuDNN's workspace take of them before any tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Budget {
     pub usable: u64,
     pub context: u64,
+    pub workspace: u64,
 }
 
 impl Budget {
@@ -120,20 +125,28 @@ impl Budget {
 
     /// The budget of a device of the catalogue or of a size.
     pub fn of(device: &Card) -> Result<Budget, String> {
-        if device.context_bytes >= device.usable_bytes {
+        let held = device.context_bytes + CUDNN_WORKSPACE_BYTES;
+        if held >= device.usable_bytes {
             return Err(format!(
-                "a card of {} holds its {} CUDA context before any tensor and leaves nothing for training; give more than {}",
+                "a card of {} holds its {} CUDA context and {} cuDNN workspace before any tensor and leaves nothing for training; \
+                 give more than {}",
                 human(device.usable_bytes),
                 human(device.context_bytes),
-                human(device.context_bytes)
+                human(CUDNN_WORKSPACE_BYTES),
+                human(held)
             ));
         }
-        Ok(Budget { usable: device.usable_bytes, context: device.context_bytes })
+        Ok(Budget { usable: device.usable_bytes, context: device.context_bytes, workspace: CUDNN_WORKSPACE_BYTES })
     }
 
-    /// Bytes left for the heap once the context is in.
+    /// What the card holds before any tensor: its context and cuDNN's workspace.
+    pub fn held_by_card(&self) -> u64 {
+        self.context + self.workspace
+    }
+
+    /// Bytes left for the heap once the context and the workspace are in.
     pub fn room(&self) -> u64 {
-        self.usable.saturating_sub(self.context)
+        self.usable.saturating_sub(self.held_by_card())
     }
 }
 

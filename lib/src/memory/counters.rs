@@ -66,6 +66,9 @@ pub struct Counters {
     /// training and measuring leave the user's peak alone. Last, so that a
     /// region written by an older build reads the same up to here.
     pub(crate) window_peak: AtomicU64,
+    /// The part of the budget cuDNN's workspace holds, as on the card from
+    /// its first convolution; after `window_peak` for the same reason.
+    pub(crate) workspace: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Counters>() <= HEADER_BYTES);
@@ -94,7 +97,13 @@ impl Counters {
             loader_held: AtomicU64::new(0),
             loader_peak: AtomicU64::new(0),
             window_peak: AtomicU64::new(0),
+            workspace: AtomicU64::new(0),
         }
+    }
+
+    /// What the card holds before any tensor of the process.
+    fn held_by_card(&self) -> u64 {
+        self.context.load(Relaxed) + self.workspace.load(Relaxed)
     }
 
     #[inline]
@@ -112,7 +121,7 @@ impl Counters {
         }
         let budget = self.budget.load(Relaxed);
         if budget != 0
-            && now + self.context.load(Relaxed) > budget
+            && now + self.held_by_card() > budget
             && self.over_reported.load(Relaxed) == 0
             && self.over_request.compare_exchange(0, bytes, Relaxed, Relaxed).is_ok()
         {
@@ -125,7 +134,7 @@ impl Counters {
         // Blocks allocated before the counters were attached are freed
         // through them too; never wrap below zero.
         let before = self.in_use.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(bytes))).unwrap_or(0);
-        if self.over_reported.load(Relaxed) != 0 && before.saturating_sub(bytes) + self.context.load(Relaxed) <= self.budget.load(Relaxed) {
+        if self.over_reported.load(Relaxed) != 0 && before.saturating_sub(bytes) + self.held_by_card() <= self.budget.load(Relaxed) {
             self.over_reported.store(0, Relaxed);
         }
     }
@@ -166,17 +175,19 @@ impl Counters {
         self.window_peak.load(Relaxed)
     }
 
-    /// The simulated card's usable bytes and its context's share of them.
+    /// The simulated card's usable bytes and the shares of them its context
+    /// and cuDNN's workspace hold.
     pub(crate) fn budget(&self) -> Option<Budget> {
         let usable = self.budget.load(Relaxed);
-        (usable != 0).then(|| Budget { usable, context: self.context.load(Relaxed) })
+        (usable != 0).then(|| Budget { usable, context: self.context.load(Relaxed), workspace: self.workspace.load(Relaxed) })
     }
 
     pub(crate) fn set_budget(&self, budget: Option<Budget>) {
         self.over_request.store(0, Relaxed);
         self.over_reported.store(0, Relaxed);
-        let Budget { usable, context } = budget.unwrap_or(Budget { usable: 0, context: 0 });
+        let Budget { usable, context, workspace } = budget.unwrap_or(Budget { usable: 0, context: 0, workspace: 0 });
         self.context.store(context, Relaxed);
+        self.workspace.store(workspace, Relaxed);
         self.budget.store(usable, Relaxed);
     }
 
@@ -193,7 +204,7 @@ impl Counters {
         if reported == 0 {
             return None;
         }
-        if self.in_use() + self.context.load(Relaxed) > self.budget.load(Relaxed) {
+        if self.in_use() + self.held_by_card() > self.budget.load(Relaxed) {
             return Some((reported, self.over_in_use.load(Relaxed)));
         }
         self.over_reported.store(0, Relaxed);
@@ -213,6 +224,7 @@ impl Counters {
             (&self.allocations, &from.allocations),
             (&self.budget, &from.budget),
             (&self.context, &from.context),
+            (&self.workspace, &from.workspace),
         ] {
             to.store(from.load(Relaxed), Relaxed);
         }

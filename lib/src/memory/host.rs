@@ -116,7 +116,13 @@ impl fmt::Display for HostMemory {
         }
         write!(f, " | RSS {} (high-water {})", human(self.rss), human(self.hwm))?;
         if let Some(budget) = self.budget {
-            write!(f, " | simulated budget {} ({} of it CUDA context)", human(budget.usable), human(budget.context))?;
+            write!(
+                f,
+                " | simulated budget {} ({} of it CUDA context, {} cuDNN workspace)",
+                human(budget.usable),
+                human(budget.context),
+                human(budget.workspace)
+            )?;
         }
         if !self.exact {
             f.write_str(" (sampled, not exact: this process does not count its allocations)")?;

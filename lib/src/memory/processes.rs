@@ -178,7 +178,9 @@ impl Processes {
                 if p.role == Role::CellProcess { format!("kernel {}", p.parent) } else { String::new() },
                 p.in_use.map_or("-".to_owned(), human),
                 human(p.rss),
-                p.budget.map_or("-".to_owned(), |b| format!("{} ({} context)", human(b.usable), human(b.context))),
+                p.budget.map_or("-".to_owned(), |b| {
+                    format!("{} ({} context, {} cuDNN workspace)", human(b.usable), human(b.context), human(b.workspace))
+                }),
             ]);
         }
         table.note(

@@ -37,9 +37,11 @@ impl MemReport {
     /// one is set, otherwise the host.
     pub fn free_total(&self) -> Option<(u64, u64, &'static str)> {
         match (self.memory.budget, self.host) {
-            (Some(budget), _) => {
-                Some((budget.room().saturating_sub(self.memory.in_use), budget.usable, "simulated device budget, its CUDA context in use"))
-            }
+            (Some(budget), _) => Some((
+                budget.room().saturating_sub(self.memory.in_use),
+                budget.usable,
+                "simulated device budget, its CUDA context and cuDNN workspace in use",
+            )),
             (None, Some((available, total))) => Some((available, total, "host: MemAvailable / MemTotal")),
             (None, None) => None,
         }

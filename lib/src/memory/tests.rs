@@ -30,9 +30,9 @@ fn snapshot() -> Snapshot {
 
 #[test]
 fn budgets_are_sizes_or_cards_never_the_host() {
-    let context = crate::gpus::GENERIC_CONTEXT_BYTES;
-    assert_eq!(Budget::parse("8GiB").unwrap(), Budget { usable: 8 << 30, context });
-    assert_eq!(Budget::parse("512MiB").unwrap().room(), (512 << 20) - context);
+    let (context, workspace) = (crate::gpus::GENERIC_CONTEXT_BYTES, crate::ops::CUDNN_WORKSPACE_BYTES);
+    assert_eq!(Budget::parse("8GiB").unwrap(), Budget { usable: 8 << 30, context, workspace });
+    assert_eq!(Budget::parse("512MiB").unwrap().room(), (512 << 20) - context - workspace);
     let laptop = Budget::parse("rtx4060-laptop").unwrap();
     let card = crate::gpus::Card::parse("rtx4060-laptop").unwrap();
     assert_eq!((laptop.usable, laptop.context), (card.usable_bytes, card.context_bytes), "the card %oomcheck --gpu judges");
@@ -42,6 +42,7 @@ fn budgets_are_sizes_or_cards_never_the_host() {
         ("0", "give a unit"),
         ("0GiB", "positive"),
         ("300MiB", "nothing for training"),
+        ("364MiB", "300 MiB CUDA context and 64.0 MiB cuDNN workspace"),
         ("-1GiB", "-1GiB"),
         ("nonsense", "nonsense"),
         ("rtx9999", "rtx9999"),
@@ -57,12 +58,12 @@ fn out_of_memory_reads_like_cuda_and_says_it_is_simulated() {
         requested: 64 << 20,
         in_use: 500 << 20,
         held: 530 << 20,
-        budget: Budget { usable: 812 << 20, context: 300 << 20 },
+        budget: Budget { usable: 876 << 20, context: 300 << 20, workspace: 64 << 20 },
         phase: None,
     };
     assert_eq!(
         oom.to_string(),
-        "out of memory (simulated device budget, CPU): tried to allocate 64.0 MiB; budget 812 MiB, of which 300 MiB CUDA context and 500 MiB in use; 530 MiB held by the host allocator"
+        "out of memory (simulated device budget, CPU): tried to allocate 64.0 MiB; budget 876 MiB, of which 300 MiB CUDA context, 64.0 MiB cuDNN workspace and 500 MiB in use; 530 MiB held by the host allocator"
     );
     assert_eq!(oom.free(), 12 << 20);
     assert!(oom.clone().during("forward layer3").to_string().contains("tried to allocate 64.0 MiB during forward layer3; budget"));
@@ -80,7 +81,7 @@ fn the_report_puts_bills_side_by_side_with_their_difference() {
         rss: 90 << 20,
         hwm: 140 << 20,
         allocations: Some(10),
-        budget: Some(Budget { usable: (1 << 30) + (300 << 20), context: 300 << 20 }),
+        budget: Some(Budget { usable: (1 << 30) + (364 << 20), context: 300 << 20, workspace: 64 << 20 }),
     };
     let report = MemReport {
         pid: 42,
@@ -96,7 +97,7 @@ fn the_report_puts_bills_side_by_side_with_their_difference() {
     let text = report.bundle().text().to_owned();
     assert!(text.contains("cell process 42"), "{text}");
     assert!(text.contains("16.0 MiB"), "idle = held - in use: {text}");
-    assert!(text.contains("960 MiB / 1.29 GiB"), "budget free/total, the context in use: {text}");
+    assert!(text.contains("960 MiB / 1.36 GiB"), "budget free/total, the context and the workspace in use: {text}");
     assert!(text.contains("+5.0%"), "activations 210 vs 200: {text}");
     assert!(text.contains("+3.3%"), "peak 310 vs 300: {text}");
     assert!(text.contains("simulated"), "{text}");
@@ -160,7 +161,7 @@ fn requests_are_answered_by_the_serving_thread_and_silence_times_out() {
 #[test]
 fn counters_count_blocks_track_the_peak_and_flag_the_first_overrun() {
     let counters = region();
-    counters.set_budget(Some(Budget { usable: 1100, context: 100 }));
+    counters.set_budget(Some(Budget { usable: 1100, context: 60, workspace: 40 }));
     counters.allocated(600);
     assert_eq!(counters.take_overrun(), None);
     counters.allocated(500);
@@ -187,7 +188,7 @@ fn without_counters_probes_sample_and_say_so() {
     assert!(!sample.exact && sample.peak.is_none());
     assert!(sample.rss > 0 && sample.held > 0);
     assert!(sample.to_string().contains("not exact"), "{sample}");
-    assert!(matches!(set_budget(Some(Budget { usable: 1 << 30, context: 0 })), Err(MemoryError::NotCounting { .. })));
+    assert!(matches!(set_budget(Some(Budget { usable: 1 << 30, context: 0, workspace: 0 })), Err(MemoryError::NotCounting { .. })));
     assert_eq!(check_budget(), Ok(()));
     publish(&snapshot()).unwrap();
     assert_eq!(published(), Some(snapshot()));
