@@ -79,6 +79,14 @@ impl BuildSlot {
         self.busy.iter().find(|dir| compiled_in(dir, crate_name)).map(PathBuf::as_path)
     }
 
+    /// Copies the build in `from`, a slot where the library is compiled, into
+    /// this one, each file with its modification time, so that cargo finds it
+    /// up to date: a kernel started beside another loads the library in
+    /// seconds instead of building it again. Returns the bytes copied.
+    pub fn copy_build_from(&self, from: &Path) -> std::io::Result<u64> {
+        copy_tree(&from.join("target"), &self.dir.join("target"))
+    }
+
     /// Puts the workspace's lock file in place before the library is added,
     /// so that cells get the dependency versions the library was tested with.
     /// (Cargo prunes a lock file to what the cells use at every build, so this
@@ -129,6 +137,26 @@ fn patch_table(workspace: &Path) -> Result<toml::Table, String> {
             path.join("Cargo.toml").exists().then_some((name, toml::Value::Table(absolute)))
         })
         .collect())
+}
+
+/// `from` copied into `to`, files with their modification times (copies of
+/// whole files: on file systems that can, the kernel shares their blocks).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<u64> {
+    std::fs::create_dir_all(to)?;
+    let mut bytes = 0;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            bytes += copy_tree(&source, &target)?;
+        } else if kind.is_file() {
+            bytes += std::fs::copy(&source, &target)?;
+            let modified = entry.metadata()?.modified()?;
+            std::fs::File::options().write(true).open(&target)?.set_modified(modified)?;
+        }
+    }
+    Ok(bytes)
 }
 
 fn compiled_in(slot: &Path, crate_name: &str) -> bool {
@@ -192,6 +220,24 @@ mod tests {
         std::fs::write(deps.join("libvramlab-0123.rlib"), b"").unwrap();
         assert_eq!(second.busy_with("vramlab"), Some(first.dir()));
         assert!(!second.has_compiled("vramlab"));
+    }
+
+    #[test]
+    fn a_new_slot_starts_from_a_copy_of_a_busy_slot_s_build() {
+        let root = tempfile::tempdir().unwrap();
+        let first = BuildSlot::acquire_in(root.path()).unwrap();
+        let deps = first.dir().join("target/x86_64-unknown-linux-gnu/debug/deps");
+        std::fs::create_dir_all(&deps).unwrap();
+        std::fs::write(deps.join("libvramlab-0123.rlib"), b"compiled").unwrap();
+        let old = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        std::fs::File::options().write(true).open(deps.join("libvramlab-0123.rlib")).unwrap().set_modified(old).unwrap();
+        let second = BuildSlot::acquire_in(root.path()).unwrap();
+        let busy = second.busy_with("vramlab").unwrap().to_owned();
+        assert_eq!(second.copy_build_from(&busy).unwrap(), 8);
+        assert!(second.has_compiled("vramlab"));
+        let copy = second.dir().join("target/x86_64-unknown-linux-gnu/debug/deps/libvramlab-0123.rlib");
+        assert_eq!(std::fs::read(&copy).unwrap(), b"compiled");
+        assert_eq!(std::fs::metadata(&copy).unwrap().modified().unwrap(), old, "cargo judges freshness by modification times");
     }
 
     #[test]

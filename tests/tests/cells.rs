@@ -289,6 +289,26 @@ async fn a_restarted_kernel_does_not_recompile_its_dependencies() {
     assert_eq!(compiled_artifacts("evcxr_input"), before, "nothing recompiled after the restart ({elapsed:?})");
 }
 
+/// A second notebook opened beside a first: its kernel finds the build slot
+/// where the library was built held, takes one of its own, copies that
+/// build into it and loads the library from the copy (seconds where a build
+/// is 4 to 5 minutes on 2 cores: BENCHMARKS.md), saying so.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_kernel_beside_the_first_loads_the_library_from_a_copy_of_its_build() {
+    let uses_library = "vramlab::units::human(1 << 20).ends_with(\"MiB\")";
+    let mut first = Kernel::start().await;
+    let loaded = first.execute(uses_library).await;
+    assert_eq!(loaded.result_text().as_deref(), Some("true"), "{:?}", loaded.error());
+    let mut second = Kernel::start().await;
+    let run = second.execute(uses_library).await;
+    assert_eq!(run.result_text().as_deref(), Some("true"), "{:?}", run.error());
+    let shown = displays(&run);
+    let headline = &shown.first().expect("a notice while the library loads").2;
+    assert!(headline.contains("another running kernel holds") && headline.contains("a copy of that build"), "{headline}");
+    assert!(shown.last().unwrap().2.contains("vramlab ready"), "{shown:?}");
+    assert_eq!(first.execute("1 + 1").await.result_text().as_deref(), Some("2"), "the first kernel goes on");
+}
+
 /// The texts of a cell's display_data and update_display_data outputs, with their display ids.
 fn displays(run: &common::Execution) -> Vec<(&'static str, String, String)> {
     run.outputs

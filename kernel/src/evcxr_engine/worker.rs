@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -211,13 +212,32 @@ impl Worker {
             };
         };
         let built_before = self.slot.has_compiled("vramlab");
+        // A second notebook beside a first: the slot where the library was
+        // built is held, and this kernel starts from a copy of that build.
+        let copied = match self.slot.busy_with("vramlab").filter(|_| !built_before).map(Path::to_owned) {
+            Some(busy) => match self.slot.copy_build_from(&busy) {
+                Ok(bytes) => Some((busy, bytes)),
+                Err(err) => {
+                    log::warn!("could not copy the build in {}: {err}", busy.display());
+                    None
+                }
+            },
+            None => None,
+        };
         let headline = if built_before {
             "Loading vramlab, built for the cells before".to_owned()
+        } else if let Some((busy, bytes)) = &copied {
+            format!(
+                "Loading vramlab for the cells into {}: another running kernel holds {}, where they were built, and this \
+                 kernel starts from a copy of that build ({})",
+                self.slot.dir().display(),
+                busy.display(),
+                vramlab::units::human(*bytes)
+            )
         } else if let Some(busy) = self.slot.busy_with("vramlab") {
             format!(
                 "Building vramlab and candle for the cells ({FIRST_BUILD}): another running kernel holds {}, where they are \
-                 built, so this kernel builds its own copy in {}. To load the built one in seconds instead, shut the other \
-                 kernel down and restart this one",
+                 built, and its build could not be copied into {}",
                 busy.display(),
                 self.slot.dir().display()
             )
@@ -228,7 +248,7 @@ impl Worker {
             )
         };
         let mut notice = BuildNotice::now(output, headline);
-        if built_before {
+        if built_before || copied.is_some() {
             notice = notice.when_compiling(format!(
                 "Rebuilding vramlab for the cells: its sources or dependencies changed since they were built here \
                  (a few minutes for vramlab alone, up to {FIRST_BUILD} when candle changed)"
