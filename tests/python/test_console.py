@@ -13,7 +13,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 PROMPT = re.compile(r"In \[(\d+)\]: ")
 
 CELL = 'println!("typed into the console"); 6 * 7'
-MAGIC = "%oomcheck resnet18 --batch 256 --res 224 --gpu rtx4060-laptop"
+MAGIC = "%oomcheck resnet18 --batch 384 --res 224 --gpu rtx4060-laptop"
 
 
 def test_a_cell_and_a_magic_in_jupyter_console() -> None:
