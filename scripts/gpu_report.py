@@ -2,10 +2,11 @@
 
     python3 scripts/gpu_report.py DIR     # DIR: the run's output folder ($OUT there)
 
-Reads env.json, smoke.json, measure.json, bench.json and h2d.json (whichever
-the run wrote) and prints the machine, the smoke test's checks, predicted
-against measured peaks and bills beside PyTorch's peak, step times against
-PyTorch's, and copy bandwidth.
+Reads env.json, ops.json, smoke.json, measure.json, bench.json and h2d.json
+(whichever the run wrote) and prints the machine, check-ops' largest error
+per op and dtype against its tolerance, the smoke test's checks, predicted
+against measured peaks and bills beside PyTorch's peak and saved tensors,
+step times against PyTorch's with cuDNN's plans, and copy bandwidth.
 """
 from __future__ import annotations
 
@@ -32,6 +33,24 @@ def env_lines(env: dict) -> list[str]:
             f"{env.get('cpus')} CPUs; {env.get('machine')}"]
 
 
+def ops_lines(ops: dict) -> list[str]:
+    report = ops.get("json")
+    if not report:
+        return [f"- check-ops did not run: {ops.get('error') or ops.get('stderr', '')[-300:]}"]
+    worst: dict[tuple[str, str], dict] = {}
+    for check in report["checks"]:
+        key = (check["op"], check["dtype"])
+        if key not in worst or (check.get("error") or 0) > (worst[key].get("error") or 0) or not check["ok"]:
+            worst[key] = check
+    lines = [f"{report['passed']} passed, {report['failed']} failed, against {report['reference']} ({report['seconds']:.1f} s).", "",
+             "| op | dtype | largest error | tolerance | all ok |", "|---|---|---:|---:|---|"]
+    for (op, dtype), check in sorted(worst.items()):
+        ok = all(c["ok"] for c in report["checks"] if (c["op"], c["dtype"]) == (op, dtype))
+        error = f"{check['error']:.1e}" if check.get("error") is not None else check.get("failure", "")
+        lines.append(f"| {op} | {dtype} | {error} | {check['tolerance']:.0e} | {'yes' if ok else 'NO'} |")
+    return lines
+
+
 def smoke_lines(smoke: dict) -> list[str]:
     checks = smoke.get("json", {}).get("checks", [])
     if not checks:
@@ -40,19 +59,21 @@ def smoke_lines(smoke: dict) -> list[str]:
 
 
 def measure_lines(rows: list) -> list[str]:
-    lines = ["| configuration | predicted peak | measured peak | error | activations pred / meas | context and workspace pred / meas | PyTorch peak |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| configuration | predicted peak | measured peak | error | activations pred / meas | context and workspace pred / meas "
+             "| PyTorch peak | PyTorch saves |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for row in rows:
         c = row.get("json")
         if not c or "measured_peak" not in c:
-            lines.append(f"| {row['label']} | | | {row.get('error') or 'failed'} | | | |")
+            lines.append(f"| {row['label']} | | | {row.get('error') or 'failed'} | | | | |")
             continue
         error = (c["measured_peak"] - c["predicted_peak"]) / c["predicted_peak"] * 100
         torch = row.get("torch", {})
         theirs = mib(torch["torch_peak_bytes"]) if "torch_peak_bytes" in torch else torch.get("none", torch.get("error", ""))
+        saved = mib(torch["torch_saved_bytes"]) if "torch_saved_bytes" in torch else ""
         bill = lambda name: f"{mib(c['predicted'][name])} / {mib(c['measured'][name])}"
         lines.append(f"| {row['label']} | {mib(c['predicted_peak'])} | {mib(c['measured_peak'])} | {error:+.1f}% "
-                     f"| {bill('activations')} | {bill('context_and_workspace')} | {theirs} |")
+                     f"| {bill('activations')} | {bill('context_and_workspace')} | {theirs} | {saved} |")
     return lines
 
 
@@ -65,6 +86,14 @@ def bench_lines(bench: dict) -> list[str]:
             lines.append(f"| {row['label']} | {ours * 1000:.1f} ms | {theirs * 1000:.1f} ms | {row['ratio']:.1f}x |")
         else:
             lines.append(f"| {row['label']} | {row['failures'] or row['ours_s']} | {row.get('torch', row['torch_s'])} | |")
+    plans = [(row["label"], row["cudnn"]) for row in bench["results"] if row.get("cudnn")]
+    if plans:
+        lines += ["", "| configuration | cuDNN plans | made while timed | not the heuristics' first | largest workspace |",
+                  "|---|---:|---:|---:|---:|"]
+        for label, p in plans:
+            algorithms = p["algorithms"]
+            largest = max((a["workspace_bytes"] for a in algorithms), default=0)
+            lines.append(f"| {label} | {len(algorithms)} | {p['made_while_timed']} | {sum(a['rank'] > 0 for a in algorithms)} | {mib(largest)} |")
     return lines
 
 
@@ -82,7 +111,7 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     folder = pathlib.Path(sys.argv[1])
-    sections = [("Machine", "env.json", env_lines), ("Smoke test", "smoke.json", smoke_lines),
+    sections = [("Machine", "env.json", env_lines), ("Ops against the CPU", "ops.json", ops_lines), ("Smoke test", "smoke.json", smoke_lines),
                 ("Predicted against measured", "measure.json", measure_lines), ("Step time", "bench.json", bench_lines),
                 ("Host to device", "h2d.json", h2d_lines)]
     for title, name, render in sections:
