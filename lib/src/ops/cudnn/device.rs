@@ -122,6 +122,28 @@ impl ConvPlan {
     }
 }
 
+/// cuDNN's v7 heuristics for one pass, as candidates: `$get` fills up to
+/// `$count` results of `$perf` (the three passes' structs differ in type
+/// only), given the count, the returned count and the results' pointer.
+macro_rules! ranked {
+    ($perf:ty, $count:expr, $pass:path, |$asked:ident, $returned:ident, $results:ident| $get:expr) => {{
+        const COUNT: usize = $count as usize;
+        let mut perf = [MaybeUninit::<$perf>::zeroed().assume_init(); COUNT];
+        let mut returned = 0;
+        let ($asked, $returned, $results) = (COUNT as i32, &mut returned, perf.as_mut_ptr());
+        $get?;
+        let returned = (returned.max(0) as usize).min(COUNT);
+        perf[..returned]
+            .iter()
+            .map(|p| Candidate {
+                algo: ($pass(p.algo), p.mathType),
+                supported: p.status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS,
+                workspace: p.memory as u64,
+            })
+            .collect()
+    }};
+}
+
 /// cuDNN's heuristics for one pass, in their order.
 ///
 /// # Safety
@@ -134,74 +156,27 @@ unsafe fn candidates(
     conv: &ConvDesc,
     y: &TensorDesc,
 ) -> std::result::Result<Vec<Candidate<(Algo, sys::cudnnMathType_t)>>, result::CudnnError> {
-    let ok = sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS;
-    let mut returned = 0;
+    use sys::{cudnnConvolutionBwdDataAlgo_t as Data, cudnnConvolutionBwdFilterAlgo_t as Filter, cudnnConvolutionFwdAlgo_t as Fwd};
     Ok(match pass {
         ConvPass::Forward => {
-            const COUNT: usize = sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT as usize;
-            let mut perf = [MaybeUninit::<sys::cudnnConvolutionFwdAlgoPerf_t>::zeroed().assume_init(); COUNT];
-            result::get_convolution_forward_algorithm(
-                handle.0,
-                x.0,
-                filter.0,
-                conv.0,
-                y.0,
-                COUNT as i32,
-                &mut returned,
-                perf.as_mut_ptr(),
-            )?;
-            let returned = (returned.max(0) as usize).min(COUNT);
-            perf[..returned]
-                .iter()
-                .map(|p| Candidate { algo: (Algo::Forward(p.algo), p.mathType), supported: p.status == ok, workspace: p.memory as u64 })
-                .collect()
+            ranked!(sys::cudnnConvolutionFwdAlgoPerf_t, Fwd::CUDNN_CONVOLUTION_FWD_ALGO_COUNT, Algo::Forward, |n, got, out| {
+                result::get_convolution_forward_algorithm(handle.0, x.0, filter.0, conv.0, y.0, n, got, out)
+            })
         }
         ConvPass::InputGradient => {
-            const COUNT: usize = sys::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT as usize;
-            let mut perf = [MaybeUninit::<sys::cudnnConvolutionBwdDataAlgoPerf_t>::zeroed().assume_init(); COUNT];
-            result::get_convolution_backward_data_algorithm(
-                handle.0,
-                filter.0,
-                y.0,
-                conv.0,
-                x.0,
-                COUNT as i32,
-                &mut returned,
-                perf.as_mut_ptr(),
-            )?;
-            let returned = (returned.max(0) as usize).min(COUNT);
-            perf[..returned]
-                .iter()
-                .map(|p| Candidate {
-                    algo: (Algo::InputGradient(p.algo), p.mathType),
-                    supported: p.status == ok,
-                    workspace: p.memory as u64,
-                })
-                .collect()
+            ranked!(
+                sys::cudnnConvolutionBwdDataAlgoPerf_t,
+                Data::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+                Algo::InputGradient,
+                |n, got, out| { result::get_convolution_backward_data_algorithm(handle.0, filter.0, y.0, conv.0, x.0, n, got, out) }
+            )
         }
-        ConvPass::WeightGradient => {
-            const COUNT: usize = sys::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT as usize;
-            let mut perf = [MaybeUninit::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>::zeroed().assume_init(); COUNT];
-            result::get_convolution_backward_filter_algorithm(
-                handle.0,
-                x.0,
-                y.0,
-                conv.0,
-                filter.0,
-                COUNT as i32,
-                &mut returned,
-                perf.as_mut_ptr(),
-            )?;
-            let returned = (returned.max(0) as usize).min(COUNT);
-            perf[..returned]
-                .iter()
-                .map(|p| Candidate {
-                    algo: (Algo::WeightGradient(p.algo), p.mathType),
-                    supported: p.status == ok,
-                    workspace: p.memory as u64,
-                })
-                .collect()
-        }
+        ConvPass::WeightGradient => ranked!(
+            sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+            Filter::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+            Algo::WeightGradient,
+            |n, got, out| result::get_convolution_backward_filter_algorithm(handle.0, x.0, y.0, conv.0, filter.0, n, got, out)
+        ),
     })
 }
 
