@@ -70,8 +70,8 @@ fn empty_cache_gives_the_pages_of_free_blocks_back() {
 fn the_allocation_past_the_budget_raises_the_cuda_shaped_error() {
     let _guard = setup();
     let in_use = HostMemory::sample().in_use;
-    let context = vramlab::gpus::GENERIC_CONTEXT_BYTES;
-    let device = memory::cpu_with_budget(&format!("{}MiB", (in_use + context) / MIB + 48)).unwrap();
+    let (context, workspace) = (vramlab::gpus::GENERIC_CONTEXT_BYTES, vramlab::ops::CUDNN_WORKSPACE_BYTES);
+    let device = memory::cpu_with_budget(&format!("{}MiB", (in_use + context + workspace) / MIB + 48)).unwrap();
     assert_eq!(memory::check_budget(), Ok(()));
     let fits = Tensor::zeros((8, 1024, 1024), DType::F32, &device).unwrap();
     assert_eq!(memory::check_budget(), Ok(()), "32 MiB fit in 48");
@@ -80,7 +80,11 @@ fn the_allocation_past_the_budget_raises_the_cuda_shaped_error() {
     assert!((32 * MIB..32 * MIB + ROUNDING).contains(&oom.requested), "{oom}");
     assert!(oom.in_use >= in_use + 32 * MIB, "{oom}");
     assert!(oom.to_string().contains("tried to allocate 32.0 MiB") && oom.to_string().contains("simulated"), "{oom}");
-    assert_eq!(oom.budget.context, context, "a bare size holds a typical CUDA context, as %oomcheck --gpu counts it");
+    assert_eq!(
+        (oom.budget.context, oom.budget.workspace),
+        (context, workspace),
+        "a bare size holds a typical CUDA context and cuDNN's workspace, as %oomcheck --gpu counts them"
+    );
     let again = memory::check_budget().unwrap_err();
     assert_eq!((again.requested, again.in_use), (oom.requested, oom.in_use), "still over the budget: the same error");
     drop(too_much);
