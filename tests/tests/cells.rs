@@ -295,11 +295,20 @@ async fn a_restarted_kernel_does_not_recompile_its_dependencies() {
 /// is 4 to 5 minutes on 2 cores: BENCHMARKS.md), saying so.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_kernel_beside_the_first_loads_the_library_from_a_copy_of_its_build() {
+    // A cache of its own, whose first slot holds the library the test command's set-up built (a
+    // copy): the shared test cache may hold more built slots from earlier runs.
+    let cache = tempfile::tempdir().unwrap();
+    let slot = cache.path().join("evcxr/slot-0");
+    std::fs::create_dir_all(&slot).unwrap();
+    let built = common::cache_dir().join("evcxr/slot-0/target");
+    let copied = std::process::Command::new("cp").arg("-a").arg(&built).arg(&slot).status().unwrap();
+    assert!(copied.success(), "the set-up's build of the library in {}", built.display());
+    let envs = [("VRAMLAB_CACHE_DIR", cache.path().to_str().unwrap())];
     let uses_library = "vramlab::units::human(1 << 20).ends_with(\"MiB\")";
-    let mut first = Kernel::start().await;
+    let mut first = Kernel::start_with(&uuid::Uuid::new_v4().to_string(), &[], &envs).await;
     let loaded = first.execute(uses_library).await;
     assert_eq!(loaded.result_text().as_deref(), Some("true"), "{:?}", loaded.error());
-    let mut second = Kernel::start().await;
+    let mut second = Kernel::start_with(&uuid::Uuid::new_v4().to_string(), &[], &envs).await;
     let run = second.execute(uses_library).await;
     assert_eq!(run.result_text().as_deref(), Some("true"), "{:?}", run.error());
     let shown = displays(&run);
