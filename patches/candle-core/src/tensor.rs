@@ -2147,7 +2147,10 @@ impl Tensor {
         self.is_variable
     }
 
-    pub(crate) fn op(&self) -> &Option<Op> {
+    /// The operation that produced this tensor, holding the tensors it was computed from; `None`
+    /// for a tensor made outside the graph (a variable, a constant, a detached copy). Walking it
+    /// from a loss shows what the graph keeps alive for backward.
+    pub fn op(&self) -> &Option<Op> {
         &self.op
     }
 
