@@ -51,6 +51,10 @@ pub enum Outcome {
     Problem,
     /// Not run, and why is in the finding.
     Skipped,
+    /// Fixes were found and at least one ran where the failed step ran.
+    Remedied,
+    /// No fix was found, or none of those tried ran.
+    Unremedied,
 }
 
 /// One step of the investigation and what it found on this process.
@@ -138,7 +142,7 @@ pub fn diagnose(message: &str, limits: &Limits) -> Diagnosis {
 
 /// There is no out-of-memory error to investigate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("no out-of-memory error in this process yet: the report appears under the cell that runs out of memory")]
+#[error("no out-of-memory error in this process yet: the investigation appears under the cell whose step fails, and here after it")]
 pub struct NoError;
 
 /// The investigation of this process's last out-of-memory error: the one
@@ -247,7 +251,7 @@ impl<'a> Investigation<'a> {
         let name = "1. the failed allocation".to_owned();
         let finding = match (&self.simulated, self.step) {
             (Some(oom), step) => {
-                let during = step.map_or(String::new(), |s| format!(" during {}, when {} grow", s.phase_name, s.phase.growing_in_words()));
+                let during = step.map_or(String::new(), |s| format!(" during {}, when {}", s.phase_name, s.phase.what_grows()));
                 format!(
                     "tried to allocate {}{during}; {} of the card's {} were taken ({} CUDA context, {} cuDNN workspace, {} in use), \
                      leaving {}",
@@ -261,10 +265,10 @@ impl<'a> Investigation<'a> {
                 )
             }
             (None, Some(step)) => format!(
-                "the device's own error, which does not name its size: \"{}\", in {}, when {} grow",
+                "the device's own error, which does not name its size: \"{}\", in {}, when {}",
                 first_line(&step.message),
                 step.phase_name,
-                step.phase.growing_in_words()
+                step.phase.what_grows()
             ),
             (None, None) => format!("\"{}\": the error does not say how much was asked for", first_line(&self.message)),
         };
@@ -483,7 +487,7 @@ fn fixes_finding(fixes: &[CheckedFix], simulated: bool) -> Finding {
         return Finding {
             name: name.to_owned(),
             finding: "the ledger finds no configuration of this model that fits this card: a smaller model or a larger card".into(),
-            outcome: Outcome::Problem,
+            outcome: Outcome::Unremedied,
         };
     }
     Finding {
@@ -498,8 +502,8 @@ fn fixes_finding(fixes: &[CheckedFix], simulated: bool) -> Finding {
         ),
         outcome: match verified {
             0 if fixes.iter().all(|f| f.check.starts_with("not run")) => Outcome::Skipped,
-            0 => Outcome::Problem,
-            _ => Outcome::Clear,
+            0 => Outcome::Unremedied,
+            _ => Outcome::Remedied,
         },
     }
 }
@@ -590,7 +594,7 @@ impl Trial {
         let peak = self.peak_bytes.map_or("peak not counted".to_owned(), |p| format!("peak {}", human(p)));
         let steps = format!("{} step{}, {:.1} s", self.steps, if self.steps == 1 { "" } else { "s" }, self.seconds);
         match self.card_bytes {
-            Some(card) => format!("{peak} of {}, context included; {steps}", human(card)),
+            Some(card) => format!("{peak} of {}, context and workspace included; {steps}", human(card)),
             None => format!("{peak}; {steps}"),
         }
     }
@@ -637,7 +641,7 @@ impl Diagnosis {
             ]);
         }
         let verified = "Verified: real steps of that configuration ran on the card the failed step had (its budget less what the process held besides that trainer); \
-                        peaks include the card's CUDA context.";
+                        peaks include the card's CUDA context and cuDNN workspace.";
         table.note(match &self.reproduce {
             Some(command) => format!("{verified} The failed step again, in a process of its own: {command}"),
             None => verified.to_owned(),
@@ -695,6 +699,18 @@ impl Outcome {
             Outcome::Clear => " (ruled out)",
             Outcome::Problem => " (a cause)",
             Outcome::Skipped => " (skipped)",
+            Outcome::Remedied => " (a fix verified)",
+            Outcome::Unremedied => " (no fix found)",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The kernel investigates every cell error that reads as an
+    /// out-of-memory error: saying that there is none must not read as one.
+    #[test]
+    fn no_error_yet_does_not_read_as_an_out_of_memory_error() {
+        assert!(!crate::train::is_out_of_memory(&super::NoError.to_string()));
     }
 }

@@ -8,7 +8,7 @@ pub const MAGIC: Magic = Magic {
     name: "mem",
     kind: Kind::Line,
     summary: "the cell process's memory: in use, held, peak, RSS, free/total, bills predicted vs measured; %%mem measures a cell",
-    usage: "%mem [--reset-peak] [--empty-cache] [--plot]  |  %mem --last-cell  |  %mem --processes\n\
+    usage: "%mem [--reset-peak] [--empty-cache] [--plot | --brief]  |  %mem --last-cell  |  %mem --processes\n\
             %%mem   (first line of a cell: run the cell, then show its peak and net change)",
     run,
 };
@@ -31,8 +31,13 @@ fn run(context: &Context<'_>, argv: &[String]) -> Result<Invocation, String> {
         return Ok(Invocation::Show(usage.bundle()));
     }
     let report = probe.report(args.reset_peak, args.empty_cache).map_err(|e| e.to_string())?;
-    let bundle =
-        if args.plot { Composer::new().part(&report.bundle()).part(&plot(report.snapshot.as_ref())).finish() } else { report.bundle() };
+    let bundle = if args.plot {
+        Composer::new().part(&report.bundle()).part(&plot(report.snapshot.as_ref())).finish()
+    } else if args.brief {
+        Bundle::plain(report.brief())
+    } else {
+        report.bundle()
+    };
     Ok(Invocation::Show(bundle))
 }
 
@@ -49,7 +54,9 @@ mod tests {
         let err = run(&Context::default(), &["--last-cell".into(), "--plot".into()]).unwrap_err();
         assert!(err.contains("cannot be used with"), "{err}");
         let Ok(Invocation::Show(help)) = run(&Context::default(), &["--help".into()]) else { panic!("expected help") };
-        assert!(help.text().contains("--empty-cache"));
+        assert!(help.text().contains("--empty-cache") && help.text().contains("--brief"));
+        let err = run(&Context::default(), &["--brief".into(), "--plot".into()]).unwrap_err();
+        assert!(err.contains("cannot be used with"), "{err}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ pub const MAGIC: Magic = Magic {
     usage: "%oomcheck MODEL --batch B --res R [--channels C] [--amp f16|bf16] [--opt adam|adamw|sgd|sgd-momentum|adam8bit]\n\
             \x20         [--accum N] [--ckpt none|stages|layer3,layer4] [--layers lean|plain] [--gpu NAME|8GiB|cpu]\n\
             \x20         [--sweep batch=8..64|res=128..512]\n\
-            \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB]]\n\
+            \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB] [--host]]\n\
             %oomcheck --spec FILE.json --batch B --res R [the same flags]   (a model spec saved as JSON)\n\
             %oomcheck VARIABLE --batch B [--res R] [--amp ...] [--opt ...] [--accum N] [--ckpt ...] [--layers ...] [--gpu ...] [--sweep ...] [--eval]\n\
             \x20         (a Network or Trainer built in a cell: its spec, input and levers unless a flag overrides one)\n\

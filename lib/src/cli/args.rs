@@ -117,6 +117,9 @@ pub struct OomcheckArgs {
     /// Host RAM to judge the loader against, such as 32GiB
     #[arg(long, value_parser = crate::units::parse_bytes)]
     pub host_ram: Option<u64>,
+    /// Show only the loader's host memory (needs --workers), not the card's bills
+    #[arg(long, requires = "workers")]
+    pub host: bool,
 }
 
 /// A model spec read from a JSON file, and where it came from.
@@ -245,6 +248,9 @@ pub struct MemArgs {
     /// Only the vramlab processes on this machine and what each holds (nvidia-smi for a simulated card)
     #[arg(long, conflicts_with_all = ["reset_peak", "empty_cache", "plot"])]
     pub processes: bool,
+    /// One line: in use, held, peak and RSS, and the registered step's peak predicted beside measured
+    #[arg(long, conflicts_with_all = ["plot", "last_cell", "processes"])]
+    pub brief: bool,
 }
 
 /// A batch and one sample's shape.

@@ -139,6 +139,9 @@ pub fn oomcheck_of(model: &dyn CheckOf, argv: &[&str]) -> Result<Bundle, UsageEr
 /// table, chart, timeline, fixes, and the sweep when asked.
 pub fn oomcheck(argv: &[String]) -> Result<Bundle, UsageError> {
     match parse::<OomcheckArgs>("oomcheck", argv)? {
+        Ok(args) if args.host => {
+            run_oomcheck(&args)?.host.map(|host| host.bundle()).ok_or_else(|| UsageError("--host needs the loader's --workers".to_owned()))
+        }
         Ok(args) => Ok(run_oomcheck(&args)?.bundle()),
         Err(help) => Ok(Bundle::plain(help)),
     }

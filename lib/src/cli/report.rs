@@ -61,8 +61,7 @@ impl Render for Oomcheck {
         let mut composer = Composer::new().headline(&report.verdict_line(), color);
         // Loader settings ask about host RAM: its verdict comes before the card's detail.
         if let Some(host) = &self.host {
-            let color = if host.too_large() { "#b22222" } else { "#2a7d2a" };
-            composer = composer.headline(&host.verdict_line(), color).part(&host.table().bundle());
+            composer = composer.part(&host.bundle());
         }
         // A sweep answers its own question; the step's bills are one `--sweep` less away.
         if let Some(sweep) = &self.sweep {

@@ -103,6 +103,15 @@ fn oomcheck_reports_the_loaders_host_memory_when_given_workers() {
 }
 
 #[test]
+fn oomcheck_host_shows_the_loaders_part_alone() {
+    let text = oomcheck(&words("resnet18 --batch 32 --res 224 --workers 16 --prefetch 4 --host-ram 2GiB --host")).unwrap().text().to_owned();
+    assert!(text.starts_with("HOST RAM AT RISK") && text.contains("--workers 8"), "{text}");
+    assert!(!text.contains("1. parameters") && !text.contains("fixes that peak"), "{text}");
+    let err = oomcheck(&words("resnet18 --batch 32 --res 224 --host")).unwrap_err();
+    assert!(err.0.contains("--workers"), "{}", err.0);
+}
+
+#[test]
 fn absurd_configurations_are_refused_at_once_in_one_line() {
     for (line, expected) in [
         ("resnet50 --batch 4294967296 --res 65535", "batch 4294967296 is over the largest vramlab costs, 65536"),

@@ -52,17 +52,17 @@ impl StepPhase {
         }
     }
 
-    /// What grows in that phase, in a learner's words.
-    pub fn growing_in_words(self) -> &'static str {
+    /// What grows in that phase, as a clause in a learner's words.
+    pub fn what_grows(self) -> &'static str {
         match self {
-            StepPhase::InputCopied => "the input batch",
-            StepPhase::Recompute { .. } => "the activations of a checkpointed stage, recomputed",
-            StepPhase::Forward { .. } => "the activations forward keeps for backward",
+            StepPhase::InputCopied => "the input batch is copied in",
+            StepPhase::Recompute { .. } => "a checkpointed stage's activations are recomputed",
+            StepPhase::Forward { .. } => "the activations forward keeps for backward grow",
             StepPhase::Backward { .. } | StepPhase::Accumulated => {
-                "the gradients (parameters bill), with forward's activations not yet all freed"
+                "the gradients (parameters bill) grow while forward's activations are not yet all freed"
             }
-            StepPhase::OptimizerStep => "the optimizer state (made at the first step) and the update's temporaries",
-            StepPhase::Loaded | StepPhase::GraphDropped | StepPhase::StepDone => "the workspace",
+            StepPhase::OptimizerStep => "the optimizer state (made at the first step) and the update's temporaries grow",
+            StepPhase::Loaded | StepPhase::GraphDropped | StepPhase::StepDone => "only the workspace grows",
         }
     }
 }

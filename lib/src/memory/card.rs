@@ -87,11 +87,13 @@ impl PoolStats {
             .row(["free on the device".to_owned(), human(self.device_free)])
             .footer(["capacity".to_owned(), human(self.capacity)])
             .note(format!(
-                "{} segments; peak allocated {}, peak reserved {}; {} out-of-memory errors, {} retries after releasing cached segments",
+                "{} segments; peak allocated {}, peak reserved {}; out-of-memory errors: {} in the cache, {} outside it; \
+                 {} retries after releasing cached segments",
                 self.segments,
                 human(self.peak_allocated),
                 human(self.peak_reserved),
                 self.num_ooms,
+                self.num_outside_ooms,
                 self.num_alloc_retries
             ))
     }

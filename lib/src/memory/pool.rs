@@ -61,7 +61,8 @@
 //! - The out-of-memory message names the rounded request and the segment it
 //!   needed; PyTorch's names only the segment size (`alloc_size`).
 //! - `num_ooms` counts the cache's failures, as PyTorch's does: a failing
-//!   outside allocation is another library's error, not the cache's.
+//!   outside allocation is another library's error, not the cache's, and is
+//!   counted apart (`num_outside_ooms`), which PyTorch does not.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -220,6 +221,7 @@ pub struct SimulatedCard {
     peak_allocated: u64,
     peak_reserved: u64,
     num_ooms: u64,
+    num_outside_ooms: u64,
     num_alloc_retries: u64,
 }
 
@@ -240,6 +242,7 @@ impl SimulatedCard {
             peak_allocated: 0,
             peak_reserved: 0,
             num_ooms: 0,
+            num_outside_ooms: 0,
             num_alloc_retries: 0,
         }
     }
@@ -267,6 +270,7 @@ impl SimulatedCard {
     /// on the device and cannot use cached free blocks.
     pub fn allocate_outside(&mut self, bytes: u64) -> Result<BlockId, PoolOom> {
         if self.device_free() < bytes {
+            self.num_outside_ooms += 1;
             return Err(self.out_of_memory(bytes, true));
         }
         let id = self.new_id();
@@ -313,6 +317,7 @@ impl SimulatedCard {
             peak_allocated: self.peak_allocated,
             peak_reserved: self.peak_reserved,
             num_ooms: self.num_ooms,
+            num_outside_ooms: self.num_outside_ooms,
             num_alloc_retries: self.num_alloc_retries,
         }
     }
@@ -530,6 +535,8 @@ pub struct PoolStats {
     pub peak_reserved: u64,
     /// Requests through the cache that ran out of memory.
     pub num_ooms: u64,
+    /// Requests from outside the cache that found too little free on the device.
+    pub num_outside_ooms: u64,
     /// Segment requests retried after returning every whole free segment.
     pub num_alloc_retries: u64,
 }
@@ -1005,6 +1012,7 @@ mod tests {
         assert!(oom.fragmented(), "60 MiB cached and 40 MiB on the device");
         assert_eq!((oom.requested, oom.device_free, oom.releasable), (50 * MIB, 40 * MIB, 60 * MIB));
         assert_eq!(card.stats().num_ooms, 0, "not the cache's failure");
+        assert_eq!(card.stats().num_outside_ooms, 1);
         let message = oom.to_string();
         assert!(message.contains("tried to allocate 50.0 MiB outside the cache"), "{message}");
         assert!(message.contains("empty_cache() would return 60.0 MiB of it to the card, enough for this request"), "{message}");

@@ -99,6 +99,24 @@ impl MemReport {
         Some(table.footer(["peak".to_owned(), cell(p), cell(m), difference(p, m)]))
     }
 
+    /// `%mem --brief`: the counters as `print_mem` writes them and, when a
+    /// step is registered, its peak predicted beside measured.
+    pub fn brief(&self) -> String {
+        let mut line = self.headline().map_or_else(String::new, |h| h + "\n") + &self.memory.to_string();
+        if let Some(snapshot) = &self.snapshot {
+            let (p, m) = (snapshot.predicted.as_ref().map(|p| p.peak), snapshot.measured.as_ref().map(|m| m.peak));
+            let cell = |bytes: Option<u64>| bytes.map_or_else(|| "-".to_owned(), human);
+            line += &format!(
+                "\nregistered: {}: peak predicted {}, measured {} ({})",
+                snapshot.label,
+                cell(p),
+                cell(m),
+                difference(p, m)
+            );
+        }
+        line + "\n"
+    }
+
     fn headline(&self) -> Option<String> {
         let emptied = self.emptied.as_ref()?;
         Some(format!(
@@ -177,35 +195,63 @@ pub fn timeline_chart(snapshot: &Snapshot) -> Option<Chart> {
         }
     }
     if let Some(predicted) = snapshot.predicted.as_ref() {
-        let by_name: Vec<(f64, f64)> = measured
-            .phases
-            .iter()
+        let by_name: Vec<(f64, f64)> = window_peaks(snapshot)
+            .into_iter()
             .enumerate()
-            .filter_map(|(i, m)| predicted.phases.iter().find(|p| p.name == m.name).map(|p| ((i + 1) as f64, p.peak as f64 / MIB)))
+            .filter_map(|(i, peak)| peak.map(|peak| ((i + 1) as f64, peak as f64 / MIB)))
             .collect();
         chart = if by_name.is_empty() {
             chart.series(Series::limit(format!("predicted peak {}", human(predicted.peak)), predicted.peak as f64 / MIB))
         } else {
-            chart.series(Series::line("predicted peak of the phase", by_name))
+            chart.series(Series::line("predicted peak since the previous sample", by_name))
         };
     }
     Some(chart)
 }
 
-/// The phases of the chart, by number.
+/// The predicted peak of each measured phase on the meter's terms: from the
+/// sample before it to its own, so a phase that frees memory starts with what
+/// the phase before it left in use. `None` for a phase the ledger lacks.
+fn window_peaks(snapshot: &Snapshot) -> Vec<Option<u64>> {
+    let (Some(measured), Some(predicted)) = (snapshot.measured.as_ref(), snapshot.predicted.as_ref()) else {
+        return snapshot.measured.as_ref().map_or(Vec::new(), |m| vec![None; m.phases.len()]);
+    };
+    measured
+        .phases
+        .iter()
+        .map(|phase| {
+            let at = predicted.phases.iter().position(|p| p.name == phase.name)?;
+            let before = at.checked_sub(1).map_or(0, |b| predicted.phases[b].resident);
+            Some(predicted.phases[at].peak.max(before))
+        })
+        .collect()
+}
+
+/// The phases of the chart, by number: in use after each, and the most in
+/// use since the sample before it, measured beside predicted.
 pub fn timeline_table(snapshot: &Snapshot) -> Option<Table> {
     let measured = snapshot.measured.as_ref().filter(|m| !m.phases.is_empty())?;
-    let mut table =
-        Table::new(["#", "phase", "measured", "predicted peak of the phase"]).title("last step's samples").right_align(&[0, 2, 3]);
-    for (i, phase) in measured.phases.iter().enumerate() {
-        let predicted = snapshot
-            .predicted
-            .as_ref()
-            .and_then(|p| p.phases.iter().find(|q| q.name == phase.name))
-            .map_or("-".to_owned(), |p| human(p.peak));
-        table.push_row([(i + 1).to_string(), phase.name.clone(), human(phase.bills.total()), predicted]);
+    let mut table = Table::new(["#", "phase", "in use after", "predicted", "peak since the sample before", "predicted"])
+        .title("last step's samples")
+        .right_align(&[0, 2, 3, 4, 5]);
+    let resident = |name: &str| {
+        snapshot.predicted.as_ref().and_then(|p| p.phases.iter().find(|q| q.name == name)).map_or("-".to_owned(), |p| human(p.resident))
+    };
+    for ((i, phase), window) in measured.phases.iter().enumerate().zip(window_peaks(snapshot)) {
+        let in_use = phase.bills.total() - phase.bills.context_and_workspace;
+        table.push_row([
+            (i + 1).to_string(),
+            phase.name.clone(),
+            human(in_use),
+            resident(&phase.name),
+            human(phase.bills.total()),
+            window.map_or("-".to_owned(), human),
+        ]);
     }
-    Some(table)
+    Some(table.note(
+        "Each sample is read after its phase; its peak counts from the sample before, so a phase that frees memory \
+         (the graph, the gradients) peaks at what the phase before it left.",
+    ))
 }
 
 /// `--plot`: the chart and its table, or a line saying there is nothing to draw.

@@ -101,6 +101,11 @@ fn the_report_puts_bills_side_by_side_with_their_difference() {
     assert!(text.contains("+5.0%"), "activations 210 vs 200: {text}");
     assert!(text.contains("+3.3%"), "peak 310 vs 300: {text}");
     assert!(text.contains("simulated"), "{text}");
+    assert_eq!(
+        report.brief(),
+        "in use 64.0 MiB | held 80.0 MiB | peak 128 MiB | RSS 90.0 MiB (high-water 140 MiB) | simulated budget 1.36 GiB \
+         (300 MiB of it CUDA context, 64.0 MiB cuDNN workspace)\nregistered: small-cnn, batch 8: peak predicted 300 MiB, measured 310 MiB (+3.3%)\n"
+    );
     let reset = MemReport { peak_reset: true, ..report };
     let text = reset.bundle().text().to_owned();
     assert!(text.contains("(unchanged; %mem shows its bills)") && !text.contains("+3.3%"), "an action names the step once: {text}");
@@ -112,11 +117,37 @@ fn the_report_puts_bills_side_by_side_with_their_difference() {
 fn the_plot_stacks_measured_bills_under_the_prediction() {
     let bundle = plot(Some(&snapshot()));
     let html = bundle.get("text/html").and_then(|h| h.as_str()).unwrap();
-    assert!(html.contains("<svg") && html.contains("predicted peak of the phase"), "{html}");
+    assert!(html.contains("<svg") && html.contains("predicted peak since the previous sample"), "{html}");
     assert!(bundle.text().contains("input copy"), "{}", bundle.text());
     assert!(plot(None).text().starts_with("No step timeline registered"));
     let no_phases = Snapshot { measured: None, ..snapshot() };
     assert!(plot(Some(&no_phases)).text().starts_with("No step timeline registered"));
+}
+
+#[test]
+fn a_phase_that_frees_memory_is_predicted_to_peak_at_what_the_phase_before_left() {
+    let phase = |name: &str, resident: u64, peak: u64| PredictedPhase { name: name.into(), resident: resident << 20, peak: peak << 20 };
+    let bills = |in_use: u64, peak: u64| BillBytes { activations: in_use << 20, context_and_workspace: (peak - in_use) << 20, ..Default::default() };
+    let snapshot = Snapshot {
+        label: "step".into(),
+        predicted: Some(Prediction {
+            bills: BillBytes::default(),
+            peak: 295 << 20,
+            phases: vec![phase("backward", 270, 295), phase("optimizer step", 270, 270), phase("step done", 180, 180)],
+        }),
+        measured: Some(Measurement {
+            bills: BillBytes::default(),
+            peak: 295 << 20,
+            phases: vec![
+                MeasuredPhase { name: "backward".into(), bills: bills(270, 295) },
+                MeasuredPhase { name: "step done".into(), bills: bills(180, 270) },
+            ],
+        }),
+    };
+    let text = timeline_table(&snapshot).unwrap().to_string();
+    let done = text.lines().find(|l| l.contains("step done")).unwrap();
+    let figures: Vec<&str> = done.split_whitespace().filter(|w| w.chars().all(|c| c.is_ascii_digit())).collect();
+    assert_eq!(figures, ["2", "180", "180", "270", "270"], "in use after 180 both; peak since the sample before 270 both: {text}");
 }
 
 #[test]

@@ -99,7 +99,8 @@ crate::render::shown_as_bundles!(HostReport);
 
 impl Render for HostReport {
     fn bundle(&self) -> Bundle {
-        self.table().bundle()
+        let color = if self.too_large() { "#b22222" } else { "#2a7d2a" };
+        crate::render::Composer::new().headline(&self.verdict_line(), color).part(&self.table().bundle()).finish()
     }
 }
 
