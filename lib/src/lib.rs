@@ -12,6 +12,7 @@ pub mod diagnose;
 pub mod gpus;
 pub mod learn;
 pub mod ledger;
+pub mod measured;
 pub mod memory;
 pub mod models;
 pub mod oom;

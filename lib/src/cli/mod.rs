@@ -7,6 +7,7 @@ mod data;
 mod device;
 mod fit;
 mod flags;
+mod module;
 mod report;
 mod train;
 
@@ -18,6 +19,7 @@ pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
 pub use device::{DeviceArg, SmokeArgs};
 pub use fit::FitArgs;
 pub use flags::{measure_flags, oomcheck_flags};
+pub use module::{BatchInput, ByModule, ByNothing, BySpec, Measurable, OomcheckModuleArgs, SummaryModuleArgs, Target};
 pub use report::Oomcheck;
 pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
 

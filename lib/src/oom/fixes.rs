@@ -263,7 +263,7 @@ impl Search<'_> {
 }
 
 /// Batch-norm statistics get noisy on small batches.
-fn bn_risk(batch: usize) -> Risk {
+pub(crate) fn bn_risk(batch: usize) -> Risk {
     match batch {
         0..=3 => Risk::High,
         4..=15 => Risk::Medium,

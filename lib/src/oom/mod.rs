@@ -7,6 +7,7 @@ mod sweep;
 mod verdict;
 
 pub use fit::{check, FitReport};
+pub(crate) use fixes::bn_risk;
 pub use fixes::{search, Fix, FixCost, FixKind, Risk};
 pub use host::{host_check, HostReport, HOST_SHARE_LIMIT};
 pub use sweep::{sweep, Axis, Sweep, SweepParseError, SweepPoint, SweepSpec};
