@@ -1,6 +1,8 @@
 //! `vramlab smoke`: on a new machine, does everything a project needs work
 //! here? The loader on a small synthetic folder, a ResNet-18 step with each
-//! lever (its measured peak beside the ledger's), and then on the CPU the
+//! lever (its measured peak beside the ledger's), the lesson's own check
+//! (ResNet-18 trained from the folder through the loader with mixed precision
+//! and accumulation together, its last step measured), and then on the CPU the
 //! simulated budget failing a step where the ledger says it will, on a CUDA
 //! GPU the device pool's readings following a tensor of known size. Each
 //! check keeps the figure behind its verdict.
@@ -82,6 +84,9 @@ pub fn smoke(device: &Device) -> SmokeReport {
     for (name, config) in levers {
         checks.push(timed(name, || step(device, config)));
     }
+    checks.push(timed("ResNet-18 trained from a folder: the loader, f16 and 2 accumulation steps at once", || {
+        combined(device)
+    }));
     if device.is_cpu() {
         checks.push(timed("simulated budget below the predicted peak: out of memory", || budget(device, TIGHT)));
         checks.push(timed("simulated budget above the predicted peak: the step fits", || budget(device, ROOMY)));
@@ -161,6 +166,44 @@ fn judge(comparison: &Comparison) -> Result<String, String> {
     } else {
         Err(figure)
     }
+}
+
+/// Photos of the combined run: three optimizer steps of 2 x 8.
+const COMBINED_PHOTOS: usize = 48;
+
+/// The lesson's check on a new machine (5.3c): ResNet-18 trained on a
+/// synthetic folder through the loader, with f16 mixed precision and
+/// accumulation at once; every step but the last as training runs, the last
+/// measured against the ledger.
+fn combined(device: &Device) -> Result<String, String> {
+    use crate::models::{Network, Shape};
+    use crate::train::Trainer;
+    let text = |e: &dyn std::fmt::Display| e.to_string();
+    let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
+    LeafDiseaseSynth::new(COMBINED_PHOTOS, 11).generate(dir.path()).map_err(|e| text(&e))?;
+    let folder = ImageFolder::open(dir.path(), OnError::Fail).map_err(|e| text(&e))?;
+    let config = LoaderConfig { batch_size: BATCH, num_workers: 2, shuffle: true, drop_last: true, ..LoaderConfig::default() };
+    let loader = DataLoader::new(folder.all(Transforms::resize(RES as u32)), config).map_err(|e| text(&e))?;
+    let net = Network::new(&ModelName::Resnet18.spec(folder.classes.len()), Shape::map(3, RES, RES), device, 0).map_err(|e| text(&e))?;
+    let train = TrainConfig { precision: Precision::F16Amp, accumulation: 2, ..TrainConfig::default() };
+    let mut trainer = Trainer::new(net, train).map_err(|e| text(&e))?;
+    let batches: Vec<_> = loader.epoch(0).map(|b| b.and_then(|b| b.to_device(device))).collect::<Result<_, _>>().map_err(|e| text(&e))?;
+    let steps: Vec<&[_]> = batches.chunks_exact(2).collect();
+    let (last, earlier) = steps.split_last().ok_or_else(|| format!("{} batches: not enough for one step of 2", batches.len()))?;
+    let mut losses = Vec::new();
+    for micro_batches in earlier {
+        let report = trainer.step(micro_batches, 0).map_err(|e| text(&e))?;
+        losses.push(report.loss);
+    }
+    let (measured, comparison) = trainer.measure_and_compare(last).map_err(|e| text(&e))?;
+    losses.push(measured.report.loss);
+    if let Some(loss) = losses.iter().find(|l| !l.is_finite()) {
+        return Err(format!("a step's loss was {loss}"));
+    }
+    let losses: Vec<String> = losses.iter().map(|l| format!("{l:.3}")).collect();
+    let scale = measured.report.loss_scale.map_or(String::new(), |s| format!(", loss scale {s}"));
+    let steps = format!("{} steps of 2 x {BATCH} from {} photos, 2 workers; loss {}{scale}", steps.len(), folder.items.len(), losses.join(", "));
+    judge(&comparison).map(|figure| format!("{steps}; last step's {figure}")).map_err(|figure| format!("{steps}; last step's {figure}"))
 }
 
 /// A step of ResNet-18 on a simulated card that gives it `share` of the

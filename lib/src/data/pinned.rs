@@ -71,7 +71,84 @@ impl<D: Dataset> DataLoader<D> {
 }
 
 #[cfg(feature = "cuda")]
-pub use staging::{bench_h2d, H2dBench};
+pub use staging::bench_h2d;
+
+/// Host-to-device copy speed, pageable against page-locked.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct H2dBench {
+    pub bytes: usize,
+    pub repeats: usize,
+    /// From a CPU tensor in ordinary memory (`Tensor::to_device`).
+    pub pageable_mb_per_s: f64,
+    /// From a buffer already page-locked (the DMA alone).
+    pub pinned_mb_per_s: f64,
+    /// The loader's path: copy into the kept page-locked buffer, then the DMA.
+    pub staged_mb_per_s: f64,
+}
+
+/// PyTorch's copies in the same run: `tensor.to("cuda")` from pageable and from pinned memory.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct TorchH2d {
+    pub pageable_mb_per_s: f64,
+    pub pinned_mb_per_s: f64,
+}
+
+/// A GPU run's host-to-device copies as `scripts/gpu_check.sh` recorded
+/// them (its `h2d.json` and `env.json`), so that a machine without a GPU
+/// shows what one measured instead of quoting it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct H2dRecord {
+    pub gpu: String,
+    pub date: String,
+    pub vramlab: H2dBench,
+    pub torch: Option<TorchH2d>,
+}
+
+impl H2dRecord {
+    /// Reads `dir/h2d.json` and `dir/env.json`.
+    pub fn read(dir: &std::path::Path) -> Result<H2dRecord, DataError> {
+        #[derive(serde::Deserialize)]
+        struct Run {
+            json: H2dBench,
+        }
+        #[derive(serde::Deserialize)]
+        struct Copies {
+            vramlab: Run,
+            torch: Option<TorchH2d>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Env {
+            gpu: Option<String>,
+            date: String,
+        }
+        fn json<T: serde::de::DeserializeOwned>(path: &std::path::Path) -> Result<T, DataError> {
+            let text = std::fs::read_to_string(path).map_err(DataError::io("reading", path))?;
+            serde_json::from_str(&text).map_err(|e| DataError::invalid("H2dRecord::read", format!("{}: {e}", path.display())))
+        }
+        let copies: Copies = json(&dir.join("h2d.json"))?;
+        let env: Env = json(&dir.join("env.json"))?;
+        Ok(H2dRecord { gpu: env.gpu.unwrap_or_else(|| "an unnamed GPU".to_owned()), date: env.date, vramlab: copies.vramlab.json, torch: copies.torch })
+    }
+
+    /// Each path's speed, vramlab's beside PyTorch's.
+    pub fn table(&self) -> crate::render::Table {
+        let gb = |mb: f64| format!("{:.1} GB/s", mb / 1000.0);
+        let torch = |pick: fn(&TorchH2d) -> f64| self.torch.as_ref().map_or("-".to_owned(), |t| gb(pick(t)));
+        let v = &self.vramlab;
+        crate::render::Table::new(["host memory", "vramlab", "PyTorch"])
+            .title(format!(
+                "host-to-device copies of {} on the {} ({}), median of {}",
+                crate::units::human(v.bytes as u64),
+                self.gpu,
+                self.date,
+                v.repeats
+            ))
+            .right_align(&[1, 2])
+            .row(["pageable".to_owned(), gb(v.pageable_mb_per_s), torch(|t| t.pageable_mb_per_s)])
+            .row(["page-locked (pinned)".to_owned(), gb(v.pinned_mb_per_s), torch(|t| t.pinned_mb_per_s)])
+            .row(["staged through page-locked, as the loader does".to_owned(), gb(v.staged_mb_per_s), "-".to_owned()])
+    }
+}
 
 #[cfg(feature = "cuda")]
 mod staging {
@@ -82,6 +159,8 @@ mod staging {
     use candle_core::cuda_backend::{CudaDevice, CudaStorage};
     use candle_core::op::BackpropOp;
     use candle_core::{Device, Storage, Tensor};
+
+    use super::H2dBench;
 
     use crate::data::DataError;
 
@@ -146,19 +225,6 @@ mod staging {
         Ok(Tensor::from_storage(storage, images.shape().clone(), BackpropOp::none(), false))
     }
 
-    /// Host-to-device copy speed, pageable against page-locked.
-    #[derive(Debug, Clone, PartialEq, serde::Serialize)]
-    pub struct H2dBench {
-        pub bytes: usize,
-        pub repeats: usize,
-        /// From a CPU tensor in ordinary memory (`Tensor::to_device`).
-        pub pageable_mb_per_s: f64,
-        /// From a buffer already page-locked (the DMA alone).
-        pub pinned_mb_per_s: f64,
-        /// The loader's path: copy into the kept page-locked buffer, then the DMA.
-        pub staged_mb_per_s: f64,
-    }
-
     /// Times `repeats` copies of `bytes` (rounded down to whole f32) to
     /// `device` each way, after one untimed copy each; the median, in MB/s
     /// (10^6 bytes), waiting for the device after every copy.
@@ -208,6 +274,18 @@ mod staging {
 mod tests {
     use super::*;
     use crate::data::{Example, LoadTiming, MemoryGauge, Rng};
+
+    #[test]
+    fn a_gpu_runs_copies_are_read_from_its_json_and_a_missing_one_is_named() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../benchmarks/h200-2026-12-04");
+        let record = H2dRecord::read(&dir).unwrap();
+        assert_eq!(record.gpu, "NVIDIA H200");
+        assert!(record.vramlab.pinned_mb_per_s > record.vramlab.pageable_mb_per_s);
+        let text = record.table().to_string();
+        assert!(text.contains("NVIDIA H200") && text.contains("page-locked (pinned)") && text.contains("GB/s"), "{text}");
+        let err = H2dRecord::read(&dir.join("nowhere")).unwrap_err().to_string();
+        assert!(err.contains("nowhere"), "{err}");
+    }
 
     struct Ramp;
 
