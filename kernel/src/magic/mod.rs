@@ -62,6 +62,23 @@ pub fn run_cell(name: &str) -> Result<Invocation, CellError> {
     Err(usage_error(magic, &format!("%{name} is a line magic; write it as `%{name} ...`, not `%%{name}`")))
 }
 
+/// Whether a variable's magic asks for the measured report (`--input SHAPE`).
+fn asks_for_input(args: &[String]) -> bool {
+    args.iter().any(|a| a == "--input" || a.starts_with("--input="))
+}
+
+/// The cell that runs `method` (`vramlab_summary`, `vramlab_oomcheck`) on a
+/// cell's variable: the method of the first of `BySpec`, `ByModule` and
+/// `ByNothing` that its type meets (`vramlab::cli::Target`), so that a value
+/// that is not a model is a one-line usage error, not a compiler error.
+fn of_variable(variable: &str, method: &str, args: &[String]) -> String {
+    let words: Vec<String> = args.iter().map(|a| format!("{a:?}")).collect();
+    format!(
+        "({{ use vramlab::cli::{{ByModule as _, ByNothing as _, BySpec as _}}; (&&vramlab::cli::Target(&{variable}, {variable:?})).{method}(&[{}]) }})?",
+        words.join(", ")
+    )
+}
+
 pub fn usage_error(magic: &Magic, message: &str) -> CellError {
     CellError::new("UsageError", message, vec![format!("\x1b[1;31mUsageError\x1b[0m: {message}"), format!("usage: {}", magic.usage)])
 }

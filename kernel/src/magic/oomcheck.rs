@@ -1,4 +1,4 @@
-use vramlab::cli::{parse, OomcheckOfArgs, UsageError};
+use vramlab::cli::{parse, OomcheckModuleArgs, OomcheckOfArgs, UsageError};
 use vramlab::models::ModelName;
 use vramlab::render::Bundle;
 
@@ -15,6 +15,8 @@ pub const MAGIC: Magic = Magic {
             %oomcheck --spec FILE.json --batch B --res R [the same flags]   (a model spec saved as JSON)\n\
             %oomcheck VARIABLE --batch B [--res R] [--amp ...] [--opt ...] [--accum N] [--ckpt ...] [--layers ...] [--gpu ...] [--sweep ...] [--eval]\n\
             \x20         (a Network or Trainer built in a cell: its spec, input and levers unless a flag overrides one)\n\
+            %oomcheck VARIABLE --input SHAPE [--gpu ...] [--opt ...]   (any model, measured in real steps at small batches and\n\
+            \x20         extrapolated: a Network, a Trainer, a candle Module or a closure; SHAPE such as 32x3x224x224 or 64x784)\n\
             %oomcheck --last-error   (the investigation of the cell process's last out-of-memory error, again)",
     run,
 };
@@ -28,11 +30,15 @@ fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
         [only] if only == LAST_ERROR => Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".to_owned())),
         _ if args.iter().any(|a| a == LAST_ERROR) => Err(format!("{LAST_ERROR} takes no other argument")),
         [target, rest @ ..] if is_variable(target) => {
-            if let Err(help) = parse::<OomcheckOfArgs>("%oomcheck VARIABLE", rest).map_err(|UsageError(e)| e)? {
+            let help = if super::asks_for_input(rest) {
+                parse::<OomcheckModuleArgs>("%oomcheck VARIABLE", rest).map_err(|UsageError(e)| e)?.err()
+            } else {
+                parse::<OomcheckOfArgs>("%oomcheck VARIABLE", rest).map_err(|UsageError(e)| e)?.err()
+            };
+            if let Some(help) = help {
                 return Ok(Invocation::Show(Bundle::plain(help)));
             }
-            let words: Vec<String> = rest.iter().map(|a| format!("{a:?}")).collect();
-            Ok(Invocation::Evaluate(format!("vramlab::cli::oomcheck_of(&{target}, &[{}])?", words.join(", "))))
+            Ok(Invocation::Evaluate(super::of_variable(target, "vramlab_oomcheck", rest)))
         }
         _ => vramlab::cli::oomcheck(args).map(Invocation::Show).map_err(|e| e.0),
     }
@@ -59,12 +65,16 @@ mod tests {
     fn the_usage_names_every_flag_of_the_parser_and_no_other() {
         use clap::CommandFactory;
         let command = vramlab::cli::OomcheckArgs::command();
+        let measured = vramlab::cli::OomcheckModuleArgs::command();
         let mut accepted: Vec<String> = command
             .get_arguments()
+            .chain(measured.get_arguments())
             .filter_map(|a| a.get_long())
             .filter(|long| !matches!(*long, "help" | "version"))
             .map(|long| format!("--{long}"))
             .collect();
+        accepted.sort();
+        accepted.dedup();
         let mut listed: Vec<String> = MAGIC
             .usage
             .split_whitespace()
@@ -86,8 +96,17 @@ mod tests {
         let argv: Vec<String> = ["net", "--batch", "512", "--gpu", "rtx4060-laptop"].map(String::from).into();
         assert_eq!(
             (MAGIC.run)(&Context::default(), &argv),
-            Ok(Invocation::Evaluate(r#"vramlab::cli::oomcheck_of(&net, &["--batch", "512", "--gpu", "rtx4060-laptop"])?"#.into()))
+            Ok(Invocation::Evaluate(
+                r#"({ use vramlab::cli::{ByModule as _, ByNothing as _, BySpec as _}; (&&vramlab::cli::Target(&net, "net")).vramlab_oomcheck(&["--batch", "512", "--gpu", "rtx4060-laptop"]) })?"#.into()
+            ))
         );
+        let err =
+            (MAGIC.run)(&Context::default(), &["mine".into(), "--input".into(), "32x3x224x224".into(), "--gpu".into(), "rtx4091".into()])
+                .unwrap_err();
+        assert!(err.contains("rtx4090"), "{err}");
+        let err = (MAGIC.run)(&Context::default(), &["mine".into(), "--input".into(), "8x3x32x32".into(), "--batch".into(), "8".into()])
+            .unwrap_err();
+        assert!(err.contains("--batch"), "the batch is the input's first dimension: {err}");
         let err = (MAGIC.run)(&Context::default(), &["net".into(), "--batch".into(), "0".into()]).unwrap_err();
         assert!(err.contains("--batch"), "{err}");
         let err = (MAGIC.run)(&Context::default(), &["net".into(), "--classes".into(), "10".into()]).unwrap_err();

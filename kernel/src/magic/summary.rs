@@ -1,4 +1,4 @@
-use vramlab::cli::{parse, SummaryOfArgs, UsageError};
+use vramlab::cli::{parse, SummaryModuleArgs, SummaryOfArgs, UsageError};
 use vramlab::models::ModelName;
 use vramlab::render::Bundle;
 
@@ -10,8 +10,10 @@ pub const MAGIC: Magic = Magic {
     summary: "a model's layer table: output shape, parameters, bytes saved for backward, MACs",
     usage: "%summary MODEL [--input 32x3x224x224] [--dtype f32|f16|bf16] [--depth 1|2|3] [--eval] [--classes N] [--layers lean|plain]\n\
             %summary --spec FILE.json [the same flags]   (a model spec saved as JSON)\n\
-            %summary VARIABLE [--batch N] [--dtype f32|f16|bf16] [--depth 1|2|3] [--eval]\n\
-            MODEL: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn; VARIABLE: a Network or Trainer built in a cell",
+            %summary VARIABLE [--batch N] [--dtype f32|f16|bf16] [--depth 1|2|3] [--eval]   (a Network or Trainer: its spec's table)\n\
+            %summary VARIABLE --input SHAPE [--opt adam|adamw|sgd|sgd-momentum|adam8bit]   (any model, measured: a Network, a Trainer,\n\
+            \x20         a candle Module or a closure from &Tensor to Result<Tensor>; SHAPE such as 32x3x224x224, or 64x784 for an MLP)\n\
+            MODEL: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn; VARIABLE: a model built in a cell",
     run,
 };
 
@@ -26,11 +28,15 @@ fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     }
     let rest = &args[1..];
-    if let Err(help) = parse::<SummaryOfArgs>("%summary VARIABLE", rest).map_err(|UsageError(e)| e)? {
+    let help = if super::asks_for_input(rest) {
+        parse::<SummaryModuleArgs>("%summary VARIABLE", rest).map_err(|UsageError(e)| e)?.err()
+    } else {
+        parse::<SummaryOfArgs>("%summary VARIABLE", rest).map_err(|UsageError(e)| e)?.err()
+    };
+    if let Some(help) = help {
         return Ok(Invocation::Show(Bundle::plain(help)));
     }
-    let words: Vec<String> = rest.iter().map(|a| format!("{a:?}")).collect();
-    Ok(Invocation::Evaluate(format!("vramlab::cli::summary_of(&{target}, &[{}])?", words.join(", "))))
+    Ok(Invocation::Evaluate(super::of_variable(target, "vramlab_summary", rest)))
 }
 
 fn is_identifier(word: &str) -> bool {
@@ -58,8 +64,19 @@ mod tests {
         let Ok(Invocation::Evaluate(code)) = (MAGIC.run)(&Context::default(), &["net".into(), "--depth".into(), "1".into()]) else {
             panic!("expected a cell")
         };
-        assert_eq!(code, r#"vramlab::cli::summary_of(&net, &["--depth", "1"])?"#);
-        let err = (MAGIC.run)(&Context::default(), &["net".into(), "--input".into(), "1x3x8x8".into()]).unwrap_err();
-        assert!(err.contains("--input"), "{err}");
+        assert_eq!(
+            code,
+            r#"({ use vramlab::cli::{ByModule as _, ByNothing as _, BySpec as _}; (&&vramlab::cli::Target(&net, "net")).vramlab_summary(&["--depth", "1"]) })?"#
+        );
+        let Ok(Invocation::Evaluate(code)) = (MAGIC.run)(&Context::default(), &["mlp".into(), "--input".into(), "64x784".into()]) else {
+            panic!("expected a cell")
+        };
+        assert!(code.ends_with(r#".vramlab_summary(&["--input", "64x784"]) })?"#), "{code}");
+        // The measured flags are checked here too, before anything compiles.
+        let err = (MAGIC.run)(&Context::default(), &["net".into(), "--input".into(), "64".into()]).unwrap_err();
+        assert!(err.contains("at least one more dimension"), "{err}");
+        let err =
+            (MAGIC.run)(&Context::default(), &["net".into(), "--input".into(), "8x784".into(), "--depth".into(), "1".into()]).unwrap_err();
+        assert!(err.contains("--depth"), "{err}");
     }
 }
