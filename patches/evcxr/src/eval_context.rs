@@ -889,6 +889,17 @@ impl EvalContext {
                      Please give it an explicit type.",
                     variable_name
                 ),
+                TypeName::Unnameable { type_name, item } => bail!(
+                    "The variable `{name}` has type `{type_name}`, which cannot be kept for later \
+                     cells: it names `{item}`, which is private where the cell's code runs, so no \
+                     code in a cell can name the type.\n\
+                     Give `{name}` a public type the value converts to, e.g. \
+                     `let {name}: Box<dyn SomePublicTrait> = Box::new(...);`, or keep it inside a \
+                     block, `{{ let {name} = ...; ... }}`, so that it is not kept.",
+                    name = variable_name,
+                    type_name = type_name,
+                    item = item
+                ),
             };
             // For now, we need to look for and escape any reserved words. This should probably in
             // theory be done in rust analyzer in a less hacky way.
@@ -1031,6 +1042,24 @@ impl EvalContext {
                              explicit type.",
                                 variable_name,
                                 variable_state.type_name
+                            );
+                        }
+                    } else if matches!(error.code(), Some("E0405" | "E0412" | "E0433")) {
+                        // The variable's inferred type, as written, does not resolve where it
+                        // is stored. Saying so now matters: a recompile for a better message
+                        // would show an error of the cell's own instead (a `?` before it is
+                        // allowed), and hide this one, which is the cause.
+                        if let Some(variable_state) = state.variable_states.remove(variable_name) {
+                            bail!(
+                                "The variable `{name}` cannot be kept for later cells: its type, \
+                                 inferred as `{type_name}`, does not resolve where it is stored \
+                                 ({reason}).\n\
+                                 Give `{name}` an explicit type written with paths the cell can \
+                                 use (`let {name}: Type = ...;`), or keep it inside a block, \
+                                 `{{ let {name} = ...; ... }}`, so that it is not kept.",
+                                name = variable_name,
+                                type_name = variable_state.type_name,
+                                reason = error.message()
                             );
                         }
                     } else if error.code() == Some("E0562")

@@ -136,6 +136,14 @@ pub(crate) struct RustAnalyzer {
 pub enum TypeName {
     Named(String),
     Closure,
+    /// The type names an item that has no path from the cell's code (a private struct or trait),
+    /// so no annotation the cell could write would name it.
+    Unnameable {
+        /// The type as rust-analyzer shows it in diagnostics.
+        type_name: String,
+        /// The unreachable item, by its path inside its own crate.
+        item: String,
+    },
     Unknown,
 }
 
@@ -559,17 +567,108 @@ fn get_type_name(
             return TypeName::Named(type_name);
         }
     }
-    if let Some(ty) = inferred_type {
-        if ty.is_closure() {
-            return TypeName::Closure;
+    let Some(ty) = inferred_type else {
+        return TypeName::Unknown;
+    };
+    if ty.is_closure() {
+        return TypeName::Closure;
+    }
+    let db = sema.db;
+    let mut dyn_trait_paths = HashMap::new();
+    let mut unreachable = None;
+    ty.walk(db, |part| {
+        let (item, is_dyn_trait) = match (part.as_adt(), part.as_dyn_trait()) {
+            (Some(adt), _) => (ra_hir::ModuleDef::Adt(adt), false),
+            (None, Some(trait_)) => (ra_hir::ModuleDef::Trait(trait_), true),
+            (None, None) => return,
+        };
+        match module.find_path(db, item, FIND_PATH_CONFIG) {
+            Some(path) if is_dyn_trait => {
+                if let Some(name) = item.name(db) {
+                    dyn_trait_paths.insert(
+                        name.display(db, EDITION).to_string(),
+                        path.display(db, EDITION).to_string(),
+                    );
+                }
+            }
+            Some(_) => {}
+            None => unreachable = unreachable.take().or_else(|| item_path(item, db)),
         }
-        if let Ok(type_name) = ty.display_source_code(sema.db, module.into(), true)
-            && is_type_valid(&type_name)
-        {
-            return TypeName::Named(type_name);
+    });
+    if let Some(item) = unreachable {
+        return TypeName::Unnameable {
+            type_name: ty.display(db, module.krate(db).to_display_target(db)).to_string(),
+            item,
+        };
+    }
+    match ty.display_source_code(db, module.into(), true) {
+        Ok(type_name) => match nameable_for_storage(&type_name, &dyn_trait_paths) {
+            Some(type_name) if is_type_valid(&type_name) => TypeName::Named(type_name),
+            _ => TypeName::Unknown,
+        },
+        Err(_) => TypeName::Unknown,
+    }
+}
+
+const FIND_PATH_CONFIG: ra_hir::FindPathConfig = ra_hir::FindPathConfig {
+    prefer_no_std: false,
+    prefer_prelude: true,
+    prefer_absolute: false,
+    allow_unstable: true,
+};
+
+/// `item`'s path from its crate's name, for messages.
+fn item_path(item: ra_hir::ModuleDef, db: &ra_ide::RootDatabase) -> Option<String> {
+    let path = item.canonical_path(db, EDITION)?;
+    let krate = item.module(db)?.krate(db).display_name(db)?;
+    Some(format!("{krate}::{path}"))
+}
+
+/// `type_name` (rust-analyzer's source code for a variable's type) rewritten so that the code that
+/// stores the variable and the later cells that take it back can write it: rust-analyzer names the
+/// trait of a `dyn Trait` by its bare name, which resolves only where the trait is imported, so each
+/// becomes the path in `dyn_trait_paths`; and every lifetime becomes `'static`, the only one a
+/// stored variable can have (a `'_` would be a fresh lifetime where a later cell declares the
+/// variable as a parameter). `None` when `type_name` does not parse as a type.
+fn nameable_for_storage(type_name: &str, dyn_trait_paths: &HashMap<String, String>) -> Option<String> {
+    const PREFIX: &str = "type EvcxrStored = ";
+    let source = format!("{PREFIX}{type_name};");
+    let parsed = ast::SourceFile::parse(&source, EDITION);
+    if !parsed.errors().is_empty() {
+        return None;
+    }
+    let mut edits = Vec::new();
+    for node in parsed.syntax_node().descendants() {
+        if let Some(lifetime) = ast::Lifetime::cast(node.clone()) {
+            if lifetime.text() != "'static" {
+                edits.push((lifetime.syntax().text_range(), "'static".to_owned()));
+            }
+        } else if let Some(dyn_trait) = ast::DynTraitType::cast(node) {
+            let bounds = dyn_trait.type_bound_list().into_iter().flat_map(|list| list.bounds());
+            for bound in bounds {
+                let Some(ast::Type::PathType(path_type)) = bound.ty() else {
+                    continue;
+                };
+                let Some(path) = path_type.path() else {
+                    continue;
+                };
+                if path.qualifier().is_some() {
+                    continue;
+                }
+                if let Some(name) = path.segment().and_then(|segment| segment.name_ref())
+                    && let Some(full_path) = dyn_trait_paths.get(&name.text().to_string())
+                {
+                    edits.push((name.syntax().text_range(), full_path.clone()));
+                }
+            }
         }
     }
-    TypeName::Unknown
+    let mut rewritten = source;
+    edits.sort_by_key(|(range, _)| std::cmp::Reverse(range.start()));
+    for (range, replacement) in edits {
+        rewritten.replace_range(std::ops::Range::<usize>::from(range), &replacement);
+    }
+    Some(rewritten[PREFIX.len()..rewritten.len() - 1].to_owned())
 }
 
 /// Completions found in a particular context.
@@ -657,6 +756,7 @@ mod test {
     use super::RustAnalyzer;
     use super::TypeName;
     use super::is_type_valid;
+    use super::nameable_for_storage;
     use anyhow::Result;
 
     impl TypeName {
@@ -704,7 +804,7 @@ mod test {
             }"#
             .to_owned(),
         )?;
-        let var_types = ra.top_level_variables("foo");
+        let var_types = ra.top_level_variables("foo")?;
         assert_eq!(var_types["v1"].type_name, TypeName::named("i32"));
         assert!(var_types["v1"].is_mutable);
         assert_eq!(var_types["v2"].type_name, TypeName::named("&[bool; 1]"));
@@ -722,11 +822,86 @@ mod test {
             }"#
             .to_owned(),
         )?;
-        let var_types = ra.top_level_variables("foo");
+        let var_types = ra.top_level_variables("foo")?;
         assert_eq!(var_types["v1"].type_name, TypeName::named("u16"));
         assert!(!var_types.contains_key("v2"));
 
         Ok(())
+    }
+
+    /// A variable whose type holds a trait object, a private item or a lifetime, as candle-nn's
+    /// `VarBuilder<'a>` (`VarBuilderArgs<'a, Box<dyn SimpleBackend + 'a>>`) does.
+    #[test]
+    fn types_are_named_by_paths_the_cell_can_write() -> Result<()> {
+        let tmpdir = tempfile::tempdir()?;
+        let mut ra = RustAnalyzer::new(tmpdir.path())?;
+        ra.with_sysroot = false;
+        std::fs::write(
+            ra.cargo_toml_filename().to_path_buf(),
+            "[package]\nname = \"cells\"\nversion = \"0.1.0\"\nedition = \"2024\"\n[lib]\n",
+        )?;
+        ra.set_source(
+            r#"
+            pub mod nn {
+                pub mod var_builder {
+                    pub trait SimpleBackend {}
+                    pub struct VarBuilderArgs<'a, B>(pub &'a B);
+                    pub type VarBuilder<'a> = VarBuilderArgs<'a, &'a (dyn SimpleBackend + 'a)>;
+                    pub fn from_varmap<'a>() -> VarBuilder<'a> { loop {} }
+                }
+                mod private {
+                    pub struct Hidden;
+                    pub trait Sealed {}
+                }
+                pub fn hidden() -> private::Hidden { loop {} }
+                pub fn sealed() -> &'static dyn private::Sealed { loop {} }
+            }
+            fn cell() {
+                let vb = nn::var_builder::from_varmap();
+                let hidden = nn::hidden();
+                let sealed = nn::sealed();
+            }"#
+            .to_owned(),
+        )?;
+        let var_types = ra.top_level_variables("cell")?;
+        assert_eq!(
+            var_types["vb"].type_name,
+            TypeName::named(
+                "nn::var_builder::VarBuilderArgs<'static, &dyn nn::var_builder::SimpleBackend>"
+            )
+        );
+        assert_eq!(
+            var_types["hidden"].type_name,
+            TypeName::Unnameable { type_name: "Hidden".into(), item: "cells::nn::private::Hidden".into() }
+        );
+        assert!(
+            matches!(&var_types["sealed"].type_name, TypeName::Unnameable { item, .. } if item == "cells::nn::private::Sealed"),
+            "{:?}",
+            var_types["sealed"].type_name
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn stored_types_name_dyn_traits_by_path_and_every_lifetime_static() {
+        let paths = std::collections::HashMap::from([(
+            "SimpleBackend".to_owned(),
+            "candle_nn::var_builder::SimpleBackend".to_owned(),
+        )]);
+        assert_eq!(
+            nameable_for_storage("VarBuilderArgs<'_, Box<dyn SimpleBackend + '_>>", &paths).as_deref(),
+            Some("VarBuilderArgs<'static, Box<dyn candle_nn::var_builder::SimpleBackend + 'static>>")
+        );
+        // A trait already written with a path, or one the map does not know, stays as it is.
+        assert_eq!(
+            nameable_for_storage("Box<dyn Fn(u8) -> u8 + Send>", &paths).as_deref(),
+            Some("Box<dyn Fn(u8) -> u8 + Send>")
+        );
+        assert_eq!(
+            nameable_for_storage("&'static dyn a::SimpleBackend", &paths).as_deref(),
+            Some("&'static dyn a::SimpleBackend")
+        );
+        assert_eq!(nameable_for_storage("Vec<", &paths), None);
     }
 
     #[test]
