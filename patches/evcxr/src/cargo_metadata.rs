@@ -52,8 +52,17 @@ pub(crate) fn validate_dep(dep: &str, dep_config: &str, config: &Config) -> Resu
     "#
         ),
     )?;
+    // `cargo metadata` writes the lock file for this one dependency, dropping the versions
+    // locked for every other: the next build would resolve them again, perhaps to newer ones,
+    // and rebuild what was built. The lock is put back as it was.
+    let lock_file = config.crate_dir().join("Cargo.lock");
+    let locked = std::fs::read(&lock_file).ok();
     let mut cmd = config.cargo_command("metadata");
-    let output = cmd.arg("--format-version=1").output()?;
+    let output = cmd.arg("--format-version=1").output();
+    if let Some(locked) = locked {
+        std::fs::write(&lock_file, locked)?;
+    }
+    let output = output?;
     if output.status.success() {
         static NO_LIB_PATTERN: Lazy<Regex> = Lazy::new(|| {
             Regex::new("ignoring invalid dependency `(.*)` which is missing a lib target").unwrap()

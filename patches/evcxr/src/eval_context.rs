@@ -729,6 +729,7 @@ impl EvalContext {
             self.analyzer.load_in_background(|| {
                 let mut source = analysis_code.code_string();
                 for name in state.external_deps.keys() {
+                    let name = name.replace('-', "_");
                     source.push_str(&format!("\nuse {name}::*;"));
                 }
                 source
