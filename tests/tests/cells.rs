@@ -444,3 +444,110 @@ async fn a_trainer_built_in_one_cell_trains_in_the_next() {
     let stepped = kernel.execute("trainer.step(&[batch.clone()], 0)?.loss.is_finite()").await;
     assert_eq!(stepped.result_text().as_deref(), Some("true"), "{:?}", stepped.error().map(|e| &e.evalue));
 }
+
+/// candle-nn's model-building code, cell by cell, as candle's own examples write it: the crates by
+/// their own names, a `VarBuilder` at the top level (its type holds a trait object and a lifetime),
+/// a struct built with `?` in its fields, `impl Module`, an optimizer from candle-nn, and a
+/// training loop in a later cell over the variables the earlier ones kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn candle_nn_models_train_in_cells_as_candles_examples_write_them() {
+    let mut kernel = Kernel::start().await;
+    let started = Instant::now();
+    let imports = kernel
+        .execute(
+            "use candle_core::{DType, Device, Tensor};\n\
+             use candle_nn::{Conv2d, Linear, Module, Optimizer, VarBuilder, VarMap};",
+        )
+        .await;
+    assert_eq!(imports.reply.status, ReplyStatus::Ok, "{:?}", imports.error());
+    eprintln!("the first cell naming candle_core and candle_nn took {:.1} s", started.elapsed().as_secs_f64());
+
+    let setup = kernel
+        .execute(
+            "let dev = Device::Cpu;\n\
+             let varmap = VarMap::new();\n\
+             let vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev);",
+        )
+        .await;
+    assert_eq!(setup.reply.status, ReplyStatus::Ok, "{:?}", setup.error());
+
+    let model_code = "struct Net { conv: Conv2d, fc: Linear }\n\
+                      impl Net {\n\
+                          fn new(vb: VarBuilder) -> candle_core::Result<Self> {\n\
+                              Ok(Self {\n\
+                                  conv: candle_nn::conv2d(1, 4, 3, Default::default(), vb.pp(\"conv\"))?,\n\
+                                  fc: candle_nn::linear(4 * 6 * 6, 3, vb.pp(\"fc\"))?,\n\
+                              })\n\
+                          }\n\
+                      }\n\
+                      impl Module for Net {\n\
+                          fn forward(&self, xs: &Tensor) -> candle_core::Result<Tensor> {\n\
+                              self.conv.forward(xs)?.relu()?.flatten_from(1)?.apply(&self.fc)\n\
+                          }\n\
+                      }";
+    let model = kernel.execute(model_code).await;
+    assert_eq!(model.reply.status, ReplyStatus::Ok, "{:?}", model.error());
+
+    // The line that used to fail ("cannot find trait `SimpleBackend`", or a wrong message about
+    // `?` with one on the same line).
+    let built = kernel
+        .execute(
+            "let model = Net::new(vb.clone())?;\n\
+             let head_vb = VarBuilder::from_varmap(&varmap, DType::F32, &dev); let head = candle_nn::linear(3, 3, head_vb.pp(\"head\"))?;\n\
+             let mut opt = candle_nn::SGD::new(varmap.all_vars(), 0.1)?;\n\
+             let xs = Tensor::randn(0f32, 1., (8, 1, 8, 8), &dev)?;\n\
+             let ys = Tensor::new(&[0u32, 1, 2, 0, 1, 2, 0, 1], &dev)?;",
+        )
+        .await;
+    assert_eq!(built.reply.status, ReplyStatus::Ok, "{:?}", built.error());
+
+    let trained = kernel
+        .execute(
+            "let mut losses = Vec::new();\n\
+             for _step in 0..8 {\n\
+                 let logits = head.forward(&model.forward(&xs)?)?;\n\
+                 let loss = candle_nn::loss::cross_entropy(&logits, &ys)?;\n\
+                 opt.backward_step(&loss)?;\n\
+                 losses.push(loss.to_scalar::<f32>()?);\n\
+             }\n\
+             losses.len()",
+        )
+        .await;
+    assert_eq!(trained.result_text().as_deref(), Some("8"), "{:?}", trained.error());
+    let fell = kernel.execute("losses[7] < losses[0]").await;
+    assert_eq!(fell.result_text().as_deref(), Some("true"), "{:?} {:?}", fell.error(), kernel.execute("losses").await.result_text());
+
+    // AdamW over the same variables, in a later cell: the model and the batch were kept.
+    let adam = kernel
+        .execute(
+            "let mut adam = candle_nn::AdamW::new(varmap.all_vars(), candle_nn::ParamsAdamW { lr: 0.01, ..Default::default() })?;\n\
+             let loss = candle_nn::loss::cross_entropy(&head.forward(&model.forward(&xs)?)?, &ys)?;\n\
+             adam.backward_step(&loss)?;\n\
+             varmap.all_vars().len()",
+        )
+        .await;
+    assert_eq!(adam.result_text().as_deref(), Some("6"), "conv and fc and head, weight and bias each: {:?}", adam.error());
+}
+
+/// A variable whose type no cell could name is refused with what to write instead, and the
+/// kernel and the variables kept before it go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_variable_of_a_type_no_cell_can_name_is_refused_with_what_to_write() {
+    let mut kernel = Kernel::start().await;
+    kernel.execute("let kept = 41;").await;
+    kernel.execute("mod shop { mod sealed { pub struct Receipt(pub u32); } pub fn buy() -> sealed::Receipt { sealed::Receipt(7) } }").await;
+    let refused = kernel.execute("let receipt = shop::buy();\nlet n: u32 = \"2\".parse()?;").await;
+    let error = refused.error().expect("the variable cannot be kept");
+    assert!(
+        error.evalue.contains("`receipt`")
+            && error.evalue.contains("shop::sealed::Receipt")
+            && error.evalue.contains("let receipt: ")
+            && error.evalue.contains("inside a block"),
+        "{}",
+        error.evalue
+    );
+    assert!(!error.evalue.contains("`?`"), "the `?` is not the problem: {}", error.evalue);
+    let in_block = kernel.execute("{ let receipt = shop::buy(); receipt.0 }").await;
+    assert_eq!(in_block.result_text().as_deref(), Some("7"), "{:?}", in_block.error());
+    assert_eq!(kernel.execute("kept + 1").await.result_text().as_deref(), Some("42"));
+}

@@ -15,7 +15,7 @@ use vramlab::memory::CellProbe;
 use vramlab::render::Bundle;
 
 use super::build_notice::BuildNotice;
-use super::library::Library;
+use super::library::{self, Library};
 use super::process::cell_process_command;
 use super::pump::Pump;
 use super::traceback::{compilation_error, interrupted_error, process_died, returned_error};
@@ -143,7 +143,7 @@ impl Worker {
             ));
         }
         crate::syntax::check(&job.code)?;
-        if !self.library.loaded && job.code.contains("vramlab") && !job.code.contains(":dep vramlab") {
+        if !self.library.loaded && library::wants_library(&job.code) && !job.code.contains(":dep vramlab") {
             self.load_library(&job.output)?;
         }
         let after = self.final_value.after(&job.code);
