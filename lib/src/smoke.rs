@@ -84,9 +84,7 @@ pub fn smoke(device: &Device) -> SmokeReport {
     for (name, config) in levers {
         checks.push(timed(name, || step(device, config)));
     }
-    checks.push(timed("ResNet-18 trained from a folder: the loader, f16 and 2 accumulation steps at once", || {
-        combined(device)
-    }));
+    checks.push(timed("ResNet-18 trained from a folder: the loader, f16 and 2 accumulation steps at once", || combined(device)));
     if device.is_cpu() {
         checks.push(timed("simulated budget below the predicted peak: out of memory", || budget(device, TIGHT)));
         checks.push(timed("simulated budget above the predicted peak: the step fits", || budget(device, ROOMY)));
@@ -202,7 +200,8 @@ fn combined(device: &Device) -> Result<String, String> {
     }
     let losses: Vec<String> = losses.iter().map(|l| format!("{l:.3}")).collect();
     let scale = measured.report.loss_scale.map_or(String::new(), |s| format!(", loss scale {s}"));
-    let steps = format!("{} steps of 2 x {BATCH} from {} photos, 2 workers; loss {}{scale}", steps.len(), folder.items.len(), losses.join(", "));
+    let steps =
+        format!("{} steps of 2 x {BATCH} from {} photos, 2 workers; loss {}{scale}", steps.len(), folder.items.len(), losses.join(", "));
     judge(&comparison).map(|figure| format!("{steps}; last step's {figure}")).map_err(|figure| format!("{steps}; last step's {figure}"))
 }
 

@@ -104,7 +104,8 @@ fn oomcheck_reports_the_loaders_host_memory_when_given_workers() {
 
 #[test]
 fn oomcheck_host_shows_the_loaders_part_alone() {
-    let text = oomcheck(&words("resnet18 --batch 32 --res 224 --workers 16 --prefetch 4 --host-ram 2GiB --host")).unwrap().text().to_owned();
+    let text =
+        oomcheck(&words("resnet18 --batch 32 --res 224 --workers 16 --prefetch 4 --host-ram 2GiB --host")).unwrap().text().to_owned();
     assert!(text.starts_with("HOST RAM AT RISK") && text.contains("--workers 8"), "{text}");
     assert!(!text.contains("1. parameters") && !text.contains("fixes that peak"), "{text}");
     let err = oomcheck(&words("resnet18 --batch 32 --res 224 --host")).unwrap_err();

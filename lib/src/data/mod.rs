@@ -25,9 +25,9 @@ pub use inventory::{Inventory, InventoryEntry};
 pub use loader::{loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 pub use mix::{cutmix, mixup, one_hot, Mixed};
-pub use pinned::{H2dBench, H2dRecord, Pinning, TorchH2d};
 #[cfg(feature = "cuda")]
 pub use pinned::bench_h2d;
+pub use pinned::{H2dBench, H2dRecord, Pinning, TorchH2d};
 pub use preprocess::{preprocess, PreprocessReport};
 pub use report::{contact_sheet, decoder_table, loader_bench_table};
 pub use split::{group_split, stratified_group_kfold, stratified_split, Split};

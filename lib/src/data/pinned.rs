@@ -127,7 +127,12 @@ impl H2dRecord {
         }
         let copies: Copies = json(&dir.join("h2d.json"))?;
         let env: Env = json(&dir.join("env.json"))?;
-        Ok(H2dRecord { gpu: env.gpu.unwrap_or_else(|| "an unnamed GPU".to_owned()), date: env.date, vramlab: copies.vramlab.json, torch: copies.torch })
+        Ok(H2dRecord {
+            gpu: env.gpu.unwrap_or_else(|| "an unnamed GPU".to_owned()),
+            date: env.date,
+            vramlab: copies.vramlab.json,
+            torch: copies.torch,
+        })
     }
 
     /// Each path's speed, vramlab's beside PyTorch's.

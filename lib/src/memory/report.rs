@@ -106,13 +106,7 @@ impl MemReport {
         if let Some(snapshot) = &self.snapshot {
             let (p, m) = (snapshot.predicted.as_ref().map(|p| p.peak), snapshot.measured.as_ref().map(|m| m.peak));
             let cell = |bytes: Option<u64>| bytes.map_or_else(|| "-".to_owned(), human);
-            line += &format!(
-                "\nregistered: {}: peak predicted {}, measured {} ({})",
-                snapshot.label,
-                cell(p),
-                cell(m),
-                difference(p, m)
-            );
+            line += &format!("\nregistered: {}: peak predicted {}, measured {} ({})", snapshot.label, cell(p), cell(m), difference(p, m));
         }
         line + "\n"
     }

@@ -127,7 +127,11 @@ fn the_plot_stacks_measured_bills_under_the_prediction() {
 #[test]
 fn a_phase_that_frees_memory_is_predicted_to_peak_at_what_the_phase_before_left() {
     let phase = |name: &str, resident: u64, peak: u64| PredictedPhase { name: name.into(), resident: resident << 20, peak: peak << 20 };
-    let bills = |in_use: u64, peak: u64| BillBytes { activations: in_use << 20, context_and_workspace: (peak - in_use) << 20, ..Default::default() };
+    let bills = |in_use: u64, peak: u64| BillBytes {
+        activations: in_use << 20,
+        context_and_workspace: (peak - in_use) << 20,
+        ..Default::default()
+    };
     let snapshot = Snapshot {
         label: "step".into(),
         predicted: Some(Prediction {

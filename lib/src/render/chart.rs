@@ -390,7 +390,8 @@ mod tests {
     #[test]
     fn the_legend_and_a_long_title_sit_outside_the_plot() {
         let title = "a title long enough that at 640 pixels it has to wrap onto a second line of its own";
-        let names = ["measured: parameters", "measured: optimizer state", "measured: activations", "predicted peak since the previous sample"];
+        let names =
+            ["measured: parameters", "measured: optimizer state", "measured: activations", "predicted peak since the previous sample"];
         let mut chart = Chart::new(title).size(640, 360);
         for (i, name) in names.iter().enumerate() {
             chart = chart.series(Series::line(*name, [(1.0, i as f64), (2.0, i as f64 + 1.0)]));
@@ -399,7 +400,11 @@ mod tests {
         assert!(rows.len() >= 2 && rows.iter().flatten().count() == names.len(), "{rows:?}");
         let svg = chart.to_svg().unwrap();
         let height: u32 = svg.split("height=\"").nth(1).and_then(|h| h.split('"').next()).unwrap().parse().unwrap();
-        assert_eq!(height, 360 + rows.len() as u32 * LEGEND_LINE + MARGIN + TITLE_LINE, "the legend and the title's second line add height");
+        assert_eq!(
+            height,
+            360 + rows.len() as u32 * LEGEND_LINE + MARGIN + TITLE_LINE,
+            "the legend and the title's second line add height"
+        );
         assert!(svg.contains("a title long enough") && svg.contains("second line of its own"));
     }
 
