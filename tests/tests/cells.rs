@@ -250,7 +250,7 @@ async fn summary_shows_the_layer_table_of_a_model_built_in_a_cell() {
     let missing = kernel.execute("%summary no_such_model").await;
     assert_eq!(missing.reply.status, ReplyStatus::Error);
     assert!(missing.error().unwrap().evalue.contains("no_such_model"), "{:?}", missing.error());
-    let bad = kernel.execute("%summary net --input 1x3x8x8").await;
+    let bad = kernel.execute("%summary net --input 0x3x8x8").await;
     assert_eq!(bad.error().unwrap().ename, "UsageError");
     assert!(kernel.execute("net.param_count() > 0").await.result_text().as_deref() == Some("true"), "the model survives");
 }
