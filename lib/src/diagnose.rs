@@ -53,8 +53,10 @@ pub enum Outcome {
     Skipped,
     /// Fixes were found and at least one ran where the failed step ran.
     Remedied,
-    /// No fix was found, or none of those tried ran.
+    /// No fix was found.
     Unremedied,
+    /// Fixes were found, and none of those tried ran where the failed step ran.
+    Unverified,
 }
 
 /// One step of the investigation and what it found on this process.
@@ -180,7 +182,22 @@ impl<'a> Investigation<'a> {
         let processes = crate::memory::processes();
         let memory = HostMemory::sample();
         let budget = self.simulated.as_ref().map(|o| o.budget).or(memory.budget);
+        let tenants = budget.map_or_else(Vec::new, |b| crate::memory::tenants(b.usable));
         let mut others = processes.finding();
+        if !tenants.is_empty() {
+            let named: Vec<String> = tenants
+                .iter()
+                .map(|t| {
+                    let what = processes.processes.iter().find(|p| p.pid == t.pid).map_or("process".to_owned(), |p| p.role.to_string());
+                    format!("{what} {} holds {}", t.pid, human(t.bytes))
+                })
+                .collect();
+            others = format!(
+                "on this simulated card: {} (each its own CUDA context and cuDNN workspace, and its tensors), {} in all; {others}",
+                named.join(", "),
+                human(tenants.iter().map(|t| t.bytes).sum())
+            );
+        }
         if self.step.is_some_and(|s| s.cuda.is_some()) {
             others.push_str(&match nvidia_smi() {
                 Some(apps) if apps.is_empty() => "; nvidia-smi lists no compute process on the GPU".to_owned(),
@@ -195,10 +212,15 @@ impl<'a> Investigation<'a> {
             Finding {
                 name: "2. who else holds the device".into(),
                 finding: others,
-                outcome: if processes.others().any(|p| p.role != crate::memory::Role::Kernel) { Outcome::Problem } else { Outcome::Clear },
+                outcome: if !tenants.is_empty() { Outcome::Problem } else { Outcome::Clear },
             },
         ];
-        let card = budget.map(|b| b.device());
+        // What the card's other processes hold is not this step's to use: the fixes are ranked for the rest.
+        let shared = tenants.iter().map(|t| t.bytes).sum::<u64>();
+        let card = budget.map(|b| {
+            let card = b.device();
+            Card { usable_bytes: card.usable_bytes.saturating_sub(shared), ..card }
+        });
         let failed = self.step.map(step_config);
         let ledger = match (self.step, &failed, &card) {
             (Some(step), Some(config), Some(card)) => estimate(&step.spec, config, card).ok(),
@@ -217,7 +239,7 @@ impl<'a> Investigation<'a> {
                 if let Some(card) = &card {
                     fixes = verified_fixes(&mut trials, &step.spec, &failed, card, self.limits.fixes);
                 }
-                steps.push(fixes_finding(&fixes, card.is_some()));
+                steps.push(fixes_finding(&fixes, card.is_some(), shared));
                 crate::train::remember_step_oom(step);
             }
             _ => {
@@ -252,11 +274,12 @@ impl<'a> Investigation<'a> {
         let finding = match (&self.simulated, self.step) {
             (Some(oom), step) => {
                 let during = step.map_or(String::new(), |s| format!(" during {}, when {}", s.phase_name, s.phase.what_grows()));
+                let others = if oom.others > 0 { format!(", {} other processes", human(oom.others)) } else { String::new() };
                 format!(
-                    "tried to allocate {}{during}; {} of the card's {} were taken ({} CUDA context, {} cuDNN workspace, {} in use), \
+                    "tried to allocate {}{during}; {} of the card's {} were taken ({} CUDA context, {} cuDNN workspace{others}, {} in use), \
                      leaving {}",
                     human(oom.requested),
-                    human(oom.budget.held_by_card() + oom.in_use),
+                    human(oom.budget.held_by_card() + oom.others + oom.in_use),
                     human(oom.budget.usable),
                     human(oom.budget.context),
                     human(oom.budget.workspace),
@@ -477,18 +500,23 @@ fn verified_fixes(
         .collect()
 }
 
-fn fixes_finding(fixes: &[CheckedFix], simulated: bool) -> Finding {
+fn fixes_finding(fixes: &[CheckedFix], simulated: bool, shared: u64) -> Finding {
     let name = "7. ranked fixes, verified";
     if !simulated {
         return skipped(name, "the fixes are judged against a simulated card's budget; on CUDA, %oomcheck --gpu with this card ranks them");
     }
     let verified = fixes.iter().filter(|f| f.verified).count();
     if fixes.is_empty() {
-        return Finding {
-            name: name.to_owned(),
-            finding: "the ledger finds no configuration of this model that fits this card: a smaller model or a larger card".into(),
-            outcome: Outcome::Unremedied,
+        let finding = if shared > 0 {
+            format!(
+                "the ledger finds no configuration of this model that fits in what the card's other processes leave ({} of it is \
+                 theirs): stop them, or a smaller model or a larger card",
+                human(shared)
+            )
+        } else {
+            "the ledger finds no configuration of this model that fits this card: a smaller model or a larger card".to_owned()
         };
+        return Finding { name: name.to_owned(), finding, outcome: Outcome::Unremedied };
     }
     Finding {
         name: name.to_owned(),
@@ -502,7 +530,7 @@ fn fixes_finding(fixes: &[CheckedFix], simulated: bool) -> Finding {
         ),
         outcome: match verified {
             0 if fixes.iter().all(|f| f.check.starts_with("not run")) => Outcome::Skipped,
-            0 => Outcome::Unremedied,
+            0 => Outcome::Unverified,
             _ => Outcome::Remedied,
         },
     }
@@ -533,11 +561,11 @@ impl Trials<'_> {
         let started = Instant::now();
         let start = HostMemory::sample().in_use;
         if let (Some(budget), Some(room)) = (budget, self.room) {
-            let _ = crate::memory::set_budget(Some(Budget { usable: start + room + budget.held_by_card(), ..budget }));
+            let _ = crate::memory::set_trial_budget(Some(Budget { usable: start + room + budget.held_by_card(), ..budget }));
         }
         let result = self.steps(config, start);
         if budget.is_some() {
-            let _ = crate::memory::set_budget(budget);
+            let _ = crate::memory::set_trial_budget(budget);
         }
         match result {
             Ok((steps, loss, peak)) => {
@@ -701,6 +729,7 @@ impl Outcome {
             Outcome::Skipped => " (skipped)",
             Outcome::Remedied => " (a fix verified)",
             Outcome::Unremedied => " (no fix found)",
+            Outcome::Unverified => " (none verified)",
         }
     }
 }

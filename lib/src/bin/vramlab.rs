@@ -12,6 +12,7 @@ use vramlab::cli::{
 use vramlab::data::{bench_loader, preprocess};
 use vramlab::learn::{fit_folder, LearnError, LearnReport};
 use vramlab::render::Render;
+use vramlab::units::human;
 
 // Every heap allocation of this process is counted, so that measurements
 // made here are exact (vramlab::memory::HostMemory).
@@ -40,6 +41,12 @@ enum Command {
     Train(WithJson<FitArgs>),
     /// Check that the loader, a training step with each lever and the memory readings work on this machine
     Smoke(WithJson<vramlab::cli::SmokeArgs>),
+    /// Hold memory on a simulated card, as another program on the same GPU would, until stopped
+    ///
+    /// Every process that simulates a card of the same size is on the same card: a notebook's training
+    /// step then has what this one holds (its CUDA context, cuDNN workspace and --bytes) the less, and
+    /// the out-of-memory investigation names it. Prints one line once it holds the memory.
+    Hold(vramlab::cli::HoldArgs),
     /// Check every op at the zoo's shapes, forward and each gradient, in f32 and f16, against a reference
     ///
     /// On the CPU the reference is candle's own composition of each op, computed in f32 from the same
@@ -93,6 +100,7 @@ fn main() -> ExitCode {
             Err(Measured::Usage(error)) => Err(error),
         },
         Command::Smoke(cmd) => return smoke(&cmd.args, cmd.json),
+        Command::Hold(args) => hold(args),
         Command::CheckOps(cmd) => return check_ops(&cmd.args, cmd.json),
         Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args).and_then(|report| emit(cmd.json, &report, || report_text(&report))),
         Command::Synth(cmd) => data_error(cmd.args.generator().generate(&cmd.args.out)).and_then(|manifest| {
@@ -185,6 +193,29 @@ fn bench_train(args: &TrainRunArgs) -> Result<vramlab::train::BenchReport, Usage
 enum Measured {
     Usage(UsageError),
     OutOfMemory(String),
+}
+
+/// Holds `--bytes` (written, so that they are resident) on the simulated card until the time is up.
+fn hold(args: &vramlab::cli::HoldArgs) -> Result<(), UsageError> {
+    let usage = |e: &dyn std::fmt::Display| UsageError(e.to_string());
+    let budget = vramlab::memory::Budget::parse(&args.card).map_err(|e| usage(&e))?;
+    let held = vec![1u8; args.bytes as usize];
+    vramlab::memory::set_budget(Some(budget)).map_err(|e| usage(&e))?;
+    println!(
+        "pid {} holds {} on the simulated {} card: {} CUDA context, {} cuDNN workspace and {} of tensors, for {} s",
+        std::process::id(),
+        human(budget.held_by_card() + args.bytes),
+        human(budget.usable),
+        human(budget.context),
+        human(budget.workspace),
+        human(args.bytes),
+        args.seconds
+    );
+    use std::io::Write as _;
+    let _ = std::io::stdout().flush();
+    std::thread::sleep(std::time::Duration::from_secs(args.seconds));
+    drop(held);
+    vramlab::memory::set_budget(None).map_err(|e| usage(&e))
 }
 
 fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, Measured> {

@@ -35,3 +35,27 @@ pub struct SmokeArgs {
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub device: DeviceArg,
 }
+
+/// `vramlab hold`: another program on a simulated card
+#[derive(Debug, Clone, Parser)]
+#[command(name = "hold", about = "Hold memory on a simulated card, as another program on the same GPU would, until stopped")]
+pub struct HoldArgs {
+    /// The simulated card, as a notebook's `cpu_with_budget` names it (rtx4060-laptop, 700MiB)
+    #[arg(long)]
+    pub card: String,
+    /// Tensor bytes to hold besides the CUDA context and cuDNN workspace every process pays (0, 200MiB)
+    #[arg(long, value_parser = bytes_or_none, default_value = "0MiB")]
+    pub bytes: u64,
+    /// Seconds to hold it before ending by itself
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub seconds: u64,
+}
+
+/// A size, or none at all (`0`, `0MiB`).
+fn bytes_or_none(text: &str) -> Result<u64, String> {
+    let number = text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic()).trim();
+    if number.parse::<f64>().is_ok_and(|n| n == 0.0) {
+        return Ok(0);
+    }
+    crate::units::parse_bytes(text).map_err(|e| e.to_string())
+}

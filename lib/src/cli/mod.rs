@@ -16,7 +16,7 @@ pub use check::{CheckDtypes, CheckOpsArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
-pub use device::{DeviceArg, SmokeArgs};
+pub use device::{DeviceArg, HoldArgs, SmokeArgs};
 pub use fit::FitArgs;
 pub use flags::{measure_flags, oomcheck_flags};
 pub use module::{BatchInput, ByModule, ByNothing, BySpec, Measurable, OomcheckModuleArgs, SummaryModuleArgs, Target};

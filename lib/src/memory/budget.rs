@@ -16,6 +16,8 @@
 //! use before any tensor. So a configuration `%oomcheck` says fits on a card
 //! fits under that card's budget, and the reverse.
 
+use std::sync::atomic::Ordering::Relaxed;
+
 use serde::{Deserialize, Serialize};
 
 use super::counters;
@@ -35,6 +37,10 @@ pub struct OutOfMemory {
     /// Bytes the host allocator holds now.
     pub held: u64,
     pub budget: Budget,
+    /// What other processes on the same simulated card held (their contexts,
+    /// workspaces and tensors).
+    #[serde(default)]
+    pub others: u64,
     /// The phase of a training step during which it happened, when a trainer knows it.
     pub phase: Option<String>,
 }
@@ -42,7 +48,7 @@ pub struct OutOfMemory {
 impl OutOfMemory {
     /// What the card had left for the allocation that failed.
     pub fn free(&self) -> u64 {
-        self.budget.room().saturating_sub(self.in_use)
+        self.budget.room().saturating_sub(self.others + self.in_use)
     }
 
     /// The same error, placed in a phase of the step.
@@ -59,13 +65,15 @@ impl std::fmt::Display for OutOfMemory {
         }
         write!(
             f,
-            "; budget {}, of which {} CUDA context, {} cuDNN workspace and {} in use; {} held by the host allocator",
+            "; budget {}, of which {} CUDA context, {} cuDNN workspace",
             human(self.budget.usable),
             human(self.budget.context),
-            human(self.budget.workspace),
-            human(self.in_use),
-            human(self.held)
-        )
+            human(self.budget.workspace)
+        )?;
+        if self.others > 0 {
+            write!(f, ", {} other processes on this card", human(self.others))?;
+        }
+        write!(f, " and {} in use; {} held by the host allocator", human(self.in_use), human(self.held))
     }
 }
 
@@ -163,6 +171,21 @@ pub fn last_out_of_memory() -> Option<OutOfMemory> {
 /// Sets (or with `None` clears) this process's simulated device budget.
 pub fn set_budget(budget: Option<Budget>) -> Result<(), MemoryError> {
     let counters = counters::find().ok_or(MemoryError::NotCounting { what: "a simulated device budget" })?;
+    let card = budget.map_or(0, |b| b.usable);
+    let was = counters.card.swap(card, Relaxed);
+    if was != 0 && was != card {
+        super::tenants::leave(was);
+        counters.others.store(0, Relaxed);
+    }
+    counters.set_budget(budget);
+    super::tenants::refresh(counters, true);
+    Ok(())
+}
+
+/// A narrower budget on the same card, for the investigation's trials: the
+/// card, and what its other processes hold, stay as they are.
+pub(crate) fn set_trial_budget(budget: Option<Budget>) -> Result<(), MemoryError> {
+    let counters = counters::find().ok_or(MemoryError::NotCounting { what: "a simulated device budget" })?;
     counters.set_budget(budget);
     Ok(())
 }
@@ -187,8 +210,10 @@ pub fn budget() -> Option<Budget> {
 /// the error (before memory is freed) are not new overruns.
 pub fn check_budget() -> Result<(), OutOfMemory> {
     let Some(counters) = counters::find() else { return Ok(()) };
+    super::tenants::refresh(counters, false);
     let (Some(budget), Some((requested, in_use))) = (budget(), counters.take_overrun()) else { return Ok(()) };
-    let oom = OutOfMemory { requested, in_use, held: HostMemory::sample().held, budget, phase: None };
+    let others = counters.others.load(Relaxed);
+    let oom = OutOfMemory { requested, in_use, held: HostMemory::sample().held, budget, others, phase: None };
     super::shared::store(LAST_RAISED, Some(&oom));
     Err(oom)
 }

@@ -69,6 +69,14 @@ pub struct Counters {
     /// The part of the budget cuDNN's workspace holds, as on the card from
     /// its first convolution; after `window_peak` for the same reason.
     pub(crate) workspace: AtomicU64,
+    /// What the other processes simulating the same card hold on it (their
+    /// contexts, workspaces and tensors), as last read; after `workspace`.
+    pub(crate) others: AtomicU64,
+    /// When `others` was last read, in milliseconds since the epoch.
+    pub(crate) others_read_ms: AtomicU64,
+    /// The simulated card this process is on, by its usable bytes (0: none):
+    /// the budget as the user set it, which the investigation's trials narrow.
+    pub(crate) card: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<Counters>() <= HEADER_BYTES);
@@ -98,12 +106,16 @@ impl Counters {
             loader_peak: AtomicU64::new(0),
             window_peak: AtomicU64::new(0),
             workspace: AtomicU64::new(0),
+            others: AtomicU64::new(0),
+            others_read_ms: AtomicU64::new(0),
+            card: AtomicU64::new(0),
         }
     }
 
-    /// What the card holds before any tensor of the process.
+    /// What the card holds before any tensor of the process: its context and
+    /// workspace, and what other processes on the same card hold.
     fn held_by_card(&self) -> u64 {
-        self.context.load(Relaxed) + self.workspace.load(Relaxed)
+        self.context.load(Relaxed) + self.workspace.load(Relaxed) + self.others.load(Relaxed)
     }
 
     #[inline]
@@ -196,7 +208,10 @@ impl Counters {
     /// process is still over the budget, the one reported last.
     pub(crate) fn take_overrun(&self) -> Option<(u64, u64)> {
         let pending = self.over_request.swap(0, Relaxed);
-        if pending != 0 {
+        // Judged again with what the card's other processes hold now: an
+        // allocation judged while a process that has since ended still
+        // counted did not overrun.
+        if pending != 0 && self.over_in_use.load(Relaxed) + pending + self.held_by_card() > self.budget.load(Relaxed) {
             self.over_reported.store(pending, Relaxed);
             return Some((pending, self.over_in_use.load(Relaxed)));
         }

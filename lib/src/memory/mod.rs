@@ -24,10 +24,12 @@ mod region;
 mod report;
 pub(crate) mod shared;
 mod snapshot;
+mod tenants;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 
+pub(crate) use budget::set_trial_budget;
 pub use budget::{budget, check_budget, cpu_with_budget, last_out_of_memory, set_budget, Budget, OutOfMemory};
 pub use card::{card, card_allocate, card_allocate_outside, card_empty_cache, card_free, card_stats, install_card, remove_card, CardError};
 pub use host::{counters_address, host_total, install, loader_bytes, loader_held, map_large_blocks, EmptyCache, HostMemory};
@@ -38,6 +40,7 @@ pub use processes::{processes, Processes, Role, VramlabProcess};
 pub use region::REGION_FD_ENV;
 pub use report::{plot, timeline_chart, timeline_table, MemReport};
 pub use snapshot::{publish, published, BillBytes, MeasuredPhase, Measurement, PredictedPhase, Prediction, Snapshot};
+pub use tenants::{tenants, Tenant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum MemoryError {

@@ -59,6 +59,7 @@ fn out_of_memory_reads_like_cuda_and_says_it_is_simulated() {
         in_use: 500 << 20,
         held: 530 << 20,
         budget: Budget { usable: 876 << 20, context: 300 << 20, workspace: 64 << 20 },
+        others: 0,
         phase: None,
     };
     assert_eq!(
@@ -67,6 +68,9 @@ fn out_of_memory_reads_like_cuda_and_says_it_is_simulated() {
     );
     assert_eq!(oom.free(), 12 << 20);
     assert!(oom.clone().during("forward layer3").to_string().contains("tried to allocate 64.0 MiB during forward layer3; budget"));
+    let shared = OutOfMemory { others: 8 << 20, ..oom.clone() };
+    assert!(shared.to_string().contains("64.0 MiB cuDNN workspace, 8.00 MiB other processes on this card and 500 MiB in use"));
+    assert_eq!(shared.free(), 4 << 20);
     let candle: candle_core::Error = oom.into();
     assert!(candle.to_string().contains("tried to allocate 64.0 MiB"));
 }
@@ -246,4 +250,18 @@ fn the_process_card_keeps_its_blocks_between_calls_and_empties_its_cache() {
     remove_card();
     assert!(matches!(card_allocate(1), Err(CardError::NoCard)));
     assert_eq!(card_empty_cache(), 0);
+}
+
+#[test]
+fn what_other_processes_on_the_card_hold_narrows_the_budget_and_an_ended_one_no_longer_counts() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let counters = region();
+    counters.set_budget(Some(Budget { usable: 100 << 20, context: 10 << 20, workspace: 0 }));
+    counters.others.store(50 << 20, Relaxed);
+    counters.allocated(45 << 20);
+    counters.others.store(0, Relaxed);
+    assert_eq!(counters.take_overrun(), None, "judged again once the other process has ended, 45 + 10 MiB fit");
+    counters.others.store(50 << 20, Relaxed);
+    counters.allocated(1 << 20);
+    assert_eq!(counters.take_overrun(), Some((1 << 20, 45 << 20)), "46 + 10 + 50 MiB do not fit in 100");
 }

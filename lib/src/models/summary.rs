@@ -81,7 +81,11 @@ impl Summary {
             } else {
                 format!("Inference keeps no graph: the column is each layer's input, output and temporaries, alive one layer at a time; the largest is {}.", human(b * total.eval_live_bytes))
             })
-            .note(format!("Largest conv workspace (im2col columns + gemm output): {}.", human(b * total.workspace_bytes)))
+            .note(format!(
+                "Largest scratch of one layer on the CPU (a convolution's im2col columns and gemm output, or a lean op's f32 \
+                 working map): {}; on a card, convolutions share cuDNN's one 64 MiB workspace instead.",
+                human(b * total.workspace_bytes)
+            ))
     }
 }
 
