@@ -199,6 +199,9 @@ enum Measured {
 fn hold(args: &vramlab::cli::HoldArgs) -> Result<(), UsageError> {
     let usage = |e: &dyn std::fmt::Display| UsageError(e.to_string());
     let budget = vramlab::memory::Budget::parse(&args.card).map_err(|e| usage(&e))?;
+    // Started from a notebook, it ends with the notebook's process rather than holding the card for its full time.
+    // SAFETY: prctl with PR_SET_PDEATHSIG reads only its integer arguments.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) };
     let held = vec![1u8; args.bytes as usize];
     vramlab::memory::set_budget(Some(budget)).map_err(|e| usage(&e))?;
     println!(
