@@ -252,8 +252,11 @@ impl<'a> Investigation<'a> {
             }
         }
         let reproduce = match (self.step, budget) {
-            (Some(step), Some(budget)) => measure_flags(&step_config(step), step.spec.num_classes)
-                .map(|flags| format!("vramlab measure --model {} {flags} --budget {}", step.spec.name, budget.name())),
+            // `vramlab measure` runs zoo models only.
+            (Some(step), Some(budget)) if step.spec.name.parse::<crate::models::ModelName>().is_ok() => {
+                measure_flags(&step_config(step), step.spec.num_classes)
+                    .map(|flags| format!("vramlab measure --model {} {flags} --budget {}", step.spec.name, budget.name()))
+            }
             _ => None,
         };
         Diagnosis {

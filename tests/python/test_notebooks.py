@@ -29,6 +29,11 @@ QUICK = {
         "cv_epochs": 1,
         "memory_every": 5,
     },
+    "06-your-own-model.ipynb": {
+        "card": "700MiB",
+        "res": 64,
+        "batch": 128,
+    },
 }
 
 

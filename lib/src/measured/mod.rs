@@ -115,7 +115,11 @@ fn measure_with(stepper: &mut step::Stepper<'_>, sample: &[usize], batches: &[us
     }
     Ok(Measured {
         sample: sample.to_vec(),
-        device: format!("{:?}", stepper.device.location()),
+        device: match stepper.device.location() {
+            candle_core::DeviceLocation::Cpu => "the CPU".to_owned(),
+            candle_core::DeviceLocation::Cuda { gpu_id } => format!("CUDA device {gpu_id}"),
+            candle_core::DeviceLocation::Metal { gpu_id } => format!("Metal device {gpu_id}"),
+        },
         measured_with: stepper.meter.source().to_owned(),
         loss: stepper.loss,
         optimizer: stepper.kind,

@@ -134,8 +134,11 @@ impl ModuleReport {
         let at = |batch: usize| measured.peak_at(batch, Scenario::default());
         let mut columns: Vec<String> = vec!["bill, at the peak".to_owned()];
         columns.extend(measured.steps.iter().map(|s| format!("batch {} (measured)", s.batch)));
-        let asked = if measured.was_measured(self.batch) { "measured" } else { "extrapolated" };
-        columns.push(format!("batch {} ({asked})", self.batch));
+        // The batch asked for has a column of its own unless it is one of those measured.
+        let extrapolated = !measured.was_measured(self.batch);
+        if extrapolated {
+            columns.push(format!("batch {} (extrapolated)", self.batch));
+        }
         if let Some(check) = &self.card {
             columns.push(format!("on {}", check.card.name));
         }
@@ -147,7 +150,9 @@ impl ModuleReport {
         for kind in BillKind::ALL {
             let mut row: Vec<String> = vec![kind.to_string()];
             row.extend(peaks.iter().map(|p| human(p.bills.get(kind))));
-            row.push(human(self.peak.bills.get(kind)));
+            if extrapolated {
+                row.push(human(self.peak.bills.get(kind)));
+            }
             if let Some(check) = &self.card {
                 let context = if kind == BillKind::ContextAndWorkspace { check.card.context_bytes } else { 0 };
                 row.push(human(self.peak.bills.get(kind) + context));
@@ -156,7 +161,9 @@ impl ModuleReport {
         }
         let mut footer: Vec<String> = vec!["peak".to_owned()];
         footer.extend(peaks.iter().map(|p| format!("{} ({})", human(p.bills.total()), p.part.name())));
-        footer.push(format!("{} ({})", human(self.peak.bills.total()), self.peak.part.name()));
+        if extrapolated {
+            footer.push(format!("{} ({})", human(self.peak.bills.total()), self.peak.part.name()));
+        }
         if let Some(check) = &self.card {
             footer.push(human(check.peak_bytes));
         }
