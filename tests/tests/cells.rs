@@ -551,3 +551,45 @@ async fn a_variable_of_a_type_no_cell_can_name_is_refused_with_what_to_write() {
     assert_eq!(in_block.result_text().as_deref(), Some("7"), "{:?}", in_block.error());
     assert_eq!(kernel.execute("kept + 1").await.result_text().as_deref(), Some("42"));
 }
+
+/// `%summary` and `%oomcheck` on a candle model in a cell measure it, and whatever is not a model,
+/// or a model whose forward fails at the input asked for, is a one-line usage error that leaves the
+/// kernel and the learner's variables as they were.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_magics_measure_a_candle_module_and_refuse_what_is_not_a_model_in_one_line() {
+    let mut kernel = Kernel::start().await;
+    let built = kernel
+        .execute(
+            "use candle_core::{DType, Device};\n\
+             use candle_nn::{Module, VarBuilder, VarMap};\n\
+             let varmap = VarMap::new();\n\
+             let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);\n\
+             let mlp = candle_nn::seq().add(candle_nn::linear(784, 64, vb.pp(\"fc1\"))?).add_fn(|x| x.relu()).add(candle_nn::linear(64, 10, vb.pp(\"fc2\"))?);\n\
+             let count = 7usize;",
+        )
+        .await;
+    assert_eq!(built.reply.status, ReplyStatus::Ok, "{:?}", built.error());
+
+    let summary = kernel.execute("%summary mlp --input 16x784").await;
+    assert_eq!(summary.reply.status, ReplyStatus::Ok, "{:?}", summary.error());
+    let text = summary.result_text().unwrap();
+    assert!(text.contains("measured") && text.contains("matmul"), "{text}");
+    let check = kernel.execute("%oomcheck mlp --input 4096x784 --gpu 8GiB").await;
+    assert_eq!(check.reply.status, ReplyStatus::Ok, "{:?}", check.error());
+    let text = check.result_text().unwrap();
+    assert!(text.contains("FITS") && text.contains("extrapolated"), "{text}");
+
+    for (cell, names) in [
+        ("%oomcheck count --input 8x784", "count"),
+        ("%summary mlp --input 8x3x32x32", "forward"),
+        ("%oomcheck mlp --input 8", "BATCHxDIMS"),
+    ] {
+        let failed = kernel.execute(cell).await;
+        let error = failed.error().unwrap_or_else(|| panic!("{cell} should fail"));
+        let first = error.evalue.lines().next().unwrap_or_default();
+        assert!(first.contains(names) && error.evalue.lines().count() <= 3, "{cell}: {}", error.evalue);
+        assert!(!error.evalue.contains("trait") && !error.evalue.contains("panicked"), "{cell}: {}", error.evalue);
+    }
+    let kept = kernel.execute("count + varmap.all_vars().len()").await;
+    assert_eq!(kept.result_text().as_deref(), Some("11"), "the variables survive: {:?}", kept.error());
+}
