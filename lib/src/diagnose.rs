@@ -183,6 +183,7 @@ impl<'a> Investigation<'a> {
         let memory = HostMemory::sample();
         let budget = self.simulated.as_ref().map(|o| o.budget).or(memory.budget);
         let tenants = budget.map_or_else(Vec::new, |b| crate::memory::tenants(b.usable));
+        let shared = tenants.iter().map(|t| t.bytes).sum::<u64>();
         let mut others = processes.finding();
         if !tenants.is_empty() {
             let named: Vec<String> = tenants
@@ -195,7 +196,7 @@ impl<'a> Investigation<'a> {
             others = format!(
                 "on this simulated card: {} (each its own CUDA context and cuDNN workspace, and its tensors), {} in all; {others}",
                 named.join(", "),
-                human(tenants.iter().map(|t| t.bytes).sum())
+                human(shared)
             );
         }
         if self.step.is_some_and(|s| s.cuda.is_some()) {
@@ -216,7 +217,6 @@ impl<'a> Investigation<'a> {
             },
         ];
         // What the card's other processes hold is not this step's to use: the fixes are ranked for the rest.
-        let shared = tenants.iter().map(|t| t.bytes).sum::<u64>();
         let card = budget.map(|b| {
             let card = b.device();
             Card { usable_bytes: card.usable_bytes.saturating_sub(shared), ..card }

@@ -62,8 +62,11 @@ pub fn tenants(usable: u64) -> Vec<Tenant> {
 /// done less than [`REREAD_MS`] ago and `now` is false.
 pub(crate) fn refresh(counters: &Counters, now: bool) {
     let card = counters.card.load(Relaxed);
+    if card == 0 {
+        return;
+    }
     let at = now_ms();
-    if card == 0 || (!now && at.saturating_sub(counters.others_read_ms.load(Relaxed)) < REREAD_MS) {
+    if !now && at.saturating_sub(counters.others_read_ms.load(Relaxed)) < REREAD_MS {
         return;
     }
     counters.others_read_ms.store(at, Relaxed);
