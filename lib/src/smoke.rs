@@ -114,9 +114,7 @@ fn timed(name: &str, check: impl FnOnce() -> Result<String, String>) -> SmokeChe
 }
 
 fn loader() -> Result<String, String> {
-    let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
-    LeafDiseaseSynth::new(PHOTOS, 7).generate(dir.path()).map_err(|e| e.to_string())?;
-    let folder = ImageFolder::open(dir.path(), OnError::Fail).map_err(|e| e.to_string())?;
+    let (_dir, folder) = synthetic_folder(PHOTOS, 7)?;
     let config = LoaderConfig { batch_size: BATCH, num_workers: 2, ..LoaderConfig::default() };
     let loader = DataLoader::new(folder.all(Transforms::resize(RES as u32)), config).map_err(|e| e.to_string())?;
     let (mut images, mut batches) = (0, 0);
@@ -134,6 +132,14 @@ fn loader() -> Result<String, String> {
         return Err(format!("{images} of {photos} photos came out of the loader"));
     }
     Ok(format!("{images} photos of {} classes in {batches} batches, 2 workers", folder.classes.len()))
+}
+
+/// `photos` synthetic leaf photos in a temporary folder, kept while the directory lives.
+fn synthetic_folder(photos: usize, seed: u64) -> Result<(tempfile::TempDir, ImageFolder), String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
+    LeafDiseaseSynth::new(photos, seed).generate(dir.path()).map_err(|e| e.to_string())?;
+    let folder = ImageFolder::open(dir.path(), OnError::Fail).map_err(|e| e.to_string())?;
+    Ok((dir, folder))
 }
 
 fn spec(config: TrainConfig) -> BenchSpec {
@@ -177,9 +183,7 @@ fn combined(device: &Device) -> Result<String, String> {
     use crate::models::{Network, Shape};
     use crate::train::Trainer;
     let text = |e: &dyn std::fmt::Display| e.to_string();
-    let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory: {e}"))?;
-    LeafDiseaseSynth::new(COMBINED_PHOTOS, 11).generate(dir.path()).map_err(|e| text(&e))?;
-    let folder = ImageFolder::open(dir.path(), OnError::Fail).map_err(|e| text(&e))?;
+    let (_dir, folder) = synthetic_folder(COMBINED_PHOTOS, 11)?;
     let config = LoaderConfig { batch_size: BATCH, num_workers: 2, shuffle: true, drop_last: true, ..LoaderConfig::default() };
     let loader = DataLoader::new(folder.all(Transforms::resize(RES as u32)), config).map_err(|e| text(&e))?;
     let net = Network::new(&ModelName::Resnet18.spec(folder.classes.len()), Shape::map(3, RES, RES), device, 0).map_err(|e| text(&e))?;
