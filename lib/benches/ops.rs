@@ -1,14 +1,16 @@
 //! Timing of `vramlab::ops` against candle's own operations, on the CPU:
 //! each case forward only and forward + backward (gradients of input and
-//! weight), median of the repeats after one warm-up. Prints JSON (seconds);
+//! weight), median of the repeats after one warm-up. Attention is timed
+//! against the same computation composed of candle's operations, once per
+//! [`AttentionKeeps`]. Prints JSON (seconds);
 //! scripts/bench_ops.py runs PyTorch on the same cases and adds the ratios.
 //!
 //!     cargo bench -p vramlab --bench ops [-- --repeats N] [--only NAME] [--ours-only]
 
 use std::time::Instant;
 
-use vramlab::candle::{DType, Device, Tensor, Var};
-use vramlab::ops::{conv2d, max_pool2d, ConvParams};
+use vramlab::candle::{DType, Device, Tensor, Var, D};
+use vramlab::ops::{attention, conv2d, max_pool2d, AttentionKeeps, ConvParams};
 
 fn p50(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
@@ -136,6 +138,36 @@ const CONVS: [Conv; 9] = [
     },
 ];
 
+/// `(name, batch, tokens, dim, heads)`: ViT-Tiny's attention at 224 and 384 pixels.
+const ATTENTIONS: [(&str, usize, usize, usize, usize); 2] =
+    [("attention_vit_tiny_224_b32", 32, 197, 192, 3), ("attention_vit_tiny_384_b32", 32, 577, 192, 3)];
+
+/// Attention from candle's operations: what autograd of a plain model computes.
+fn candle_attention(qkv: &Tensor, heads: usize) -> Tensor {
+    let (b, n, width) = qkv.dims3().expect("dims");
+    let (d, dh) = (width / 3, width / 3 / heads);
+    let parts = qkv.reshape((b, n, 3, heads, dh)).and_then(|t| t.permute((2, 0, 3, 1, 4))).expect("heads");
+    let part = |i: usize| parts.get(i).and_then(|t| t.contiguous()).expect("part");
+    let (q, k, v) = (part(0), part(1), part(2));
+    let scores = (q.matmul(&k.t().expect("t")).expect("matmul") * (1.0 / (dh as f64).sqrt())).expect("scale");
+    let max = scores.max_keepdim(D::Minus1).expect("max").detach();
+    let exp = scores.broadcast_sub(&max).and_then(|t| t.exp()).expect("exp");
+    let probabilities = exp.broadcast_div(&exp.sum_keepdim(D::Minus1).expect("sum")).expect("div");
+    probabilities.matmul(&v).and_then(|t| t.transpose(1, 2)).and_then(|t| t.reshape((b, n, d))).expect("output")
+}
+
+/// Forward, and forward + backward of `sum(op(qkv))`.
+fn attention_times(repeats: usize, qkv: &Tensor, op: impl Fn(&Tensor) -> Tensor) -> serde_json::Value {
+    let var = Var::from_tensor(qkv).expect("var");
+    let forward = time(repeats, || {
+        op(qkv);
+    });
+    let train = time(repeats, || {
+        op(var.as_tensor()).sum_all().expect("sum").backward().expect("backward");
+    });
+    serde_json::json!({"fwd_s": forward, "fwd_bwd_s": train})
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let repeats = args.iter().position(|a| a == "--repeats").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(10);
@@ -178,6 +210,14 @@ fn main() {
             "maxpool3x3s2_64_32x32_b32_f32".into(),
             serde_json::json!({"ours": {"fwd_s": ours_fwd, "fwd_bwd_s": ours_train}, "candle": {"fwd_s": candle_fwd}}),
         );
+    }
+    for (name, batch, tokens, dim, heads) in ATTENTIONS.into_iter().filter(|a| a.0.contains(&only)) {
+        let qkv = randn(&[batch, tokens, 3 * dim], DType::F32);
+        let candle = if with_candle { attention_times(repeats, &qkv, |x| candle_attention(x, heads)) } else { serde_json::Value::Null };
+        for keeps in [AttentionKeeps::Probabilities, AttentionKeeps::RowStatistics] {
+            let ours = attention_times(repeats, &qkv, |x| attention(x, heads, keeps).expect("attention"));
+            report.insert(format!("{name}_{keeps:?}_f32").to_lowercase(), serde_json::json!({"ours": ours, "candle": candle}));
+        }
     }
     report.insert("repeats".into(), repeats.into());
     report.insert("threads".into(), vramlab::candle::utils::get_num_threads().into());

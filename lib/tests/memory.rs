@@ -154,3 +154,79 @@ fn a_convolution_allocates_the_scratch_the_ledger_counts_for_it() {
         }
     }
 }
+
+#[test]
+fn attention_keeps_and_allocates_what_it_says() {
+    use vramlab::candle::Var;
+    use vramlab::ops::{self, AttentionKeeps};
+    let _guard = setup();
+    // `(batch, tokens, dim, heads)`: batches cut across the threads, and one
+    // image whose products are threaded inside gemm.
+    let cases = [(4, 197, 192, 3), (1, 65, 64, 2), (3, 50, 48, 1)];
+    for threads in [1, 2] {
+        let pool = pool_of(threads);
+        for (batch, tokens, dim, heads) in cases {
+            for dtype in [DType::F32, DType::F16] {
+                let x = Tensor::randn(0f32, 1.0, (batch, tokens, 3 * dim), &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+                let x = Var::from_tensor(&x).unwrap();
+                let mut kept = Vec::new();
+                for keeps in [AttentionKeeps::Probabilities, AttentionKeeps::RowStatistics] {
+                    let run = || ops::attention(x.as_tensor(), heads, keeps).unwrap();
+                    // gemm's per-thread slab, kept for good, on every thread first.
+                    pool.broadcast(|_| drop(run().backward().unwrap()));
+                    // The scratch follows rayon's pool: the prediction and the run both see this one.
+                    let (predicted, measured_kept, forward, backward) = pool.install(|| {
+                        let predicted = ops::attention_scratch(batch, tokens, dim, heads, dtype, keeps).unwrap();
+                        let before = HostMemory::reset_peak();
+                        let y = run();
+                        let after = HostMemory::sample();
+                        let out = (y.elem_count() * dtype.size_in_bytes()) as u64;
+                        let measured_kept = after.in_use - before.in_use - out;
+                        let forward = after.peak.unwrap() - after.in_use;
+                        // The backward starts from a gradient of ones and ends with the input's gradient.
+                        let before = HostMemory::reset_peak();
+                        let grads = y.backward().unwrap();
+                        let peak = HostMemory::sample().peak.unwrap();
+                        drop(grads);
+                        (predicted, measured_kept, forward, peak - before.in_use - out - 3 * out)
+                    });
+                    let keeps_bytes = keeps.bytes(batch, tokens, heads, dtype);
+                    let case = format!(
+                        "{batch}x{tokens}x{dim}, {heads} heads, {dtype:?}, {keeps:?} on {threads} thread(s): \
+                         kept {measured_kept} B of {keeps_bytes}, forward {forward} B of {}, backward {backward} B of {}",
+                        predicted.forward, predicted.backward
+                    );
+                    assert!(measured_kept.abs_diff(keeps_bytes) <= 4096, "{case}");
+                    for (measured, predicted) in [(forward, predicted.forward), (backward, predicted.backward)] {
+                        let slack = 4096 + predicted / 200;
+                        // With two threads the workers' buffers meet only when both are busy at once.
+                        if threads == 1 {
+                            assert!(measured.abs_diff(predicted) <= slack, "{case}");
+                        } else {
+                            assert!(measured <= predicted + slack, "{case}");
+                        }
+                    }
+                    kept.push(measured_kept);
+                }
+                let shape = format!("{batch}x{tokens}x{dim}, {heads} heads, {dtype:?} on {threads} thread(s)");
+                assert!(kept[1] < kept[0], "{shape}: row statistics keep {} B, probabilities {} B", kept[1], kept[0]);
+                // Without gradients nothing is kept, and the forward allocates as with row statistics.
+                let (predicted, kept, forward) = pool.install(|| {
+                    let predicted = ops::attention_scratch(batch, tokens, dim, heads, dtype, AttentionKeeps::RowStatistics).unwrap();
+                    let before = HostMemory::reset_peak();
+                    let y = ops::attention(&x.as_tensor().detach(), heads, AttentionKeeps::Probabilities).unwrap();
+                    let after = HostMemory::sample();
+                    let out = (y.elem_count() * dtype.size_in_bytes()) as u64;
+                    (predicted.forward, after.in_use - before.in_use - out, after.peak.unwrap() - after.in_use)
+                });
+                assert!(kept <= 1024, "{shape} without gradients: kept {kept} B");
+                if threads == 1 {
+                    assert!(
+                        forward.abs_diff(predicted) <= 4096 + predicted / 200,
+                        "{shape} without gradients: forward {forward} B of {predicted}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! The tensor operations the zoo models are made of, with a backward for each:
-//! convolution (dense, grouped and depthwise), max-pooling and training-mode
-//! batch-norm.
+//! convolution (dense, grouped and depthwise), max-pooling, training-mode
+//! batch-norm and multi-head self-attention.
 //!
 //! On the CPU they are our own kernels (Winograd's F(2x2, 3x3) for dense 3x3
 //! stride-1 convolutions with enough work, im2col + gemm for the other dense
@@ -9,6 +9,7 @@
 //! are computed in f32 and stored back in their own dtype). Elsewhere they
 //! use candle's operations.
 
+mod attention;
 pub mod check;
 mod conv;
 mod conv_geometry;
@@ -24,12 +25,15 @@ mod taps;
 mod winograd;
 
 #[cfg(test)]
+mod attention_tests;
+#[cfg(test)]
 mod lean_tests;
 #[cfg(test)]
 mod tests;
 
 use candle_core::{DType, Result, Tensor};
 
+pub use attention::{attention, attention_scratch, AttentionKeeps, AttentionScratch};
 #[cfg(feature = "cuda")]
 pub use cudnn::conv_algorithms;
 pub use cudnn::{ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
@@ -49,6 +53,12 @@ pub struct ConvParams {
 pub enum OpError {
     #[error("{op}: {what} must have 4 dimensions (N x C x H x W), got {dims:?}")]
     NotFourDims { op: &'static str, what: &'static str, dims: Vec<usize> },
+    #[error("{op}: {what} must have 3 dimensions (batch x tokens x channels), got {dims:?}")]
+    NotThreeDims { op: &'static str, what: &'static str, dims: Vec<usize> },
+    #[error(
+        "{op}: the last dimension of {dims:?} is not a positive multiple of 3 x {heads} heads (q, k and v of every head side by side)"
+    )]
+    Heads { op: &'static str, dims: Vec<usize>, heads: usize },
     #[error("{op}: {what} must be at least 1")]
     Zero { op: &'static str, what: &'static str },
     #[error("{op}: {channels} {what} channels are not divisible by {groups} groups")]
@@ -77,6 +87,8 @@ pub enum OpError {
     MissingStatistics,
     #[error("{op}: the forward ran twice on one op and would overwrite its saved statistics")]
     StatisticsTwice { op: &'static str },
+    #[error("{op}: the forward kept nothing for the backward")]
+    NothingKept { op: &'static str },
     #[error("{op}: a tensor of {dims:?} has 2^31 elements or more, more than cuDNN's int dimensions take")]
     TooLargeForCudnn { op: &'static str, dims: Vec<usize> },
     #[error("{op}: cuDNN failed with {status}")]

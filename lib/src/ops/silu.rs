@@ -133,7 +133,7 @@ pub(super) fn silu_backward(grad: &mut [f32], exp_neg: &[f32], out: &[f32]) {
 /// exponent-field scalings so that the product may go subnormal or infinite
 /// as IEEE multiplication does.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(super) fn exp(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split so that `n * LN2_HIGH` is exact for every n reached here.
     const LN2_HIGH: f32 = 0.693_359_4;
