@@ -16,7 +16,9 @@ mod conv_geometry;
 mod cudnn;
 mod depthwise;
 mod floats;
+mod gelu;
 mod gemm_packing;
+mod layer_norm;
 mod lean;
 mod norm;
 mod pool;
@@ -37,6 +39,8 @@ pub use attention::{attention, attention_scratch, AttentionKeeps, AttentionScrat
 #[cfg(feature = "cuda")]
 pub use cudnn::conv_algorithms;
 pub use cudnn::{ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
+pub use gelu::gelu;
+pub use layer_norm::layer_norm;
 pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, Residual, Then};
 pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
 
@@ -77,6 +81,8 @@ pub enum OpError {
     NotContiguous { op: &'static str },
     #[error("{op}: {what} must hold one value per channel ({channels}), got shape {dims:?}")]
     PerChannel { op: &'static str, what: &'static str, channels: usize, dims: Vec<usize> },
+    #[error("layer_norm: {what} must hold one value per feature ({features}), got shape {dims:?}")]
+    PerFeature { what: &'static str, features: usize, dims: Vec<usize> },
     #[error("{op}: input {dims:?} has fewer than 2 values per channel")]
     TooFewValues { op: &'static str, dims: Vec<usize> },
     #[error("{op}: expected CPU tensors, got one on {device}")]
