@@ -1,7 +1,9 @@
 """torchvision's logits and gradients on weights both sides can build, for
 `lib/tests/torchvision.rs` to hold our networks to.
 
-For each model (ResNet-18, ResNet-50, EfficientNet-B0) torchvision's network
+For each model (ResNet-18, ResNet-50, EfficientNet-B0, and ViT-Tiny/16 as
+torchvision's `VisionTransformer` at 192 features, 12 layers of 3 heads and
+an MLP of 768) torchvision's network
 gets a deterministic state dict: every entry filled from its name by an
 integer hash (exact in numpy and in Rust, no libm), scaled by what the entry
 is (a convolution's or linear layer's weight by sqrt(3 / fan_in), batch-norm's
@@ -30,7 +32,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "lib" / "tests" / "fixtures" / "torchvision"
-MODELS = [("resnet18", 4, 64), ("resnet50", 4, 64), ("efficientnet_b0", 4, 64)]
+MODELS = [("resnet18", 4, 64), ("resnet50", 4, 64), ("efficientnet_b0", 4, 64), ("vit_tiny", 4, 64)]
 CLASSES = 1000
 SAMPLES = 32
 
@@ -103,7 +105,12 @@ def run(model: str, batch: int, res: int, dtype):
     import torch
     import torchvision
 
-    net = getattr(torchvision.models, model)(num_classes=CLASSES)
+    if model == "vit_tiny":
+        net = torchvision.models.VisionTransformer(
+            image_size=res, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768, num_classes=CLASSES
+        )
+    else:
+        net = getattr(torchvision.models, model)(num_classes=CLASSES)
     for module in net.modules():
         if isinstance(module, (torch.nn.Dropout, torchvision.ops.StochasticDepth)):
             module.p = 0.0

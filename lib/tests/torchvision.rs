@@ -213,3 +213,10 @@ fn efficientnet_b0_computes_what_torchvision_computes() {
         compare(ModelName::EfficientnetB0, "efficientnet_b0", layers);
     }
 }
+
+#[test]
+fn vit_tiny_computes_what_torchvision_computes() {
+    for layers in [Layers::Plain, Layers::Lean] {
+        compare(ModelName::VitTiny, "vit_tiny", layers);
+    }
+}

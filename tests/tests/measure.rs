@@ -1,4 +1,4 @@
-//! The ledger's prediction against real training steps: twelve
+//! The ledger's prediction against real training steps: fifteen
 //! configurations (models x batch x f32/f16 x checkpointing x optimizer x
 //! accumulation) run by `vramlab measure --json`, every allocation counted.
 //!
@@ -22,7 +22,7 @@ const BILL_SLACK: f64 = 1.5 * MIB;
 const EMPTY_BILL_SLACK: f64 = 64.0 * 1024.0;
 const BILLS: [&str; 5] = ["parameters", "optimizer_state", "activations", "input_batch", "context_and_workspace"];
 
-const MATRIX: [(&str, u32, u32, &[&str]); 12] = [
+const MATRIX: [(&str, u32, u32, &[&str]); 15] = [
     ("small-cnn", 32, 32, &[]),
     ("small-cnn", 32, 32, &["--amp", "f16", "--opt", "adam"]),
     ("resnet18", 16, 64, &[]),
@@ -35,6 +35,9 @@ const MATRIX: [(&str, u32, u32, &[&str]); 12] = [
     ("resnet50", 4, 64, &["--amp", "f16", "--opt", "adam8bit", "--ckpt", "stages"]),
     ("efficientnet-b0", 8, 64, &["--opt", "adam"]),
     ("efficientnet-b0", 8, 64, &["--amp", "f16", "--ckpt", "stages"]),
+    ("vit-tiny", 8, 64, &["--opt", "adamw"]),
+    ("vit-tiny", 8, 64, &["--amp", "f16", "--opt", "adamw"]),
+    ("vit-tiny", 4, 224, &["--ckpt", "stages"]),
 ];
 
 fn measure(model: &str, batch: u32, res: u32, extra: &[&str]) -> serde_json::Value {
@@ -62,12 +65,14 @@ fn predicted_memory_matches_measured_training_steps() {
 }
 
 /// The plain layers run rules of their own for what the lean ones fuse:
-/// candle's ReLU and its gradient chain, our SiLU op.
+/// candle's ReLU and its gradient chain, our SiLU op, attention that keeps
+/// its probabilities.
 #[test]
 fn predicted_memory_matches_measured_steps_of_the_plain_layers() {
     println!("{TABLE_HEAD}");
-    let rows: [(&str, u32, u32, &[&str]); 3] = [
+    let rows: [(&str, u32, u32, &[&str]); 4] = [
         ("resnet18", 16, 64, &["--layers", "plain"]),
+        ("vit-tiny", 8, 64, &["--opt", "adamw", "--layers", "plain"]),
         ("efficientnet-b0", 8, 64, &["--opt", "adam", "--layers", "plain"]),
         ("efficientnet-b0", 8, 64, &["--amp", "f16", "--opt", "adam", "--layers", "plain"]),
     ];

@@ -47,7 +47,7 @@ impl StepConfig {
     pub fn resolution(&self) -> usize {
         match self.input {
             Shape::Map { h, .. } => h,
-            Shape::Flat { .. } => 0,
+            Shape::Flat { .. } | Shape::Tokens { .. } => 0,
         }
     }
 

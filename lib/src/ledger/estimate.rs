@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::gpus::Card;
 use crate::models::{analyze, ConvLayer, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
-use crate::ops::{ConvScratch, CUDNN_WORKSPACE_BYTES};
+use crate::ops::{AttentionScratch, ConvScratch, CUDNN_WORKSPACE_BYTES};
 
 use super::bill::{line, Bill, BillKind, Line};
 use super::config::{Mode, OptimizerKind, StepConfig};
@@ -64,7 +64,12 @@ pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<
     let plan = StepPlan::of(&stage_names, config)?;
     let batch = config.batch as u64;
     let host_scratch = if device.is_cpu() { cost.convs.iter().map(|c| c.host_scratch(batch)).collect() } else { Vec::new() };
-    let step = Step { cost: &cost, config, device, plan: &plan, batch, host_scratch };
+    let attention_scratch = if device.is_cpu() {
+        cost.attentions.iter().map(|a| (a.stage, a.host_scratch(batch, config.precision, config.layers))).collect()
+    } else {
+        Vec::new()
+    };
+    let step = Step { cost: &cost, config, device, plan: &plan, batch, host_scratch, attention_scratch };
     let (bills, recorder) = match config.mode {
         Mode::Training => (step.training_bills(), step.walk_training()),
         Mode::Inference => (step.inference_bills(), step.walk_inference()),
@@ -90,6 +95,9 @@ struct Step<'a> {
     /// On the CPU, what each of `cost.convs` allocates beyond its operands
     /// (none on a device, whose convolutions share cuDNN's one workspace).
     host_scratch: Vec<ConvScratch>,
+    /// On the CPU, each attention's stage and what it allocates beyond its
+    /// operands, result and what it keeps (its score buffers, per busy thread).
+    attention_scratch: Vec<(usize, AttentionScratch)>,
 }
 
 impl Step<'_> {
@@ -168,7 +176,8 @@ impl Step<'_> {
     /// threads at once (columns, stacked images, gemm's packing).
     fn workspace(&self) -> u64 {
         if self.device.is_cpu() {
-            self.host_scratch.iter().map(ConvScratch::most).max().unwrap_or(0)
+            let convs = self.host_scratch.iter().map(ConvScratch::most);
+            convs.chain(self.attention_scratch.iter().map(|(_, a)| a.most())).max().unwrap_or(0)
         } else {
             self.device_workspace()
         }
@@ -186,7 +195,17 @@ impl Step<'_> {
 
     /// The host convolutions' scratch while stage `i` runs forward.
     fn forward_workspace(&self, i: usize) -> u64 {
-        self.host_convs(i).map(|(_, scratch)| scratch.forward).max().unwrap_or(0)
+        let convs = self.host_convs(i).map(|(_, scratch)| scratch.forward);
+        convs.chain(self.host_attentions(i).map(|a| a.forward)).max().unwrap_or(0)
+    }
+
+    /// The host attentions' score buffers while stage `i` runs backward.
+    fn backward_workspace(&self, i: usize) -> u64 {
+        self.host_attentions(i).map(|a| a.backward).max().unwrap_or(0)
+    }
+
+    fn host_attentions(&self, i: usize) -> impl Iterator<Item = &AttentionScratch> {
+        self.attention_scratch.iter().filter(move |(stage, _)| *stage == i).map(|(_, scratch)| scratch)
     }
 
     /// The moments inside the host convolutions' backward passes in stage
@@ -201,13 +220,15 @@ impl Step<'_> {
             let mut during = *live;
             during.remove(Part::Gradients, (c.params_before - stage_start) * F32_BYTES);
             let precision = self.config.precision;
-            let gradients = (c.input.elems() + c.output.elems()) * precision.compute_bytes();
+            let input_gradient = if c.reads_images { 0 } else { c.input.elems() };
+            let gradients = (input_gradient + c.output.elems()) * precision.compute_bytes();
             during.add(Part::BackwardTemporaries, self.batch * gradients + root);
             // The weight gradient is summed in f32 beside the pass's scratch,
             // then under mixed precision cast to half beside itself.
             let half_copy = if precision.is_mixed() { c.weights() * precision.compute_bytes() } else { 0 };
             let weight_gradient = c.weights() * F32_BYTES + scratch.weight_gradient.max(half_copy);
-            during.add(Part::Workspace, scratch.input_gradient.max(weight_gradient));
+            let input_scratch = if c.reads_images { 0 } else { scratch.input_gradient };
+            during.add(Part::Workspace, input_scratch.max(weight_gradient));
             during
         })
     }
@@ -307,7 +328,9 @@ impl Step<'_> {
     }
 
     fn workspace_label(&self) -> &'static str {
-        if self.device.is_cpu() {
+        if self.device.is_cpu() && !self.attention_scratch.is_empty() {
+            "conv and attention scratch (im2col columns and gemm buffers, or attention's score buffers)"
+        } else if self.device.is_cpu() {
             "conv workspace (the largest conv's im2col columns and gemm buffers)"
         } else {
             "cuDNN workspace (one per device, made at the first convolution)"
@@ -423,13 +446,19 @@ impl Step<'_> {
                 }
                 let mut transient = Parts::default();
                 transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes + root);
+                transient.set(Part::Workspace, self.backward_workspace(i));
                 live.add(Part::Gradients, stage.cost.params * F32_BYTES);
                 // The stage's largest weight gradient is made before the
                 // gradients of the layers that precede it.
                 let mut at_largest_weight = live;
                 at_largest_weight.remove(Part::Gradients, stage.cost.params_before_largest * F32_BYTES);
                 at_largest_weight.add(Part::BackwardTemporaries, stage.cost.largest_param_elems * self.weight_gradient_temporary_bytes());
-                let moments = [at_largest_weight, live.plus(&transient)].into_iter().chain(self.host_conv_backward(i, &live, root));
+                // The stage's largest backward runs before the gradients of
+                // the layers that precede it are made.
+                let mut at_largest_backward = live;
+                at_largest_backward.remove(Part::Gradients, stage.cost.params_before_largest_backward * F32_BYTES);
+                let moments =
+                    [at_largest_weight, at_largest_backward.plus(&transient)].into_iter().chain(self.host_conv_backward(i, &live, root));
                 for during in moments {
                     if during.total() > highest.total() {
                         highest = during;

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::cost::Cost;
 use super::lean::{self, Layers};
-use super::precision::Precision;
+use super::precision::{Precision, F32_BYTES};
 use super::rules;
 use super::shape::Shape;
 use super::spec::{Conv2d, Grouping, ModelSpec, Op, Stage};
@@ -46,6 +46,32 @@ pub struct ModelCost {
     pub total: Cost,
     /// Every convolution, in forward order, with what reaches it.
     pub convs: Vec<ConvLayer>,
+    /// Every attention, in forward order.
+    pub attentions: Vec<AttentionLayer>,
+}
+
+/// An attention of the model: its stage and sizes per sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct AttentionLayer {
+    pub stage: usize,
+    pub tokens: usize,
+    /// Features of its output (its input holds q, k and v: three times as many).
+    pub dim: usize,
+    pub heads: usize,
+}
+
+impl AttentionLayer {
+    /// What our CPU attention allocates beyond its operands, its result and
+    /// what it keeps, at `batch`, in each of its passes, as `layers` run it.
+    pub fn host_scratch(&self, batch: u64, precision: Precision, layers: Layers) -> crate::ops::AttentionScratch {
+        let keeps = match layers {
+            Layers::Plain => crate::ops::AttentionKeeps::Probabilities,
+            Layers::Lean => crate::ops::AttentionKeeps::RowStatistics,
+        };
+        // The walk has already checked every attention's heads against its input.
+        crate::ops::attention_scratch(batch as usize, self.tokens, self.dim, self.heads, precision.compute_dtype(), keeps)
+            .unwrap_or_default()
+    }
 }
 
 /// A convolution of the model, with its per-sample input and output.
@@ -57,6 +83,9 @@ pub struct ConvLayer {
     pub conv: Conv2d,
     /// Parameters of the model's layers before this one, in forward order.
     pub params_before: u64,
+    /// Whether it takes the batch itself (the model's first layer): its
+    /// backward makes no input gradient.
+    pub reads_images: bool,
 }
 
 impl ConvLayer {
@@ -91,7 +120,14 @@ impl ConvLayer {
 /// Under mixed precision a cast of the input opens the first stage; the
 /// cross-entropy loss closes the last one (training keeps its tensors).
 pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Layers) -> Result<ModelCost, ModelError> {
-    let mut costing = Costing { precision, layers, last_stage: spec.stages.len().saturating_sub(1), convs: Vec::new(), params_seen: 0 };
+    let mut costing = Costing {
+        precision,
+        layers,
+        last_stage: spec.stages.len().saturating_sub(1),
+        convs: Vec::new(),
+        attentions: Vec::new(),
+        params_seen: 0,
+    };
     let mut rows = Vec::with_capacity(256);
     let mut stages = Vec::with_capacity(spec.stages.len());
     let mut total = Cost::default();
@@ -110,6 +146,7 @@ pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Lay
         stages,
         total,
         convs: costing.convs,
+        attentions: costing.attentions,
     })
 }
 
@@ -119,6 +156,7 @@ struct Costing {
     layers: Layers,
     last_stage: usize,
     convs: Vec<ConvLayer>,
+    attentions: Vec<AttentionLayer>,
     params_seen: u64,
 }
 
@@ -152,6 +190,30 @@ impl Row {
     }
 }
 
+impl Costing {
+    /// The attention's score matrix as a line of its own after its layer:
+    /// `heads x tokens x tokens` per sample, what the plain layers keep of it
+    /// (the softmax probabilities) or the lean ones (one f32 log-sum-exp per
+    /// row; backward computes the probabilities again).
+    fn scores(&self, site: &Site<'_>, heads: usize, tokens: usize) -> Row {
+        let (h, n) = (heads as u64, tokens as u64);
+        let (kind, saved) = match self.layers {
+            Layers::Plain => ("Softmax (kept)", self.bytes(h * n * n)),
+            Layers::Lean => ("Softmax (recomputed)", h * n * F32_BYTES),
+        };
+        let cost = Cost { saved_bytes: saved, largest_tensor_bytes: saved, ..Cost::default() };
+        let parent = site.path.rsplit_once('.').map_or("", |(parent, _)| parent);
+        Row {
+            path: if parent.is_empty() { "softmax".to_owned() } else { format!("{parent}.softmax") },
+            kind,
+            depth: site.depth,
+            stage: site.stage,
+            output: Shape::map(heads, tokens, tokens),
+            cost,
+        }
+    }
+}
+
 impl Fold for Costing {
     type Layer = Costed;
     type Stage = (StageCost, Vec<Row>);
@@ -160,11 +222,36 @@ impl Fold for Costing {
         // In inference, what enclosing blocks keep for their residual add is
         // alive while the layer runs.
         cost.eval_live_bytes += self.bytes(site.waiting);
-        if let Op::Conv2d(conv) = site.layer.op {
-            self.convs.push(ConvLayer { stage: site.stage, input: site.input, output, conv, params_before: self.params_seen });
+        let conv = match site.layer.op {
+            Op::Conv2d(conv) => Some((conv, output)),
+            Op::PatchEmbed { patch, dim } => match site.input {
+                Shape::Map { h, w, .. } => Some((Conv2d::new(dim, patch, patch, 0), Shape::map(dim, h / patch, w / patch))),
+                _ => None,
+            },
+            _ => None,
+        };
+        if let Some((conv, output)) = conv {
+            let reads_images = site.reads_images;
+            self.convs.push(ConvLayer {
+                stage: site.stage,
+                input: site.input,
+                output,
+                conv,
+                params_before: self.params_seen,
+                reads_images,
+            });
         }
         self.params_seen += cost.params;
-        Ok(Costed { cost, rows: vec![Row::at(site, output, cost)] })
+        let scores = match (&site.layer.op, site.input) {
+            (Op::Attention { heads }, Shape::Tokens { n, .. }) => {
+                self.attentions.push(AttentionLayer { stage: site.stage, tokens: n, dim: output.channels(), heads: *heads });
+                Some(self.scores(&site, *heads, n))
+            }
+            _ => None,
+        };
+        let mut rows = vec![Row::at(site, output, cost)];
+        rows.extend(scores);
+        Ok(Costed { cost, rows })
     }
 
     fn block(&mut self, site: Site<'_>, block: Block<Costed>, merged: Shape, output: Shape) -> Result<Costed, ModelError> {

@@ -27,6 +27,9 @@ pub struct Cost {
     /// Bytes a layer's backward holds at once beyond what the graph keeps:
     /// the incoming gradient, the op's own temporaries and the input gradient.
     pub backward_bytes: u64,
+    /// Parameters that come before the first layer with that largest
+    /// backward in forward order: their gradients are not yet made when it runs.
+    pub params_before_largest_backward: u64,
     /// The largest parameter tensor (elements); the optimizer step works one tensor at a time.
     pub largest_param_elems: u64,
     /// Parameters that come before the first tensor of that largest size in
@@ -54,6 +57,11 @@ impl Cost {
             eval_live_bytes: self.eval_live_bytes.max(next.eval_live_bytes),
             largest_tensor_bytes: self.largest_tensor_bytes.max(next.largest_tensor_bytes),
             backward_bytes: self.backward_bytes.max(next.backward_bytes),
+            params_before_largest_backward: if next.backward_bytes > self.backward_bytes {
+                self.params + next.params_before_largest_backward
+            } else {
+                self.params_before_largest_backward
+            },
             largest_param_elems: self.largest_param_elems.max(next.largest_param_elems),
             params_before_largest: if next.largest_param_elems > self.largest_param_elems {
                 self.params + next.params_before_largest

@@ -246,13 +246,77 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
+    /// `x` is `N x in` or, for tokens, `N x tokens x in` (one matrix of `N * tokens` rows).
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let w = cast(&pass.param(&self.weight), pass.compute)?;
-        let y = x.matmul(&w.t()?)?;
+        let y = match *x.dims() {
+            [n, tokens, features] => x.reshape((n * tokens, features))?.matmul(&w.t()?)?.reshape((n, tokens, ()))?,
+            _ => x.matmul(&w.t()?)?,
+        };
         match &self.bias {
             Some(bias) => y.broadcast_add(&cast(&pass.param(bias), pass.compute)?),
             None => Ok(y),
         }
+    }
+}
+
+/// Layer-norm over the last dimension (`ops::layer_norm`), PyTorch's init
+/// (weight 1, bias 0). Its weight and bias stay f32 under mixed precision.
+#[derive(Debug)]
+pub struct LayerNorm {
+    weight: Var,
+    bias: Var,
+    eps: f64,
+}
+
+impl LayerNorm {
+    pub(crate) fn new(b: &mut Builder, name: &str, features: usize, eps: f64) -> Result<Self> {
+        let weight = b.param(format!("{name}.weight"), vec![1.0; features], &[features])?;
+        let bias = b.param(format!("{name}.bias"), vec![0.0; features], &[features])?;
+        Ok(LayerNorm { weight, bias, eps })
+    }
+
+    pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        ops::layer_norm(x, &pass.param(&self.weight), &pass.param(&self.bias), self.eps)
+    }
+}
+
+/// A vision transformer's entry as torchvision's `VisionTransformer` has it:
+/// the patches' projection (weight truncated normal with std sqrt(1 /
+/// fan-in), bias 0), the class token (0) and the positions (normal, std
+/// 0.02), sized for the input the network is built for. All four sit under
+/// the layer's name (`conv_proj.class_token`); the files use torchvision's
+/// (`class_token`, `encoder.pos_embedding`).
+#[derive(Debug)]
+pub struct PatchEmbed {
+    weight: Var,
+    bias: Var,
+    class_token: Var,
+    positions: Var,
+    patch: usize,
+}
+
+impl PatchEmbed {
+    pub(crate) fn new(b: &mut Builder, name: &str, channels: usize, patch: usize, dim: usize, tokens: usize) -> Result<Self> {
+        let fan_in = channels * patch * patch;
+        let std = (1.0 / fan_in as f64).sqrt();
+        let values = b.normal(dim * fan_in, std)?.into_iter().map(|v| v.clamp(-2.0 * std as f32, 2.0 * std as f32)).collect();
+        let weight = b.param(format!("{name}.weight"), values, &[dim, channels, patch, patch])?;
+        let bias = b.param(format!("{name}.bias"), vec![0.0; dim], &[dim])?;
+        let class_token = b.param(format!("{name}.class_token"), vec![0.0; dim], &[1, 1, dim])?;
+        let values = b.normal(tokens * dim, 0.02)?;
+        let positions = b.param(format!("{name}.pos_embedding"), values, &[1, tokens, dim])?;
+        Ok(PatchEmbed { weight, bias, class_token, positions, patch })
+    }
+
+    pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let param = |v: &Var| cast(&pass.param(v), pass.compute);
+        let p = ConvParams { stride: self.patch, padding: 0, groups: 1 };
+        let grid = ops::conv2d(x, &param(&self.weight)?, p)?;
+        let (n, dim, gh, gw) = grid.dims4()?;
+        let patches = grid.reshape((n, dim, gh * gw))?.transpose(1, 2)?.contiguous()?.broadcast_add(&param(&self.bias)?)?;
+        let class = param(&self.class_token)?.broadcast_as((n, 1, dim))?.contiguous()?;
+        Tensor::cat(&[&class, &patches], 1)?.broadcast_add(&param(&self.positions)?)
     }
 }
 

@@ -30,5 +30,9 @@ pub(crate) fn check_input(model: &str, input: Shape) -> Result<(), ModelError> {
             check(model, "input width", w, MAX_SIDE)
         }
         Shape::Flat { features } => check(model, "input features", features, MAX_SIDE * MAX_SIDE),
+        Shape::Tokens { n, d } => {
+            check(model, "input tokens", n, MAX_SIDE * MAX_SIDE)?;
+            check(model, "input features", d, MAX_SIDE * MAX_SIDE)
+        }
     }
 }

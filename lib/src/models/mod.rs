@@ -16,11 +16,12 @@ mod shape;
 mod small_cnn;
 mod spec;
 mod summary;
+mod vit;
 mod walk;
 mod weights;
 mod zoo;
 
-pub use analysis::{analyze, ConvLayer, ModelCost, Row, StageCost};
+pub use analysis::{analyze, AttentionLayer, ConvLayer, ModelCost, Row, StageCost};
 pub use cost::{Cost, SMALL_TENSOR_ELEMS};
 pub use efficientnet::efficientnet_b0;
 pub use layers::{global_avg_pool, Named, Pass};
@@ -33,6 +34,7 @@ pub use shape::Shape;
 pub use small_cnn::small_cnn;
 pub use spec::{Block, Conv2d, Grouping, Layer, ModelSpec, Op, Shortcut, Stage};
 pub use summary::{Summarize, Summary};
+pub use vit::{vit, vit_small, vit_tiny, VitSize, VIT_SMALL, VIT_TINY};
 pub use weights::{torchvision_names, Mismatch, WeightsError};
 pub use zoo::{model, ModelName};
 

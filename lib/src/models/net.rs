@@ -7,7 +7,7 @@ use candle_core::{Device, Result, Tensor};
 use rand::SeedableRng;
 
 use super::cost::Cost;
-use super::layers::{global_avg_pool, BatchNorm, Builder, Conv, Dropout, Linear, Named, Pass, SqueezeExcite};
+use super::layers::{global_avg_pool, BatchNorm, Builder, Conv, Dropout, LayerNorm, Linear, Named, Pass, PatchEmbed, SqueezeExcite};
 use super::lean::{self, Layers};
 use super::precision::Precision;
 use super::rules;
@@ -15,7 +15,7 @@ use super::shape::Shape;
 use super::spec::{self, ModelSpec, Op, Stage};
 use super::walk::{walk, Block, Fold, Shortcut, Site};
 use super::ModelError;
-use crate::ops::{self, Activation, Norm, Residual, Then};
+use crate::ops::{self, Activation, AttentionKeeps, Norm, Residual, Then};
 
 #[derive(Debug)]
 pub(super) enum Module {
@@ -30,6 +30,11 @@ pub(super) enum Module {
     Dropout(Box<Dropout>),
     Linear(Linear),
     SqueezeExcite(SqueezeExcite),
+    LayerNorm(LayerNorm),
+    Gelu,
+    PatchEmbed(Box<PatchEmbed>),
+    Attention { heads: usize, keeps: AttentionKeeps },
+    ClassToken,
     Block(Box<Block<Module>>),
     NormAct(Box<NormAct>),
     Merge(Box<Merge>),
@@ -216,6 +221,11 @@ impl Module {
             Module::Dropout(dropout) => dropout.forward(x, pass),
             Module::Linear(linear) => linear.forward(x, pass),
             Module::SqueezeExcite(se) => se.forward(x, pass),
+            Module::LayerNorm(norm) => norm.forward(x, pass),
+            Module::Gelu => ops::gelu(x),
+            Module::PatchEmbed(embed) => embed.forward(x, pass),
+            Module::Attention { heads, keeps } => ops::attention(x, *heads, *keeps),
+            Module::ClassToken => x.narrow(1, 0, 1)?.squeeze(1)?.contiguous(),
             Module::NormAct(group) => group.forward_owned(x.clone(), pass),
             Module::Merge(merge) => merge.forward(x, pass),
             Module::Block(block) => {
@@ -375,7 +385,7 @@ impl Fold for Builder<'_> {
     type Layer = Module;
     type Stage = Vec<Module>;
 
-    fn leaf(&mut self, site: Site<'_>, _output: Shape, _cost: Cost) -> std::result::Result<Module, ModelError> {
+    fn leaf(&mut self, site: Site<'_>, output: Shape, _cost: Cost) -> std::result::Result<Module, ModelError> {
         let (name, input) = (site.path.as_str(), site.input);
         let module = match &site.layer.op {
             Op::Conv2d(conv) => Conv::new(self, name, *conv, input.channels()).map(Module::Conv),
@@ -390,6 +400,23 @@ impl Fold for Builder<'_> {
             Op::SqueezeExcite { squeeze_channels } => {
                 SqueezeExcite::new(self, name, input.channels(), *squeeze_channels).map(Module::SqueezeExcite)
             }
+            Op::LayerNorm { eps } => LayerNorm::new(self, name, input.channels(), *eps).map(Module::LayerNorm),
+            Op::Gelu => Ok(Module::Gelu),
+            Op::PatchEmbed { patch, dim } => {
+                let tokens = match output {
+                    Shape::Tokens { n, .. } => n,
+                    _ => return Err(site.rejected("a patch embedding's output is tokens".to_owned())),
+                };
+                PatchEmbed::new(self, name, input.channels(), *patch, *dim, tokens).map(|e| Module::PatchEmbed(Box::new(e)))
+            }
+            Op::Attention { heads } => {
+                let keeps = match self.layers {
+                    Layers::Plain => AttentionKeeps::Probabilities,
+                    Layers::Lean => AttentionKeeps::RowStatistics,
+                };
+                Ok(Module::Attention { heads: *heads, keeps })
+            }
+            Op::ClassToken => Ok(Module::ClassToken),
             Op::Block(_) => return Err(site.rejected(rules::NOT_A_LEAF.to_owned())),
         };
         module.map_err(|source| ModelError::Build { model: site.model.to_owned(), layer: site.path.clone(), source: Box::new(source) })

@@ -28,7 +28,7 @@
 //! (an upper bound: some of its temporaries die earlier).
 
 use super::cost::Cost;
-use super::lean::Role;
+use super::lean::{Layers, Role};
 use super::precision::{Precision, F32_BYTES};
 use super::shape::Shape;
 use super::spec::{Conv2d, Grouping, Op};
@@ -39,13 +39,15 @@ pub(crate) type Rejection = String;
 /// A block is walked through its layers; it has no rule of its own.
 pub(crate) const NOT_A_LEAF: &str = "a block is not a leaf op";
 
-/// The output shape and cost of a leaf op (anything but a block).
-pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape, Cost), Rejection> {
+/// The output shape and cost of a leaf op (anything but a block), as
+/// `layers` run it. An op that `reads_images` takes the batch itself, which
+/// needs no gradient: its backward makes none for its input.
+pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, reads_images: bool) -> Result<(Shape, Cost), Rejection> {
     let cb = precision.compute_bytes();
     let in_bytes = input.elems() * cb;
     let mut cost = Cost::default();
     let output = match *op {
-        Op::Conv2d(conv) => return conv2d(conv, input, precision),
+        Op::Conv2d(conv) => return conv2d(conv, input, precision, reads_images),
         // `ops::batch_norm_train` is one op: it materialises only its output
         // (in the input's dtype; its arithmetic is f32, so a half input is read
         // through an f32 copy and the f32 result is cast back: workspace).
@@ -121,11 +123,14 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
             cost.eval_live_bytes = in_bytes;
             input
         }
-        // candle-nn `Linear`: matmul (keeps input and weight), then
-        // broadcast_add of the bias: two outputs of `out_features`.
+        // candle's matmul (keeps input and weight), then broadcast_add of
+        // the bias: two outputs of `out_features` per vector or per token (a
+        // token sequence is one matrix of `tokens` rows, a view).
         Op::Linear { out_features, bias } => {
-            let Shape::Flat { features } = input else {
-                return Err(format!("a linear layer needs a flat input, got a {input} map (flatten first)"));
+            let (rows, features, output) = match input {
+                Shape::Flat { features } => (1, features, Shape::Flat { features: out_features }),
+                Shape::Tokens { n, d } => (n, d, Shape::Tokens { n, d: out_features }),
+                Shape::Map { .. } => return Err(format!("a linear layer needs a flat input or tokens, got a {input} map (flatten first)")),
             };
             let weights = (features * out_features) as u64;
             cost.param_tensor(weights);
@@ -133,15 +138,15 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
                 cost.param_tensor(out_features as u64);
             }
             cost.amp_copy_params = cost.params;
-            cost.macs = weights;
-            let out = out_features as u64 * cb;
+            cost.macs = rows as u64 * weights;
+            let out = output.elems() * cb;
             cost.keep(out);
             if bias {
                 cost.keep(out);
             }
             cost.backward_bytes = out + in_bytes;
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
-            Shape::Flat { features: out_features }
+            output
         }
         // Pool (2 tiny), 1x1 conv + bias add (2 x squeeze), SiLU, 1x1 conv +
         // bias add (2 x C), sigmoid (C), then x * gate: one full-size tensor.
@@ -162,8 +167,119 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision) -> Result<(Shape
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
             input
         }
+        // `ops::layer_norm` keeps only its operands (backward computes each
+        // row's statistics again) and materialises its output. Its weight and
+        // bias stay f32 under mixed precision (autocast runs layer-norm in
+        // f32); a half input is read through an f32 copy and the f32 result
+        // cast back. Backward: the incoming gradient and the f32 input
+        // gradient, under mixed precision f32 copies of input and gradient
+        // and the half result.
+        Op::LayerNorm { .. } => {
+            let features = match input {
+                Shape::Flat { features } => features,
+                Shape::Tokens { d, .. } => d,
+                Shape::Map { .. } => return Err(format!("layer-norm normalises tokens or a vector, got a {input} map")),
+            };
+            let e = input.elems();
+            cost.param_tensor(features as u64);
+            cost.param_tensor(features as u64);
+            cost.keep(in_bytes);
+            if precision.is_mixed() {
+                cost.workspace_bytes = 2 * e * F32_BYTES;
+            }
+            cost.backward_bytes = 2 * in_bytes + if precision.is_mixed() { 3 * e * F32_BYTES } else { 0 };
+            cost.eval_live_bytes = 2 * in_bytes + cost.workspace_bytes;
+            input
+        }
+        // `ops::gelu` keeps its input (the layer before's output) and
+        // materialises its output; backward computes the derivative again
+        // from the input. A half input is read through an f32 copy.
+        Op::Gelu => {
+            let e = input.elems();
+            cost.keep(in_bytes);
+            if precision.is_mixed() {
+                cost.workspace_bytes = e * F32_BYTES;
+            }
+            cost.backward_bytes = 2 * in_bytes + if precision.is_mixed() { 2 * e * F32_BYTES } else { 0 };
+            cost.eval_live_bytes = 2 * in_bytes + cost.workspace_bytes;
+            input
+        }
+        Op::PatchEmbed { patch, dim } => return patch_embed(patch, dim, input, precision, reads_images),
+        Op::Attention { heads } => return attention(heads, input, precision, layers),
+        // A narrow of the first token, made contiguous for the linear layer
+        // after it. Its gradient is a zero tensor of the input's size with
+        // the token's gradient written in.
+        Op::ClassToken => {
+            let Shape::Tokens { d, .. } = input else {
+                return Err(format!("the class token is taken from tokens, got {input}"));
+            };
+            cost.keep(d as u64 * cb);
+            cost.backward_bytes = 2 * in_bytes;
+            cost.eval_live_bytes = in_bytes + d as u64 * cb;
+            Shape::Flat { features: d }
+        }
         Op::Block(_) => return Err(NOT_A_LEAF.to_owned()),
     };
+    Ok((output, cost))
+}
+
+/// `PatchEmbed`: the patches' convolution without bias (`ops::conv2d`,
+/// `conv2d`'s rule), its output made tokens (a transpose, copied
+/// contiguous), the bias added, the class token put before them (`cat`,
+/// which first copies the class token broadcast over the batch) and the
+/// positions added: four more tensors of the tokens' size, all kept.
+fn patch_embed(patch: usize, dim: usize, input: Shape, precision: Precision, reads_images: bool) -> Result<(Shape, Cost), Rejection> {
+    let (_, h, w) = map(input, "patch embedding")?;
+    if patch == 0 || h < patch || w < patch {
+        return Err(format!("a {patch}x{patch} patch does not fit in {h}x{w} pixels"));
+    }
+    let (_, mut cost) = conv2d(Conv2d::new(dim, patch, patch, 0), input, precision, reads_images)?;
+    let patches = (h / patch) * (w / patch);
+    let tokens = patches + 1;
+    let (dim64, cb) = (dim as u64, precision.compute_bytes());
+    cost.param_tensor(dim64);
+    cost.param_tensor(dim64);
+    cost.param_tensor(tokens as u64 * dim64);
+    cost.amp_copy_params = cost.params;
+    let grid = patches as u64 * dim64 * cb;
+    let sequence = tokens as u64 * dim64 * cb;
+    cost.keep(grid);
+    cost.keep(grid);
+    cost.keep(dim64 * cb);
+    cost.keep(sequence);
+    cost.keep(sequence);
+    cost.backward_bytes = cost.backward_bytes.max(3 * sequence);
+    cost.eval_live_bytes = input.elems() * cb + cost.saved_bytes + cost.workspace_bytes;
+    Ok((Shape::Tokens { n: tokens, d: dim }, cost))
+}
+
+/// `ops::attention` over `tokens x 3d`: it materialises its output, and
+/// keeps either the softmax probabilities (`heads x tokens x tokens`, the
+/// plain layers, as PyTorch's math attention) or one f32 log-sum-exp per
+/// row (the lean layers, as memory-efficient attention: backward computes
+/// the probabilities again from q and k). Its per-thread score buffers are
+/// the ledger's (`ModelCost::attentions`).
+fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers) -> Result<(Shape, Cost), Rejection> {
+    let Shape::Tokens { n, d: qkv } = input else {
+        return Err(format!("attention takes tokens (q, k and v side by side), got {input}"));
+    };
+    if heads == 0 || qkv % (3 * heads) != 0 {
+        return Err(format!("{qkv} features are not q, k and v of {heads} heads each"));
+    }
+    let d = qkv / 3;
+    let (cb, n64, h64) = (precision.compute_bytes(), n as u64, heads as u64);
+    let output = Shape::Tokens { n, d };
+    let mut cost = Cost { macs: 2 * n64 * n64 * d as u64, ..Cost::default() };
+    cost.keep(output.elems() * cb);
+    match layers {
+        Layers::Plain => cost.keep(h64 * n64 * n64 * cb),
+        Layers::Lean => cost.keep(h64 * n64 * F32_BYTES),
+    }
+    if precision.is_mixed() {
+        cost.workspace_bytes = (input.elems() + output.elems()) * F32_BYTES;
+    }
+    cost.backward_bytes = (output.elems() + input.elems()) * cb;
+    cost.eval_live_bytes = input.elems() * cb + output.elems() * cb + cost.workspace_bytes;
     Ok((output, cost))
 }
 
@@ -221,7 +337,7 @@ pub(crate) fn lean_merge(merged: Shape, precision: Precision, projected: bool) -
 /// broadcast_add output. A depthwise conv is a direct loop with no columns;
 /// in half precision both kinds read an f32 copy of the input and write an
 /// f32 result before the cast back.
-fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Cost), Rejection> {
+fn conv2d(conv: Conv2d, input: Shape, precision: Precision, reads_images: bool) -> Result<(Shape, Cost), Rejection> {
     let cb = precision.compute_bytes();
     let (c, h, w) = map(input, "conv2d")?;
     let k = conv.kernel;
@@ -250,7 +366,8 @@ fn conv2d(conv: Conv2d, input: Shape, precision: Precision) -> Result<(Shape, Co
     if conv.bias {
         cost.keep(e * cb);
     }
-    cost.backward_bytes = (e + input.elems()) * cb;
+    let input_gradient = if reads_images { 0 } else { input.elems() };
+    cost.backward_bytes = (e + input_gradient) * cb;
     cost.eval_live_bytes = input.elems() * cb + cost.saved_bytes + cost.workspace_bytes;
     Ok((out, cost))
 }
@@ -282,6 +399,7 @@ fn map(input: Shape, what: &str) -> Result<(usize, usize, usize), Rejection> {
     match input {
         Shape::Map { c, h, w } => Ok((c, h, w)),
         Shape::Flat { .. } => Err(format!("{what} needs a C x H x W map, got a flat vector of {input}")),
+        Shape::Tokens { .. } => Err(format!("{what} needs a C x H x W map, got {input}")),
     }
 }
 
@@ -299,7 +417,7 @@ mod tests {
 
     #[test]
     fn conv_output_and_params_follow_the_usual_formulas() {
-        let (out, cost) = conv2d(Conv2d::new(64, 7, 2, 3), Shape::map(3, 224, 224), Precision::F32).unwrap();
+        let (out, cost) = conv2d(Conv2d::new(64, 7, 2, 3), Shape::map(3, 224, 224), Precision::F32, false).unwrap();
         assert_eq!(out, Shape::map(64, 112, 112));
         assert_eq!(cost.params, 64 * 3 * 7 * 7);
         assert_eq!(cost.saved_bytes, 112 * 112 * 64 * 4);
@@ -309,7 +427,7 @@ mod tests {
 
     #[test]
     fn depthwise_conv_keeps_its_output_once() {
-        let (out, cost) = conv2d(Conv2d::depthwise(32, 3, 1), Shape::map(32, 10, 10), Precision::F32).unwrap();
+        let (out, cost) = conv2d(Conv2d::depthwise(32, 3, 1), Shape::map(32, 10, 10), Precision::F32, false).unwrap();
         assert_eq!(out, Shape::map(32, 10, 10));
         assert_eq!(cost.params, 32 * 9);
         assert_eq!(cost.saved_bytes, 3200 * 4);
@@ -318,19 +436,47 @@ mod tests {
     #[test]
     fn fused_batch_norm_keeps_only_its_output() {
         let input = Shape::map(8, 4, 4);
-        let (_, f32_cost) = leaf(&Op::BatchNorm2d, input, Precision::F32).unwrap();
+        let (_, f32_cost) = leaf(&Op::BatchNorm2d, input, Precision::F32, Layers::Plain, false).unwrap();
         assert_eq!(f32_cost.saved_bytes, 128 * 4);
-        let (_, amp) = leaf(&Op::BatchNorm2d, input, Precision::F16Amp).unwrap();
+        let (_, amp) = leaf(&Op::BatchNorm2d, input, Precision::F16Amp, Layers::Plain, false).unwrap();
         assert_eq!(amp.saved_bytes, 128 * 2);
         assert_eq!(amp.workspace_bytes, 2 * 128 * 4);
         assert_eq!((amp.params, amp.buffers), (16, 16));
     }
 
     #[test]
+    fn attention_keeps_its_probabilities_or_one_statistic_per_row() {
+        let input = Shape::Tokens { n: 197, d: 3 * 192 };
+        let (out, plain) = leaf(&Op::Attention { heads: 3 }, input, Precision::F32, Layers::Plain, false).unwrap();
+        assert_eq!(out, Shape::Tokens { n: 197, d: 192 });
+        assert_eq!(plain.saved_bytes, (197 * 192 + 3 * 197 * 197) * 4);
+        let (_, lean) = leaf(&Op::Attention { heads: 3 }, input, Precision::F32, Layers::Lean, false).unwrap();
+        assert_eq!(lean.saved_bytes, (197 * 192 + 3 * 197) * 4);
+        assert_eq!(lean.macs, 2 * 197 * 197 * 192);
+        let err = leaf(&Op::Attention { heads: 5 }, input, Precision::F32, Layers::Lean, false).unwrap_err();
+        assert_eq!(err, "576 features are not q, k and v of 5 heads each");
+    }
+
+    #[test]
+    fn a_patch_embedding_makes_tokens_and_a_linear_layer_reads_them() {
+        let (tokens, cost) =
+            leaf(&Op::PatchEmbed { patch: 16, dim: 192 }, Shape::map(3, 224, 224), Precision::F32, Layers::Lean, true).unwrap();
+        assert_eq!(tokens, Shape::Tokens { n: 197, d: 192 });
+        assert_eq!(cost.params, 192 * 3 * 16 * 16 + 192 + 192 + 197 * 192);
+        let (out, linear) = leaf(&Op::Linear { out_features: 768, bias: true }, tokens, Precision::F32, Layers::Lean, false).unwrap();
+        assert_eq!(out, Shape::Tokens { n: 197, d: 768 });
+        assert_eq!(linear.macs, 197 * 192 * 768);
+        let err = leaf(&Op::PatchEmbed { patch: 16, dim: 192 }, Shape::map(3, 8, 8), Precision::F32, Layers::Lean, true).unwrap_err();
+        assert_eq!(err, "a 16x16 patch does not fit in 8x8 pixels");
+        let err = leaf(&Op::LayerNorm { eps: 1e-6 }, Shape::map(3, 8, 8), Precision::F32, Layers::Lean, false).unwrap_err();
+        assert!(err.contains("layer-norm normalises tokens or a vector"), "{err}");
+    }
+
+    #[test]
     fn too_small_inputs_and_wrong_ranks_are_rejected() {
-        let err = conv2d(Conv2d::new(8, 3, 1, 0), Shape::map(3, 2, 2), Precision::F32).unwrap_err();
+        let err = conv2d(Conv2d::new(8, 3, 1, 0), Shape::map(3, 2, 2), Precision::F32, false).unwrap_err();
         assert!(err.contains("does not fit in 2 pixels"), "{err}");
-        let err = leaf(&Op::Linear { out_features: 10, bias: true }, Shape::map(4, 2, 2), Precision::F32).unwrap_err();
+        let err = leaf(&Op::Linear { out_features: 10, bias: true }, Shape::map(4, 2, 2), Precision::F32, Layers::Lean, false).unwrap_err();
         assert!(err.contains("flatten first"), "{err}");
     }
 }

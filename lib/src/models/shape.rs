@@ -2,7 +2,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The shape of one sample's activation: a feature map or a flat vector.
+/// The shape of one sample's activation: a feature map, a flat vector, or a
+/// sequence of tokens (a transformer's, `n` tokens of `d` features).
 ///
 /// Batch is kept out of the shape on purpose: every per-layer cost is
 /// computed per sample and multiplied by the batch only when a ledger asks.
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 pub enum Shape {
     Map { c: usize, h: usize, w: usize },
     Flat { features: usize },
+    Tokens { n: usize, d: usize },
 }
 
 impl Shape {
@@ -22,14 +24,16 @@ impl Shape {
         match *self {
             Shape::Map { c, h, w } => (c * h * w) as u64,
             Shape::Flat { features } => features as u64,
+            Shape::Tokens { n, d } => (n * d) as u64,
         }
     }
 
-    /// Channels of a map, features of a vector.
+    /// Channels of a map, features of a vector or of each token.
     pub fn channels(&self) -> usize {
         match *self {
             Shape::Map { c, .. } => c,
             Shape::Flat { features } => features,
+            Shape::Tokens { d, .. } => d,
         }
     }
 }
@@ -39,6 +43,7 @@ impl fmt::Display for Shape {
         match self {
             Shape::Map { c, h, w } => write!(f, "{c}x{h}x{w}"),
             Shape::Flat { features } => write!(f, "{features}"),
+            Shape::Tokens { n, d } => write!(f, "{n} tokens x {d}"),
         }
     }
 }

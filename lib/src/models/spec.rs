@@ -58,6 +58,29 @@ pub enum Op {
     SqueezeExcite {
         squeeze_channels: usize,
     },
+    /// Layer-norm over the last dimension (each token's features, or a
+    /// vector's), with affine weight and bias.
+    LayerNorm {
+        eps: f64,
+    },
+    /// GELU with the error function (PyTorch's `nn.GELU()`).
+    Gelu,
+    /// A vision transformer's entry: `patch x patch` patches, each projected
+    /// to `dim` features by a strided convolution with bias, a learned class
+    /// token before them and learned positions added:
+    /// `C x H x W -> (1 + (H/patch)(W/patch)) tokens x dim`.
+    PatchEmbed {
+        patch: usize,
+        dim: usize,
+    },
+    /// Multi-head self-attention's core, `softmax(q kᵀ / √dh) v` per head:
+    /// `tokens x 3d` (q, k and v side by side, as an in-projection gives
+    /// them) to `tokens x d`.
+    Attention {
+        heads: usize,
+    },
+    /// A transformer's class token, the first: `tokens x d -> d`.
+    ClassToken,
     /// A block: `post(body(x) + shortcut(x))`, or `post(body(x))` without a shortcut.
     Block(Block),
 }
@@ -129,6 +152,11 @@ impl Layer {
             Op::Dropout { .. } => "Dropout",
             Op::Linear { .. } => "Linear",
             Op::SqueezeExcite { .. } => "SqueezeExcitation",
+            Op::LayerNorm { .. } => "LayerNorm",
+            Op::Gelu => "GELU",
+            Op::PatchEmbed { .. } => "PatchEmbedding",
+            Op::Attention { .. } => "ScaledDotProductAttention",
+            Op::ClassToken => "ClassToken",
             Op::Block(b) if matches!(b.shortcut, Shortcut::None) => "Block",
             Op::Block(_) => "ResidualBlock",
         }

@@ -75,7 +75,10 @@ impl Summary {
             .note(if self.training {
                 let what = match self.cost.layers {
                     Layers::Plain => "every tensor the forward makes",
-                    Layers::Lean => "with the lean layers, each batch-norm's input and each lean op's output; backward recomputes the rest",
+                    Layers::Lean => {
+                        "with the lean layers, each batch-norm's input and each lean op's output, and of attention one \
+                         statistic per row of its scores instead of the probabilities; backward recomputes the rest"
+                    }
                 };
                 format!("Saved for backward: {}, what Candle's autograd keeps alive until the loss is dropped ({what}).", human(b * total.saved_bytes))
             } else {

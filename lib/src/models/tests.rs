@@ -103,7 +103,8 @@ fn zoo_names_are_forgiving_and_errors_list_the_valid_ones() {
     assert_eq!("efficientnet_b0".parse::<ModelName>().unwrap(), ModelName::EfficientnetB0);
     assert_eq!("smallcnn".parse::<ModelName>().unwrap(), ModelName::SmallCnn);
     let err = model("vgg16", 1000).unwrap_err().to_string();
-    assert_eq!(err, "unknown model `vgg16`; valid models: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn");
+    assert_eq!(err, "unknown model `vgg16`; valid models: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small");
+    assert_eq!("ViT_Small".parse::<ModelName>().unwrap(), ModelName::VitSmall);
     assert!(model("resnet50", 0).is_err());
 }
 

@@ -65,6 +65,9 @@ pub(super) struct Site<'a> {
     /// add while this layer runs: a block's input during its body, its body's
     /// output during its projection.
     pub waiting: u64,
+    /// Whether the layer takes the batch itself (the model's first layer),
+    /// which needs no gradient.
+    pub reads_images: bool,
 }
 
 impl Site<'_> {
@@ -116,7 +119,7 @@ pub(super) fn walk<F: Fold>(
     if input.elems() == 0 {
         return Err(ModelError::EmptyInput { model: spec.name.clone(), input });
     }
-    let mut walker = Walker { model: &spec.name, precision, layers, fold };
+    let mut walker = Walker { model: &spec.name, precision, layers, fold, leaves: 0 };
     let mut shape = input;
     let mut stages = Vec::with_capacity(spec.stages.len());
     for (index, stage) in spec.stages.iter().enumerate() {
@@ -133,6 +136,8 @@ struct Walker<'a, F> {
     precision: Precision,
     layers: Layers,
     fold: &'a mut F,
+    /// Leaves walked so far.
+    leaves: usize,
 }
 
 impl<'a, F: Fold> Walker<'a, F> {
@@ -152,11 +157,15 @@ impl<'a, F: Fold> Walker<'a, F> {
                 stage: scope.stage,
                 input: shape,
                 waiting: scope.waiting,
+                reads_images: self.leaves == 0,
             };
             let (one, output) = match &layer.op {
                 Op::Block(block) => self.block(block, site)?,
                 op => {
-                    let (output, cost) = rules::leaf(op, shape, self.precision).map_err(|reason| site.rejected(reason))?;
+                    self.leaves += 1;
+                    let reads_images = site.reads_images;
+                    let (output, cost) =
+                        rules::leaf(op, shape, self.precision, self.layers, reads_images).map_err(|reason| site.rejected(reason))?;
                     let cost = rules::lean(role, op, shape, output, self.precision, cost);
                     (self.fold.leaf(site, output, cost)?, output)
                 }

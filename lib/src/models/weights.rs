@@ -7,7 +7,14 @@
 //! block's `block` (the 1x1 expansion first where the block has one, then
 //! the depthwise convolution, the squeeze-excitation and the projection; in
 //! a convolution's part, `0` the convolution and `1` its batch-norm), and the
-//! files use its names.
+//! files use its names. A vision transformer's tables name each encoder
+//! layer's residual blocks (`encoder_layer_0.attention`, `.feedforward`) and
+//! the attention's projections as linear layers (`attention.in_proj.weight`);
+//! torchvision puts the layers under `encoder.layers`, has no block level,
+//! keeps the projections in `self_attention` and calls the in-projection's
+//! tensors `in_proj_weight` and `in_proj_bias`; the patch embedding's class
+//! token and positions (`conv_proj.class_token`, `conv_proj.pos_embedding`
+//! here) are its `class_token` and `encoder.pos_embedding`.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -75,6 +82,20 @@ pub fn torchvision_names<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<St
     names
         .iter()
         .map(|name| {
+            if name.ends_with(".class_token") {
+                return "class_token".to_owned();
+            }
+            if name.ends_with(".pos_embedding") {
+                return "encoder.pos_embedding".to_owned();
+            }
+            if name.starts_with("encoder_layer_") {
+                let name = name
+                    .replace(".attention.in_proj.", ".self_attention.in_proj_")
+                    .replace(".attention.out_proj.", ".self_attention.out_proj.")
+                    .replace(".attention.", ".")
+                    .replace(".feedforward.", ".");
+                return format!("encoder.layers.{name}");
+            }
             let parts: Vec<&str> = name.split('.').collect();
             let found = parts
                 .iter()

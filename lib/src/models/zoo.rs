@@ -3,7 +3,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use super::{efficientnet, resnet, small_cnn, ModelError, ModelSpec};
+use super::{efficientnet, resnet, small_cnn, vit, ModelError, ModelSpec};
 
 /// The models of the zoo, by the names the magics and the CLI accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -14,11 +14,20 @@ pub enum ModelName {
     Resnet50,
     EfficientnetB0,
     SmallCnn,
+    VitTiny,
+    VitSmall,
 }
 
 impl ModelName {
-    pub const ALL: [ModelName; 5] =
-        [ModelName::Resnet18, ModelName::Resnet34, ModelName::Resnet50, ModelName::EfficientnetB0, ModelName::SmallCnn];
+    pub const ALL: [ModelName; 7] = [
+        ModelName::Resnet18,
+        ModelName::Resnet34,
+        ModelName::Resnet50,
+        ModelName::EfficientnetB0,
+        ModelName::SmallCnn,
+        ModelName::VitTiny,
+        ModelName::VitSmall,
+    ];
 
     /// The canonical spelling (`resnet50`, `efficientnet-b0`, `small-cnn`).
     pub fn as_str(self) -> &'static str {
@@ -28,6 +37,8 @@ impl ModelName {
             ModelName::Resnet50 => "resnet50",
             ModelName::EfficientnetB0 => "efficientnet-b0",
             ModelName::SmallCnn => "small-cnn",
+            ModelName::VitTiny => "vit-tiny",
+            ModelName::VitSmall => "vit-small",
         }
     }
 
@@ -39,6 +50,8 @@ impl ModelName {
             ModelName::Resnet50 => resnet::resnet50(num_classes),
             ModelName::EfficientnetB0 => efficientnet::efficientnet_b0(num_classes),
             ModelName::SmallCnn => small_cnn::small_cnn(num_classes),
+            ModelName::VitTiny => vit::vit_tiny(num_classes),
+            ModelName::VitSmall => vit::vit_small(num_classes),
         }
     }
 
