@@ -2,7 +2,9 @@
 //! each case forward only and forward + backward (gradients of input and
 //! weight), median of the repeats after one warm-up. Attention is timed
 //! against the same computation composed of candle's operations, once per
-//! [`AttentionKeeps`]. Prints JSON (seconds);
+//! [`AttentionKeeps`]; the linear layer against candle-nn's `Linear`
+//! (`matmul`, then `broadcast_add`), input, weight and bias trainable.
+//! Prints JSON (seconds);
 //! scripts/bench_ops.py runs PyTorch on the same cases and adds the ratios.
 //!
 //!     cargo bench -p vramlab --bench ops [-- --repeats N] [--only NAME] [--ours-only]
@@ -10,7 +12,8 @@
 use std::time::Instant;
 
 use vramlab::candle::{DType, Device, Tensor, Var, D};
-use vramlab::ops::{attention, conv2d, max_pool2d, AttentionKeeps, ConvParams};
+use vramlab::candle_nn::{Linear, Module};
+use vramlab::ops::{attention, conv2d, linear, max_pool2d, AttentionKeeps, ConvParams};
 
 fn p50(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
@@ -168,6 +171,26 @@ fn attention_times(repeats: usize, qkv: &Tensor, op: impl Fn(&Tensor) -> Tensor)
     serde_json::json!({"fwd_s": forward, "fwd_bwd_s": train})
 }
 
+/// `(name, leading dims of x, in features, out features)`: ViT-Tiny's MLP up
+/// and down on a batch of 32 at 224 pixels, and a classifier head.
+const LINEARS: [(&str, &[usize], usize, usize); 3] = [
+    ("linear_vit_tiny_mlp_up_b32", &[32, 197], 192, 768),
+    ("linear_vit_tiny_mlp_down_b32", &[32, 197], 768, 192),
+    ("linear_head_512_1000_b32", &[32], 512, 1000),
+];
+
+/// Forward, and forward + backward of `sum(op(x, w, b))`, all three trainable.
+fn linear_times(repeats: usize, [x, w, b]: &[Tensor; 3], op: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor) -> serde_json::Value {
+    let [xv, wv, bv] = [x, w, b].map(|t| Var::from_tensor(t).expect("var"));
+    let forward = time(repeats, || {
+        op(x, w, b);
+    });
+    let train = time(repeats, || {
+        op(xv.as_tensor(), wv.as_tensor(), bv.as_tensor()).sum_all().expect("sum").backward().expect("backward");
+    });
+    serde_json::json!({"fwd_s": forward, "fwd_bwd_s": train})
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let repeats = args.iter().position(|a| a == "--repeats").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(10);
@@ -218,6 +241,14 @@ fn main() {
             let ours = attention_times(repeats, &qkv, |x| attention(x, heads, keeps).expect("attention"));
             report.insert(format!("{name}_{keeps:?}_f32").to_lowercase(), serde_json::json!({"ours": ours, "candle": candle}));
         }
+    }
+    for (name, leading, inputs, outputs) in LINEARS.into_iter().filter(|l| l.0.contains(&only)) {
+        let operands =
+            [randn(&[leading, &[inputs]].concat(), DType::F32), randn(&[outputs, inputs], DType::F32), randn(&[outputs], DType::F32)];
+        let ours = linear_times(repeats, &operands, |x, w, b| linear(x, w, Some(b)).expect("linear"));
+        let candle_linear = |x: &Tensor, w: &Tensor, b: &Tensor| Linear::new(w.clone(), Some(b.clone())).forward(x).expect("linear");
+        let candle = if with_candle { linear_times(repeats, &operands, candle_linear) } else { serde_json::Value::Null };
+        report.insert(format!("{name}_f32"), serde_json::json!({"ours": ours, "candle": candle}));
     }
     report.insert("repeats".into(), repeats.into());
     report.insert("threads".into(), vramlab::candle::utils::get_num_threads().into());

@@ -230,3 +230,86 @@ fn attention_keeps_and_allocates_what_it_says() {
         }
     }
 }
+
+#[test]
+fn linear_keeps_its_output_alone_and_allocates_what_it_says() {
+    use vramlab::candle::Var;
+    use vramlab::ops;
+    let _guard = setup();
+    // `(leading dims of x, in features, out features)`: ViT-Tiny's MLP up and
+    // down on two images, and a classifier head on 32 rows.
+    let cases: [(&[usize], usize, usize); 3] = [(&[2, 197], 192, 768), (&[2, 197], 768, 192), (&[32], 512, 1000)];
+    for threads in [1, 2] {
+        let pool = pool_of(threads);
+        for (leading, inputs, outputs) in cases {
+            for dtype in [DType::F32, DType::F16] {
+                let rows: usize = leading.iter().product();
+                let randn = |dims: &[usize]| Tensor::randn(0f32, 1.0, dims, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+                let operands = [randn(&[leading, &[inputs]].concat()), randn(&[outputs, inputs]), randn(&[outputs])];
+                let vars = operands.each_ref().map(|t| Var::from_tensor(t).unwrap());
+                // The operands with the gradients `tracked` asks for, detached before any measurement.
+                let with_gradients = |tracked: [bool; 3]| {
+                    let [x, w, b] = [0, 1, 2].map(|i| if tracked[i] { vars[i].as_tensor().clone() } else { vars[i].as_tensor().detach() });
+                    move || ops::linear(&x, &w, Some(&b)).unwrap()
+                };
+                let all = with_gradients([true; 3]);
+                // gemm's per-thread slab, kept for good, on every thread first.
+                pool.broadcast(|_| drop(all().backward().unwrap()));
+                let size = |elements: usize| (elements * dtype.size_in_bytes()) as u64;
+                let out = size(rows * outputs);
+                let case = format!("{leading:?} x {inputs} -> {outputs}, {dtype:?} on {threads} thread(s)");
+                // The scratch follows rayon's pool: the prediction and the runs all see this one.
+                let (predicted, kept, forward, candle_kept) = pool.install(|| {
+                    let predicted = ops::linear_scratch(rows, inputs, outputs, dtype).unwrap();
+                    let before = HostMemory::reset_peak();
+                    let y = all();
+                    let after = HostMemory::sample();
+                    let (kept, forward) = (after.in_use - before.in_use, after.peak.unwrap() - after.in_use);
+                    drop(y);
+                    let [x, w, b] = vars.each_ref().map(Var::as_tensor);
+                    let before = HostMemory::sample();
+                    let y = x.reshape((rows, inputs)).unwrap().matmul(&w.t().unwrap()).unwrap().broadcast_add(b).unwrap();
+                    let candle_kept = HostMemory::sample().in_use - before.in_use;
+                    drop(y);
+                    (predicted, kept, forward, candle_kept)
+                });
+                assert!(kept.abs_diff(out) <= 4096, "{case}: the graph holds {kept} B after the forward, the output is {out} B");
+                assert!(
+                    candle_kept.abs_diff(2 * out) <= 4096,
+                    "{case}: candle's matmul + add hold {candle_kept} B, two outputs of {out} B"
+                );
+                // Each gradient alone: its pass's scratch beyond the output's gradient (ones) and the one it returns.
+                let passes = [
+                    ([true, false, false], size(rows * inputs), predicted.input_gradient),
+                    ([false, true, false], size(outputs * inputs), predicted.weight_gradient),
+                    ([false, false, true], size(outputs), predicted.bias_gradient),
+                    ([true; 3], size(rows * inputs + outputs * inputs + outputs), predicted.most()),
+                ];
+                // `(pass, operands with gradients, measured, predicted, exact)`: with two threads gemm's threads
+                // meet only when both are busy at once, and the whole backward holds the largest
+                // pass's scratch only where that pass comes last.
+                let mut measured = vec![("forward", [true; 3], forward, predicted.forward, threads == 1)];
+                for (tracked, gradients, predicted) in passes {
+                    let y = with_gradients(tracked)();
+                    let peak = pool.install(|| {
+                        let before = HostMemory::reset_peak();
+                        let grads = y.backward().unwrap();
+                        let peak = HostMemory::sample().peak.unwrap();
+                        drop(grads);
+                        peak - before.in_use
+                    });
+                    measured.push(("backward", tracked, peak - out - gradients, predicted, threads == 1 && tracked != [true; 3]));
+                }
+                for (pass, tracked, measured, predicted, exact) in measured {
+                    let slack = 4096 + predicted / 200;
+                    let what = format!("{case}, {pass} with gradients for {tracked:?}: measured {measured} B, predicted {predicted} B");
+                    if exact {
+                        assert!(measured.abs_diff(predicted) <= slack, "{what}");
+                    } else {
+                        assert!(measured <= predicted + slack, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}

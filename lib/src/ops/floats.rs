@@ -22,6 +22,37 @@ pub(super) fn f32_view<'a>(op: &'static str, storage: &'a CpuStorage, layout: &L
     })
 }
 
+/// `len` zeros, written on rayon's threads. A zeroed allocation of fresh
+/// pages has them faulted in one at a time wherever they are first written,
+/// inside gemm (an input gradient of 6304 x 768 floats on 2 threads: 19 ms,
+/// 15.5 ms with its pages touched here first).
+pub(super) fn zeros(len: usize) -> Vec<f32> {
+    par_filled(len, CONVERT_CHUNK, 0.0, |_, _| {})
+}
+
+/// `rows` copies of the contiguous elements of `storage` one after another,
+/// as f32, written on rayon's threads: a half-precision vector is converted
+/// straight into each copy, without an f32 copy of its own.
+pub(super) fn rows_of(op: &'static str, storage: &CpuStorage, layout: &Layout, rows: usize) -> Result<Vec<f32>> {
+    let (start, end) = layout.contiguous_offsets().ok_or(OpError::NotContiguous { op })?;
+    Ok(match storage {
+        CpuStorage::F32(v) => repeated(&v[start..end], rows, |row, dst| dst.copy_from_slice(row)),
+        CpuStorage::F16(v) => repeated(&v[start..end], rows, |row, dst| row.convert_to_f32_slice(dst)),
+        CpuStorage::BF16(v) => repeated(&v[start..end], rows, |row, dst| row.convert_to_f32_slice(dst)),
+        other => Err(OpError::UnsupportedDType { op, dtype: other.dtype() })?,
+    })
+}
+
+/// `rows` copies of `row` converted by `convert`, a task taking whole rows.
+fn repeated<T: Sync>(row: &[T], rows: usize, convert: impl Fn(&[T], &mut [f32]) + Sync + Send) -> Vec<f32> {
+    let width = row.len();
+    if width == 0 {
+        return Vec::new();
+    }
+    let chunk = (CONVERT_CHUNK / width).max(1) * width;
+    par_filled(rows * width, chunk, 0.0, |_, part| part.chunks_exact_mut(width).for_each(|dst| convert(row, dst)))
+}
+
 /// `values` stored as `dtype` (one of f32, f16, bf16).
 pub(super) fn storage_from_f32(op: &'static str, values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
     Ok(match dtype {

@@ -1,6 +1,6 @@
 //! The tensor operations the zoo models are made of, with a backward for each:
 //! convolution (dense, grouped and depthwise), max-pooling, training-mode
-//! batch-norm and multi-head self-attention.
+//! batch-norm, multi-head self-attention and the linear layer.
 //!
 //! On the CPU they are our own kernels (Winograd's F(2x2, 3x3) for dense 3x3
 //! stride-1 convolutions with enough work, im2col + gemm for the other dense
@@ -20,6 +20,7 @@ mod gelu;
 mod gemm_packing;
 mod layer_norm;
 mod lean;
+mod linear;
 mod norm;
 mod pool;
 mod silu;
@@ -30,6 +31,8 @@ mod winograd;
 mod attention_tests;
 #[cfg(test)]
 mod lean_tests;
+#[cfg(test)]
+mod linear_tests;
 #[cfg(test)]
 mod tests;
 
@@ -42,6 +45,7 @@ pub use cudnn::{ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BY
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
 pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, Residual, Then};
+pub use linear::{linear, linear_scratch, LinearScratch};
 pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
 
 /// Stride, zero padding (both sides) and groups of a square 2-D convolution.
@@ -105,6 +109,12 @@ pub enum OpError {
     MissingOperand { op: &'static str, what: &'static str },
     #[error("norm_add_act: the residual {residual:?} does not match the block's output {body:?}")]
     ResidualShape { body: Vec<usize>, residual: Vec<usize> },
+    #[error("linear: input {dims:?} must have 2 dimensions or more (rows x in features)")]
+    LinearInput { dims: Vec<usize> },
+    #[error("linear: weight {weight:?} is not out x {features} (PyTorch's out x in) for input {input:?}")]
+    LinearWeight { input: Vec<usize>, weight: Vec<usize>, features: usize },
+    #[error("linear: bias {bias:?} does not hold one value per output of weight {weight:?}")]
+    LinearBias { weight: Vec<usize>, bias: Vec<usize> },
 }
 
 impl From<OpError> for candle_core::Error {

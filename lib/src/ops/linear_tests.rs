@@ -1,0 +1,168 @@
+//! The linear layer against candle's `matmul` + `broadcast_add`.
+
+use candle_core::{DType, Tensor, Var};
+
+use super::linear::{composed, Geometry};
+use super::tests::{randn, relative_error};
+use super::*;
+
+/// `(leading dims of x, in features, out features)`.
+type Case = (&'static [usize], usize, usize);
+
+const CASES: [Case; 12] = [
+    (&[1], 1, 1),       // one row, one feature either side
+    (&[7], 5, 192),     // few rows and inputs
+    (&[591], 192, 768), // ViT-Tiny's MLP up, 3 images of 197 tokens
+    (&[591], 768, 192), // and down
+    (&[3, 197], 192, 768),
+    (&[3, 197], 768, 192),
+    (&[1], 1000, 5),    // one row: gemm's vector product
+    (&[7], 768, 1000),  // a classifier head
+    (&[1, 7], 1, 1000), // one input feature
+    (&[3, 197], 5, 1),  // one output feature
+    (&[7], 1000, 768),
+    (&[591], 1, 5),
+];
+
+fn operands(&(leading, inputs, outputs): &Case) -> (Tensor, Tensor, Tensor) {
+    let x = randn(&[leading, &[inputs]].concat());
+    (x, (randn(&[outputs, inputs]) * 0.1).unwrap(), randn(&[outputs]))
+}
+
+fn reference(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    let g = Geometry::of_dims(x.dims(), weight.dims(), bias.map(Tensor::dims)).unwrap();
+    composed(x, weight, bias, &g).unwrap()
+}
+
+/// The output and the gradients of `sum(out * r)` with respect to x, the
+/// weight and the bias (`None` where there is none).
+fn output_and_gradients(
+    (x, weight, bias): (&Tensor, &Tensor, Option<&Tensor>),
+    r: &Tensor,
+    op: impl Fn(&Tensor, &Tensor, Option<&Tensor>) -> Tensor,
+) -> (Tensor, Vec<Option<Tensor>>) {
+    let vars: Vec<_> = [Some(x), Some(weight), bias].into_iter().map(|t| t.map(|t| Var::from_tensor(t).unwrap())).collect();
+    let [x, weight, bias] = [0, 1, 2].map(|i| vars[i].as_ref().map(Var::as_tensor));
+    let out = op(x.unwrap(), weight.unwrap(), bias);
+    let grads = (&out * r).unwrap().sum_all().unwrap().backward().unwrap();
+    (out, [x, weight, bias].into_iter().map(|t| t.map(|t| grads.get(t).unwrap().clone())).collect())
+}
+
+#[test]
+fn linear_matches_candle_ops_forward_and_backward() {
+    for case in &CASES {
+        let (x, weight, bias) = operands(case);
+        for bias in [Some(&bias), None] {
+            let r = randn(&[case.0, &[case.2]].concat());
+            let (expected_out, expected_grads) = output_and_gradients((&x, &weight, bias), &r, reference);
+            let (out, grads) = output_and_gradients((&x, &weight, bias), &r, |x, w, b| linear(x, w, b).unwrap());
+            let with = if bias.is_some() { "with bias" } else { "without bias" };
+            assert_eq!(out.dims(), expected_out.dims(), "{case:?} {with}");
+            let err = relative_error(&out, &expected_out);
+            assert!(err < 1e-5, "{case:?} {with}: output off by {err}");
+            for (name, (ours, expected)) in ["x", "weight", "bias"].iter().zip(grads.iter().zip(&expected_grads)) {
+                let (Some(ours), Some(expected)) = (ours, expected) else { continue };
+                assert_eq!(ours.dims(), expected.dims(), "{case:?} {with}: gradient of {name}");
+                let err = relative_error(ours, expected);
+                assert!(err < 1e-5, "{case:?} {with}: gradient of {name} off by {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_computes_no_gradient_for_an_untracked_input() {
+    let (x, weight, bias) = operands(&(&[3, 11], 24, 40));
+    let (weight, bias) = (Var::from_tensor(&weight).unwrap(), Var::from_tensor(&bias).unwrap());
+    let y = linear(&x, weight.as_tensor(), Some(bias.as_tensor())).unwrap();
+    let grads = y.sum_all().unwrap().backward().unwrap();
+    assert!(grads.get(&x).is_none(), "x is a plain tensor: no gradient");
+    let expected = reference(&x, weight.as_tensor(), Some(bias.as_tensor())).sum_all().unwrap().backward().unwrap();
+    for t in [weight.as_tensor(), bias.as_tensor()] {
+        assert!(relative_error(grads.get(t).unwrap(), expected.get(t).unwrap()) < 1e-5);
+    }
+    // Only the input tracked: neither parameter gets one.
+    let x = Var::from_tensor(&x).unwrap();
+    let grads = linear(x.as_tensor(), &weight.as_tensor().detach(), Some(&bias.as_tensor().detach()))
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(grads.get(x.as_tensor()).is_some());
+    assert!(grads.get(weight.as_tensor()).is_none() && grads.get(bias.as_tensor()).is_none());
+}
+
+#[test]
+fn linear_in_half_precision_stays_in_its_dtype_close_to_f32() {
+    // Rows of y written directly, and y^T written and transposed.
+    let cases: [Case; 2] = [(&[2, 19], 96, 40), (&[3], 64, 48)];
+    for case @ (leading, _, outputs) in cases {
+        for (dtype, tolerance) in [(DType::F16, 1e-2), (DType::BF16, 5e-2)] {
+            let (x, weight, bias) = operands(&case);
+            let [x, weight, bias] = [x, weight, bias].map(|t| t.to_dtype(dtype).unwrap());
+            let r = randn(&[leading, &[outputs]].concat()).to_dtype(dtype).unwrap();
+            let to32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+            let (out, grads) = output_and_gradients((&x, &weight, Some(&bias)), &r, |x, w, b| linear(x, w, b).unwrap());
+            let f32s = (&to32(&x), &to32(&weight), Some(&to32(&bias)));
+            let (out32, grads32) = output_and_gradients(f32s, &to32(&r), |x, w, b| linear(x, w, b).unwrap());
+            assert_eq!(out.dtype(), dtype);
+            let err = relative_error(&out, &out32);
+            assert!(err < tolerance, "{case:?} {dtype:?}: output off by {err}");
+            for (name, (ours, f32s)) in ["x", "weight", "bias"].iter().zip(grads.iter().zip(&grads32)) {
+                let (ours, f32s) = (ours.as_ref().unwrap(), f32s.as_ref().unwrap());
+                assert_eq!(ours.dtype(), dtype, "gradient of {name}");
+                let err = relative_error(ours, f32s);
+                assert!(err < tolerance, "{case:?} {dtype:?}: gradient of {name} off by {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_in_other_dtypes_goes_through_candle_ops() {
+    let (x, weight, bias) = operands(&(&[2, 9], 12, 7));
+    let [x, weight, bias] = [x, weight, bias].map(|t| t.to_dtype(DType::F64).unwrap());
+    let ours = linear(&x, &weight, Some(&bias)).unwrap();
+    assert_eq!((ours.dtype(), ours.dims()), (DType::F64, [2, 9, 7].as_slice()));
+    assert!(relative_error(&ours, &reference(&x, &weight, Some(&bias))) < 1e-12);
+    assert!(matches!(linear_scratch(4, 3, 2, DType::F64), Err(OpError::UnsupportedDType { op: "linear", dtype: DType::F64 })));
+}
+
+#[test]
+fn linear_scratch_counts_buffers_copies_and_packing() {
+    // Small products take gemm's paths that pack nothing; no pass of f32 copies anything.
+    assert_eq!(linear_scratch(1, 3, 7, DType::F32).unwrap(), LinearScratch::default());
+    // A few rows write y^T first: a buffer of the output's size at least.
+    assert!(linear_scratch(32, 512, 1000, DType::F32).unwrap().forward >= 32 * 1000 * 4);
+    // The bias gradient sums the output gradient's columns in place.
+    let s = linear_scratch(32 * 197, 192, 768, DType::F32).unwrap();
+    assert_eq!(s.bias_gradient, 0);
+    // Half precision adds at least the f32 copy of each pass's result.
+    let h = linear_scratch(32 * 197, 192, 768, DType::BF16).unwrap();
+    assert!(h.forward >= (32 * 197 * 768 * 4) as u64 && h.bias_gradient >= 768 * 4, "{h:?}");
+    assert!(h.input_gradient >= s.input_gradient && h.weight_gradient >= s.weight_gradient, "{h:?} / {s:?}");
+}
+
+fn error_text<T>(r: std::result::Result<T, impl std::fmt::Display>) -> String {
+    r.err().map(|e| e.to_string()).unwrap_or_default()
+}
+
+#[test]
+fn linear_refuses_bad_operands_by_name() {
+    let (x, weight, bias) = operands(&(&[4], 6, 3));
+    let text = error_text(linear(&randn(&[6]), &weight, None));
+    assert!(text.contains("linear: input [6] must have 2 dimensions or more"), "{text}");
+    let text = error_text(linear(&x, &randn(&[3, 5]), None));
+    assert!(text.contains("linear: weight [3, 5] is not out x 6") && text.contains("input [4, 6]"), "{text}");
+    let text = error_text(linear(&x, &randn(&[18]), None));
+    assert!(text.contains("linear: weight [18] is not out x 6"), "{text}");
+    let text = error_text(linear(&x, &weight, Some(&randn(&[4]))));
+    assert!(text.contains("linear: bias [4] does not hold one value per output of weight [3, 6]"), "{text}");
+    let text = error_text(linear(&x, &weight, Some(&randn(&[1, 3]))));
+    assert!(text.contains("linear: bias [1, 3] does not hold one value"), "{text}");
+    let text = error_text(linear(&x, &weight.to_dtype(DType::F16).unwrap(), Some(&bias)));
+    assert!(text.contains("linear: input is F32 but the other operand is F16"), "{text}");
+    let text = error_text(linear(&x.to_dtype(DType::BF16).unwrap(), &weight.to_dtype(DType::BF16).unwrap(), Some(&bias)));
+    assert!(text.contains("linear: input is BF16 but the other operand is F32"), "{text}");
+}
