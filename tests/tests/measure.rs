@@ -37,7 +37,7 @@ const MATRIX: [(&str, u32, u32, &[&str]); 15] = [
     ("efficientnet-b0", 8, 64, &["--amp", "f16", "--ckpt", "stages"]),
     ("vit-tiny", 8, 64, &["--opt", "adamw"]),
     ("vit-tiny", 8, 64, &["--amp", "f16", "--opt", "adamw"]),
-    ("vit-tiny", 4, 224, &["--ckpt", "stages"]),
+    ("vit-tiny", 16, 224, &["--opt", "adamw", "--ckpt", "stages"]),
 ];
 
 fn measure(model: &str, batch: u32, res: u32, extra: &[&str]) -> serde_json::Value {

@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use crate::gpus::Card;
 use crate::models::{analyze, ConvLayer, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
-use crate::ops::{AttentionScratch, ConvScratch, CUDNN_WORKSPACE_BYTES};
+use crate::ops::{ConvScratch, CUDNN_WORKSPACE_BYTES};
 
 use super::bill::{line, Bill, BillKind, Line};
 use super::config::{Mode, OptimizerKind, StepConfig};
@@ -64,12 +64,8 @@ pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<
     let plan = StepPlan::of(&stage_names, config)?;
     let batch = config.batch as u64;
     let host_scratch = if device.is_cpu() { cost.convs.iter().map(|c| c.host_scratch(batch)).collect() } else { Vec::new() };
-    let attention_scratch = if device.is_cpu() {
-        cost.attentions.iter().map(|a| (a.stage, a.host_scratch(batch, config.precision, config.layers))).collect()
-    } else {
-        Vec::new()
-    };
-    let step = Step { cost: &cost, config, device, plan: &plan, batch, host_scratch, attention_scratch };
+    let layer_scratch = if device.is_cpu() { layer_scratch(&cost, config, batch) } else { Vec::new() };
+    let step = Step { cost: &cost, config, device, plan: &plan, batch, host_scratch, layer_scratch };
     let (bills, recorder) = match config.mode {
         Mode::Training => (step.training_bills(), step.walk_training()),
         Mode::Inference => (step.inference_bills(), step.walk_inference()),
@@ -95,9 +91,30 @@ struct Step<'a> {
     /// On the CPU, what each of `cost.convs` allocates beyond its operands
     /// (none on a device, whose convolutions share cuDNN's one workspace).
     host_scratch: Vec<ConvScratch>,
-    /// On the CPU, each attention's stage and what it allocates beyond its
-    /// operands, result and what it keeps (its score buffers, per busy thread).
-    attention_scratch: Vec<(usize, AttentionScratch)>,
+    /// On the CPU, what each attention and linear layer allocates beyond its
+    /// operands, result and what it keeps (score buffers, gemm's packing,
+    /// f32 copies of half operands).
+    layer_scratch: Vec<LayerScratch>,
+}
+
+/// A layer's scratch on the host, each pass's the most it holds at once.
+struct LayerScratch {
+    stage: usize,
+    forward: u64,
+    backward: u64,
+}
+
+fn layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<LayerScratch> {
+    let attentions = cost.attentions.iter().map(|a| {
+        let scratch = a.host_scratch(batch, config.precision, config.layers);
+        LayerScratch { stage: a.stage, forward: scratch.forward, backward: scratch.backward }
+    });
+    let linears = cost.linears.iter().map(|l| {
+        let scratch = l.host_scratch(batch, config.precision);
+        let backward = scratch.input_gradient.max(scratch.weight_gradient).max(scratch.bias_gradient);
+        LayerScratch { stage: l.stage, forward: scratch.forward, backward }
+    });
+    attentions.chain(linears).collect()
 }
 
 impl Step<'_> {
@@ -177,7 +194,7 @@ impl Step<'_> {
     fn workspace(&self) -> u64 {
         if self.device.is_cpu() {
             let convs = self.host_scratch.iter().map(ConvScratch::most);
-            convs.chain(self.attention_scratch.iter().map(|(_, a)| a.most())).max().unwrap_or(0)
+            convs.chain(self.layer_scratch.iter().map(|l| l.forward.max(l.backward))).max().unwrap_or(0)
         } else {
             self.device_workspace()
         }
@@ -196,16 +213,16 @@ impl Step<'_> {
     /// The host convolutions' scratch while stage `i` runs forward.
     fn forward_workspace(&self, i: usize) -> u64 {
         let convs = self.host_convs(i).map(|(_, scratch)| scratch.forward);
-        convs.chain(self.host_attentions(i).map(|a| a.forward)).max().unwrap_or(0)
+        convs.chain(self.host_layers(i).map(|l| l.forward)).max().unwrap_or(0)
     }
 
-    /// The host attentions' score buffers while stage `i` runs backward.
+    /// The host attentions' and linear layers' scratch while stage `i` runs backward.
     fn backward_workspace(&self, i: usize) -> u64 {
-        self.host_attentions(i).map(|a| a.backward).max().unwrap_or(0)
+        self.host_layers(i).map(|l| l.backward).max().unwrap_or(0)
     }
 
-    fn host_attentions(&self, i: usize) -> impl Iterator<Item = &AttentionScratch> {
-        self.attention_scratch.iter().filter(move |(stage, _)| *stage == i).map(|(_, scratch)| scratch)
+    fn host_layers(&self, i: usize) -> impl Iterator<Item = &LayerScratch> {
+        self.layer_scratch.iter().filter(move |l| l.stage == i)
     }
 
     /// The moments inside the host convolutions' backward passes in stage
@@ -328,7 +345,7 @@ impl Step<'_> {
     }
 
     fn workspace_label(&self) -> &'static str {
-        if self.device.is_cpu() && !self.attention_scratch.is_empty() {
+        if self.device.is_cpu() && !self.cost.attentions.is_empty() {
             "conv and attention scratch (im2col columns and gemm buffers, or attention's score buffers)"
         } else if self.device.is_cpu() {
             "conv workspace (the largest conv's im2col columns and gemm buffers)"

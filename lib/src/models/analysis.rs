@@ -48,6 +48,28 @@ pub struct ModelCost {
     pub convs: Vec<ConvLayer>,
     /// Every attention, in forward order.
     pub attentions: Vec<AttentionLayer>,
+    /// Every linear layer, in forward order.
+    pub linears: Vec<LinearLayer>,
+}
+
+/// A linear layer of the model: its stage and sizes per sample (`rows` is
+/// 1 for a vector, the tokens for a sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LinearLayer {
+    pub stage: usize,
+    pub rows: usize,
+    pub in_features: usize,
+    pub out_features: usize,
+}
+
+impl LinearLayer {
+    /// What our CPU linear layer allocates beyond its operands and result at
+    /// `batch`, in each of its passes.
+    pub fn host_scratch(&self, batch: u64, precision: Precision) -> crate::ops::LinearScratch {
+        let rows = batch as usize * self.rows;
+        // The walk has already checked every linear layer against its input.
+        crate::ops::linear_scratch(rows, self.in_features, self.out_features, precision.compute_dtype()).unwrap_or_default()
+    }
 }
 
 /// An attention of the model: its stage and sizes per sample.
@@ -126,6 +148,7 @@ pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Lay
         last_stage: spec.stages.len().saturating_sub(1),
         convs: Vec::new(),
         attentions: Vec::new(),
+        linears: Vec::new(),
         params_seen: 0,
     };
     let mut rows = Vec::with_capacity(256);
@@ -147,6 +170,7 @@ pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Lay
         total,
         convs: costing.convs,
         attentions: costing.attentions,
+        linears: costing.linears,
     })
 }
 
@@ -157,6 +181,7 @@ struct Costing {
     last_stage: usize,
     convs: Vec<ConvLayer>,
     attentions: Vec<AttentionLayer>,
+    linears: Vec<LinearLayer>,
     params_seen: u64,
 }
 
@@ -246,6 +271,15 @@ impl Fold for Costing {
             (Op::Attention { heads }, Shape::Tokens { n, .. }) => {
                 self.attentions.push(AttentionLayer { stage: site.stage, tokens: n, dim: output.channels(), heads: *heads });
                 Some(self.scores(&site, *heads, n))
+            }
+            (Op::Linear { out_features, .. }, input) => {
+                let rows = match input {
+                    Shape::Tokens { n, .. } => n,
+                    _ => 1,
+                };
+                let (stage, in_features, out_features) = (site.stage, input.channels(), *out_features);
+                self.linears.push(LinearLayer { stage, rows, in_features, out_features });
+                None
             }
             _ => None,
         };

@@ -246,17 +246,11 @@ impl Linear {
         Ok(Linear { weight, bias })
     }
 
-    /// `x` is `N x in` or, for tokens, `N x tokens x in` (one matrix of `N * tokens` rows).
+    /// `x` is `N x in` or, for tokens, `N x tokens x in` (`ops::linear`).
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         let w = cast(&pass.param(&self.weight), pass.compute)?;
-        let y = match *x.dims() {
-            [n, tokens, features] => x.reshape((n * tokens, features))?.matmul(&w.t()?)?.reshape((n, tokens, ()))?,
-            _ => x.matmul(&w.t()?)?,
-        };
-        match &self.bias {
-            Some(bias) => y.broadcast_add(&cast(&pass.param(bias), pass.compute)?),
-            None => Ok(y),
-        }
+        let bias = self.bias.as_ref().map(|b| cast(&pass.param(b), pass.compute)).transpose()?;
+        ops::linear(x, &w, bias.as_ref())
     }
 }
 

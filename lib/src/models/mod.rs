@@ -21,7 +21,7 @@ mod walk;
 mod weights;
 mod zoo;
 
-pub use analysis::{analyze, AttentionLayer, ConvLayer, ModelCost, Row, StageCost};
+pub use analysis::{analyze, AttentionLayer, ConvLayer, LinearLayer, ModelCost, Row, StageCost};
 pub use cost::{Cost, SMALL_TENSOR_ELEMS};
 pub use efficientnet::efficientnet_b0;
 pub use layers::{global_avg_pool, Named, Pass};

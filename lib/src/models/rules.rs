@@ -123,9 +123,11 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
             cost.eval_live_bytes = in_bytes;
             input
         }
-        // candle's matmul (keeps input and weight), then broadcast_add of
-        // the bias: two outputs of `out_features` per vector or per token (a
-        // token sequence is one matrix of `tokens` rows, a view).
+        // `ops::linear`, one op for the product and the bias: it keeps its
+        // input (the layer before's output) and materialises its output, per
+        // vector or per token (a token sequence is one matrix of `tokens`
+        // rows). Its gemm scratch and the f32 copies of half operands are the
+        // ledger's (`ModelCost::linears`).
         Op::Linear { out_features, bias } => {
             let (rows, features, output) = match input {
                 Shape::Flat { features } => (1, features, Shape::Flat { features: out_features }),
@@ -141,9 +143,6 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
             cost.macs = rows as u64 * weights;
             let out = output.elems() * cb;
             cost.keep(out);
-            if bias {
-                cost.keep(out);
-            }
             cost.backward_bytes = out + in_bytes;
             cost.eval_live_bytes = in_bytes + cost.saved_bytes;
             output
