@@ -22,8 +22,11 @@ besides tensors: an upper bound on PyTorch's in-use peak.
 
     VRAMLAB_BENCH_VENV=.venv-bench python3 scripts/bench_saved.py [MODEL:BATCH:RES ...]
 
-Without arguments it measures ResNet-18 b32@64, ResNet-50 b8@224 and
-EfficientNet-B0 b8@224; `resnet50:32:224` is the lesson's configuration.
+Without arguments it measures ResNet-18 b32@64, ResNet-50 b8@224,
+EfficientNet-B0 b8@224 and ViT-Tiny/16 b8@224; `resnet50:32:224` is the
+lesson's configuration. A ViT (`vit-tiny`, `vit-small`) is torchvision's
+`VisionTransformer` with its sizes set to ours (patch 16; 192 features, 12
+layers of 3 heads and an MLP of 768, or 384, 6 heads and 1536).
 Linux only (the peak reads /proc).
 
 The venv is created from scripts/bench-requirements.txt when it does not exist.
@@ -38,17 +41,31 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ROWS = [("resnet18", 32, 64), ("resnet50", 8, 224), ("efficientnet-b0", 8, 224)]
+ROWS = [("resnet18", 32, 64), ("resnet50", 8, 224), ("efficientnet-b0", 8, 224), ("vit-tiny", 8, 224)]
 CLASSES = 1000
 MIB = 1 << 20
+
+# torchvision's network for one of our model names, at `res` pixels: run here
+# and in the peak's own process.
+TORCH_MODEL = """
+def torch_model(model, res, classes):
+    import torchvision
+    vit = {"vit-tiny": (192, 12, 3, 768), "vit-small": (384, 12, 6, 1536)}
+    if model in vit:
+        dim, depth, heads, mlp = vit[model]
+        return torchvision.models.VisionTransformer(
+            image_size=res, patch_size=16, num_layers=depth, num_heads=heads, hidden_dim=dim, mlp_dim=mlp, num_classes=classes
+        )
+    return getattr(torchvision.models, model.replace("-", "_"))(num_classes=classes)
+"""
+exec(TORCH_MODEL)
 
 
 def torch_kept(model: str, batch: int, res: int) -> int:
     import torch
-    import torchvision
 
     torch.manual_seed(0)
-    net = getattr(torchvision.models, model.replace("-", "_"))(num_classes=CLASSES).train()
+    net = torch_model(model, res, CLASSES).train()  # noqa: F821 (defined by exec above)
     excluded = {p.untyped_storage().data_ptr() for p in net.parameters()}
     x = torch.randn(batch, 3, res, res)
     excluded.add(x.untyped_storage().data_ptr())
@@ -66,8 +83,8 @@ def torch_kept(model: str, batch: int, res: int) -> int:
     return sum(storages.values())
 
 
-TORCH_PEAK = """
-import sys, torch, torchvision
+TORCH_PEAK = TORCH_MODEL + """
+import sys, torch
 
 def status(field):
     for line in open("/proc/self/status"):
@@ -80,7 +97,7 @@ torch.set_num_threads(2)
 torch.manual_seed(0)
 (torch.ones(64, 64) @ torch.ones(64, 64)).sum().item()
 baseline = status("VmRSS")
-net = getattr(torchvision.models, model.replace("-", "_"))(num_classes=classes).train()
+net = torch_model(model, res, classes).train()
 optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 x, y = torch.randn(batch, 3, res, res), torch.zeros(batch, dtype=torch.long)
 

@@ -2,7 +2,8 @@
 
 Each configuration runs `vramlab bench train ... --json` and the same step in
 PyTorch (torchvision's model, SGD momentum 0.9, cross-entropy, random images,
-the same number of threads), alternating the two several times so that both
+the same number of threads; for a ViT torchvision's `VisionTransformer` with
+its sizes set to ours), alternating the two several times so that both
 see the same machine state. Prints a table and writes JSON with every sample.
 
     VRAMLAB_BENCH_VENV=.venv-bench python3 scripts/bench_train.py [--rounds 3] [--steps 5] [--threads 1 2]
@@ -34,10 +35,14 @@ CONFIGS = [
     {"model": "resnet18", "batch": 8, "res": 224},
     {"model": "resnet50", "batch": 8, "res": 224},
     {"model": "efficientnet-b0", "batch": 8, "res": 224},
+    {"model": "vit-tiny", "batch": 8, "res": 224},
 ]
 # Other processes may take this share of the CPUs' time during a pair before its ratio is refused.
 OTHERS_BUSY_LIMIT = 0.10
-TORCH_MODELS = {"resnet18": "resnet18", "resnet34": "resnet34", "resnet50": "resnet50", "efficientnet-b0": "efficientnet_b0"}
+TORCH_MODELS = {"resnet18": "resnet18", "resnet34": "resnet34", "resnet50": "resnet50", "efficientnet-b0": "efficientnet_b0",
+                "vit-tiny": "vit-tiny", "vit-small": "vit-small"}
+# (features, layers, heads, MLP) of the ViTs, patch 16.
+VIT_SIZES = {"vit-tiny": (192, 12, 3, 768), "vit-small": (384, 12, 6, 1536)}
 
 TORCH_STEP = r"""
 import json, statistics, sys, time
@@ -45,7 +50,12 @@ import torch, torchvision
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
 torch.manual_seed(0)
-model = getattr(torchvision.models, cfg["torch_model"])(num_classes=cfg["classes"])
+if cfg["vit"]:
+    dim, depth, heads, mlp = cfg["vit"]
+    model = torchvision.models.VisionTransformer(image_size=cfg["res"], patch_size=16, num_layers=depth, num_heads=heads,
+                                                 hidden_dim=dim, mlp_dim=mlp, num_classes=cfg["classes"])
+else:
+    model = getattr(torchvision.models, cfg["torch_model"])(num_classes=cfg["classes"])
 model.train()
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 x = torch.randn(cfg["batch"], 3, cfg["res"], cfg["res"])
@@ -92,7 +102,7 @@ def ours(binary: pathlib.Path, cfg: dict, steps: int, warmup: int, threads: int)
 
 
 def theirs(python: pathlib.Path, cfg: dict, steps: int, warmup: int, threads: int) -> dict:
-    payload = {"torch_model": TORCH_MODELS[cfg["model"]], "batch": cfg["batch"], "res": cfg["res"], "classes": 10,
+    payload = {"torch_model": TORCH_MODELS[cfg["model"]], "vit": VIT_SIZES.get(cfg["model"]), "batch": cfg["batch"], "res": cfg["res"], "classes": 10,
                "steps": steps, "warmup": warmup, "threads": threads}
     out = subprocess.run([str(python), "-c", TORCH_STEP, json.dumps(payload)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
