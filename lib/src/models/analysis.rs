@@ -4,7 +4,7 @@ use serde::Serialize;
 
 use super::cost::Cost;
 use super::lean::{self, Layers};
-use super::precision::{Precision, F32_BYTES};
+use super::precision::Precision;
 use super::rules;
 use super::shape::Shape;
 use super::spec::{Conv2d, Grouping, ModelSpec, Op, Stage};
@@ -86,10 +86,7 @@ impl AttentionLayer {
     /// What our CPU attention allocates beyond its operands, its result and
     /// what it keeps, at `batch`, in each of its passes, as `layers` run it.
     pub fn host_scratch(&self, batch: u64, precision: Precision, layers: Layers) -> crate::ops::AttentionScratch {
-        let keeps = match layers {
-            Layers::Plain => crate::ops::AttentionKeeps::Probabilities,
-            Layers::Lean => crate::ops::AttentionKeeps::RowStatistics,
-        };
+        let keeps = layers.attention_keeps();
         // The walk has already checked every attention's heads against its input.
         crate::ops::attention_scratch(batch as usize, self.tokens, self.dim, self.heads, precision.compute_dtype(), keeps)
             .unwrap_or_default()
@@ -221,11 +218,11 @@ impl Costing {
     /// (the softmax probabilities) or the lean ones (one f32 log-sum-exp per
     /// row; backward computes the probabilities again).
     fn scores(&self, site: &Site<'_>, heads: usize, tokens: usize) -> Row {
-        let (h, n) = (heads as u64, tokens as u64);
-        let (kind, saved) = match self.layers {
-            Layers::Plain => ("Softmax (kept)", self.bytes(h * n * n)),
-            Layers::Lean => ("Softmax (recomputed)", h * n * F32_BYTES),
+        let kind = match self.layers {
+            Layers::Plain => "Softmax (kept)",
+            Layers::Lean => "Softmax (recomputed)",
         };
+        let saved = self.layers.attention_keeps().bytes(1, tokens, heads, self.precision.compute_dtype());
         let cost = Cost { saved_bytes: saved, largest_tensor_bytes: saved, ..Cost::default() };
         let parent = site.path.rsplit_once('.').map_or("", |(parent, _)| parent);
         Row {
@@ -247,42 +244,27 @@ impl Fold for Costing {
         // In inference, what enclosing blocks keep for their residual add is
         // alive while the layer runs.
         cost.eval_live_bytes += self.bytes(site.waiting);
-        let conv = match site.layer.op {
-            Op::Conv2d(conv) => Some((conv, output)),
-            Op::PatchEmbed { patch, dim } => match site.input {
-                Shape::Map { h, w, .. } => Some((Conv2d::new(dim, patch, patch, 0), Shape::map(dim, h / patch, w / patch))),
-                _ => None,
-            },
-            _ => None,
-        };
-        if let Some((conv, output)) = conv {
-            let reads_images = site.reads_images;
-            self.convs.push(ConvLayer {
-                stage: site.stage,
-                input: site.input,
-                output,
-                conv,
-                params_before: self.params_seen,
-                reads_images,
-            });
+        // The layers whose host scratch the ledger asks their op for, and
+        // attention's score matrix as a row of its own.
+        let (stage, input, params_before, reads_images) = (site.stage, site.input, self.params_seen, site.reads_images);
+        let conv = |conv, output| ConvLayer { stage, input, output, conv, params_before, reads_images };
+        let mut scores = None;
+        match (&site.layer.op, input) {
+            (Op::Conv2d(c), _) => self.convs.push(conv(*c, output)),
+            (&Op::PatchEmbed { patch, dim }, Shape::Map { h, w, .. }) => {
+                self.convs.push(conv(Conv2d::new(dim, patch, patch, 0), Shape::map(dim, h / patch, w / patch)));
+            }
+            (&Op::Attention { heads }, Shape::Tokens { n, .. }) => {
+                self.attentions.push(AttentionLayer { stage, tokens: n, dim: output.channels(), heads });
+                scores = Some(self.scores(&site, heads, n));
+            }
+            (&Op::Linear { out_features, .. }, _) => {
+                let rows = if let Shape::Tokens { n, .. } = input { n } else { 1 };
+                self.linears.push(LinearLayer { stage, rows, in_features: input.channels(), out_features });
+            }
+            _ => {}
         }
         self.params_seen += cost.params;
-        let scores = match (&site.layer.op, site.input) {
-            (Op::Attention { heads }, Shape::Tokens { n, .. }) => {
-                self.attentions.push(AttentionLayer { stage: site.stage, tokens: n, dim: output.channels(), heads: *heads });
-                Some(self.scores(&site, *heads, n))
-            }
-            (Op::Linear { out_features, .. }, input) => {
-                let rows = match input {
-                    Shape::Tokens { n, .. } => n,
-                    _ => 1,
-                };
-                let (stage, in_features, out_features) = (site.stage, input.channels(), *out_features);
-                self.linears.push(LinearLayer { stage, rows, in_features, out_features });
-                None
-            }
-            _ => None,
-        };
         let mut rows = vec![Row::at(site, output, cost)];
         rows.extend(scores);
         Ok(Costed { cost, rows })

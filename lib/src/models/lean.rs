@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::spec::{self, Op};
-use crate::ops::Activation;
+use crate::ops::{Activation, AttentionKeeps};
 
 /// The layers a network is built from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -41,6 +41,15 @@ impl Layers {
             self
         } else {
             Layers::Plain
+        }
+    }
+
+    /// What attention keeps for backward in these layers: its probabilities
+    /// (plain), or one statistic per row of its scores (lean).
+    pub fn attention_keeps(self) -> AttentionKeeps {
+        match self {
+            Layers::Plain => AttentionKeeps::Probabilities,
+            Layers::Lean => AttentionKeeps::RowStatistics,
         }
     }
 

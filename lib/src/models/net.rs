@@ -409,13 +409,7 @@ impl Fold for Builder<'_> {
                 };
                 PatchEmbed::new(self, name, input.channels(), *patch, *dim, tokens).map(|e| Module::PatchEmbed(Box::new(e)))
             }
-            Op::Attention { heads } => {
-                let keeps = match self.layers {
-                    Layers::Plain => AttentionKeeps::Probabilities,
-                    Layers::Lean => AttentionKeeps::RowStatistics,
-                };
-                Ok(Module::Attention { heads: *heads, keeps })
-            }
+            Op::Attention { heads } => Ok(Module::Attention { heads: *heads, keeps: self.layers.attention_keeps() }),
             Op::ClassToken => Ok(Module::ClassToken),
             Op::Block(_) => return Err(site.rejected(rules::NOT_A_LEAF.to_owned())),
         };

@@ -266,14 +266,11 @@ fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers) -
         return Err(format!("{qkv} features are not q, k and v of {heads} heads each"));
     }
     let d = qkv / 3;
-    let (cb, n64, h64) = (precision.compute_bytes(), n as u64, heads as u64);
+    let (cb, n64) = (precision.compute_bytes(), n as u64);
     let output = Shape::Tokens { n, d };
     let mut cost = Cost { macs: 2 * n64 * n64 * d as u64, ..Cost::default() };
     cost.keep(output.elems() * cb);
-    match layers {
-        Layers::Plain => cost.keep(h64 * n64 * n64 * cb),
-        Layers::Lean => cost.keep(h64 * n64 * F32_BYTES),
-    }
+    cost.keep(layers.attention_keeps().bytes(1, n, heads, precision.compute_dtype()));
     if precision.is_mixed() {
         cost.workspace_bytes = (input.elems() + output.elems()) * F32_BYTES;
     }
