@@ -13,6 +13,7 @@ mod attention;
 pub mod check;
 mod conv;
 mod conv_geometry;
+mod conv_transpose;
 mod cudnn;
 mod depthwise;
 mod floats;
@@ -30,6 +31,8 @@ mod winograd;
 #[cfg(test)]
 mod attention_tests;
 #[cfg(test)]
+mod conv_transpose_tests;
+#[cfg(test)]
 mod lean_tests;
 #[cfg(test)]
 mod linear_tests;
@@ -39,6 +42,7 @@ mod tests;
 use candle_core::{DType, Result, Tensor};
 
 pub use attention::{attention, attention_scratch, AttentionKeeps, AttentionScratch};
+pub use conv_transpose::{conv_transpose2d, conv_transpose2d_scratch, ConvTransposeScratch};
 #[cfg(feature = "cuda")]
 pub use cudnn::conv_algorithms;
 pub use cudnn::{ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
@@ -115,6 +119,10 @@ pub enum OpError {
     LinearWeight { input: Vec<usize>, weight: Vec<usize>, features: usize },
     #[error("linear: bias {bias:?} does not hold one value per output of weight {weight:?}")]
     LinearBias { weight: Vec<usize>, bias: Vec<usize> },
+    #[error(
+        "conv_transpose2d: weight {weight:?} is not {channels} x out x {kernel} x {kernel} (PyTorch's in x out x k x k) for input {input:?} and kernel {kernel}"
+    )]
+    ConvTransposeWeight { input: Vec<usize>, weight: Vec<usize>, channels: usize, kernel: usize },
 }
 
 impl From<OpError> for candle_core::Error {

@@ -1,0 +1,485 @@
+//! A U-Net's up-convolution, `ConvTranspose2d(C, O, kernel_size=k,
+//! stride=k)` with a bias, as one op.
+//!
+//! With the stride equal to the kernel the windows do not overlap: each
+//! input pixel alone makes a `k x k` block of the output, so the op is a
+//! linear layer on every pixel (`C -> O k k`) followed by a pixel shuffle.
+//! On the CPU each sample is one gemm, `Y' (O k k x H W) = W^T X_n`, the
+//! weight read transposed in place through its strides, and `Y'` is then
+//! shuffled into the sample's output with the bias. candle's
+//! `conv_transpose2d` followed by `broadcast_add` makes two tensors of the
+//! output's size, and its autograd keeps both; this op makes one, and keeps
+//! nothing else (its operands are alive anyway). Its backward makes each
+//! gradient only for an operand that needs it, one sample at a time from
+//! the output gradient gathered back into `G'_n`: `dx_n = W G'_n` and `dW =
+//! sum_n X_n G'_n^T` by gemm, `db` as the sums of the gradient's planes.
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use gemm::Parallelism;
+use half::{bf16, f16};
+use multiversion::multiversion;
+use rayon::prelude::*;
+
+use super::conv::{matmul, Mat};
+use super::floats::{f32_view, storage_from_f32, zeros};
+use super::gemm_packing::{packing_bytes, Strides};
+use super::OpError;
+
+const OP: &str = "conv_transpose2d";
+
+/// `x` is `N x C x H x W`, `weight` is `C x O x k x k` (PyTorch's
+/// layout), `bias` is `O` or `None`, and the stride is the kernel `k`
+/// (no padding): returns `N x O x kH x kW` in `x`'s dtype, `out[n, o, i k +
+/// a, j k + b] = bias[o] + sum_c x[n, c, i, j] weight[c, o, a, b]`.
+///
+/// On the CPU in f32, f16 and bf16 it is one op (computed in f32, stored in
+/// `x`'s dtype) whose autograd keeps only its output. Elsewhere (CUDA) and
+/// in other dtypes it is candle's `conv_transpose2d` and `broadcast_add`,
+/// whose autograd keeps what candle's ops keep: both their outputs.
+pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, kernel: usize) -> Result<Tensor> {
+    let geometry = Geometry::of_dims(x.dims(), weight.dims(), bias.map(Tensor::dims), kernel)?;
+    for other in std::iter::once(weight).chain(bias) {
+        if other.dtype() != x.dtype() {
+            Err(OpError::DTypeMismatch { op: OP, input: x.dtype(), other: other.dtype() })?
+        }
+    }
+    if !(x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)) {
+        return composed(x, weight, bias, &geometry);
+    }
+    let (x, weight) = (x.contiguous()?, weight.contiguous()?);
+    match bias {
+        Some(bias) => x.apply_op3(&weight, &bias.contiguous()?, ConvTranspose2d(geometry)),
+        None => x.apply_op2(&weight, ConvTranspose2d(geometry)),
+    }
+}
+
+/// Bytes the CPU op allocates while each of its passes runs, beyond its
+/// operands and result, with rayon's thread pool as it is now. The backward
+/// runs the gradient passes one after the other (input, weight, bias), each
+/// only for an operand that needs it: it holds at most the largest of them
+/// beyond the gradients it returns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConvTransposeScratch {
+    pub forward: u64,
+    pub input_gradient: u64,
+    pub weight_gradient: u64,
+    pub bias_gradient: u64,
+}
+
+impl ConvTransposeScratch {
+    /// The largest of the passes.
+    pub fn most(&self) -> u64 {
+        self.forward.max(self.input_gradient).max(self.weight_gradient).max(self.bias_gradient)
+    }
+}
+
+/// [`ConvTransposeScratch`] of [`conv_transpose2d`] on an input of `x`
+/// dims (`N x C x H x W`) to `out_channels` with a `kernel x kernel`
+/// kernel, in `dtype` (f32, f16 or bf16), with or without a bias (the bias
+/// adds none). In f32 the forward and the input and weight gradients each
+/// hold one sample's `O k k x H W` f32 buffer (`Y'`, or `G'`) beside their
+/// gemm's packing; the bias gradient holds nothing. A half-precision pass
+/// also widens its operands to f32 (the forward x and W, the input gradient
+/// the output gradient and W, the weight gradient the output gradient and
+/// x, the bias gradient the output gradient) and computes an f32 result; it
+/// then drops the copies and narrows the result into its own dtype, so that
+/// the f32 result beside the narrowed one counts where it outweighs the
+/// rest: `max(copies + f32 result + the f32 scratch - result, f32 result)`.
+pub fn conv_transpose2d_scratch(
+    x: [usize; 4],
+    out_channels: usize,
+    kernel: usize,
+    dtype: DType,
+) -> std::result::Result<ConvTransposeScratch, OpError> {
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(OpError::UnsupportedDType { op: OP, dtype });
+    }
+    let [_, channels, ..] = x;
+    let g = Geometry::of_dims(&x, &[channels, out_channels, kernel, kernel], None, kernel)?;
+    let (c, rows, pixels) = (g.channels, g.rows(), g.pixels());
+    let parallelism = parallelism();
+    let packing = |dims, dst, lhs, rhs| packing_bytes(dims, dst, lhs, rhs, parallelism);
+    let floats = |count: usize| (count * size_of::<f32>()) as u64;
+    let shuffled = floats(g.sample_output());
+    let (by_pixel, by_row) = (Strides::row_major(pixels), Strides::row_major(rows));
+    // What a pass holds beside its operands and the f32 result at its peak.
+    let forward = shuffled + packing((rows, pixels, c), by_pixel, Strides::column_major(rows), by_pixel);
+    let input_gradient = shuffled + packing((c, pixels, rows), by_pixel, by_row, by_pixel);
+    let weight_gradient = shuffled + packing((c, rows, pixels), by_row, by_pixel, Strides::column_major(pixels));
+    if dtype == DType::F32 {
+        return Ok(ConvTransposeScratch { forward, input_gradient, weight_gradient, bias_gradient: 0 });
+    }
+    let half = |count: usize| (count * dtype.size_in_bytes()) as u64;
+    let pass =
+        |copies: usize, result: usize, beside: u64| (floats(copies + result) + beside).saturating_sub(half(result)).max(floats(result));
+    let (input, output, weights) = (g.batch * g.sample_input(), g.batch * g.sample_output(), c * rows);
+    Ok(ConvTransposeScratch {
+        forward: pass(input + weights, output, forward),
+        input_gradient: pass(output + weights, input, input_gradient),
+        weight_gradient: pass(output + input, weights, weight_gradient),
+        bias_gradient: pass(output, g.outputs, 0),
+    })
+}
+
+/// The same from candle's operations, differentiable by candle's autograd:
+/// the transposed convolution and the sum are two tensors of the output's
+/// size, both kept.
+pub(super) fn composed(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, g: &Geometry) -> Result<Tensor> {
+    let y = x.conv_transpose2d(weight, 0, 0, g.kernel, 1)?;
+    match bias {
+        Some(bias) => y.broadcast_add(&bias.reshape((1, g.outputs, 1, 1))?),
+        None => Ok(y),
+    }
+}
+
+/// The shapes of one up-convolution: `batch x channels x height x width`
+/// in, `batch x outputs x kernel height x kernel width` out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Geometry {
+    pub batch: usize,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+    pub outputs: usize,
+    pub kernel: usize,
+}
+
+impl Geometry {
+    pub fn of_dims(x: &[usize], weight: &[usize], bias: Option<&[usize]>, kernel: usize) -> std::result::Result<Self, OpError> {
+        let &[batch, channels, height, width] = x else {
+            return Err(OpError::NotFourDims { op: OP, what: "input", dims: x.to_vec() });
+        };
+        if kernel == 0 {
+            return Err(OpError::Zero { op: OP, what: "kernel" });
+        }
+        let refused = || OpError::ConvTransposeWeight { input: x.to_vec(), weight: weight.to_vec(), channels, kernel };
+        let &[weight_channels, outputs, kernel_h, kernel_w] = weight else {
+            return Err(refused());
+        };
+        if weight_channels != channels || kernel_h != kernel || kernel_w != kernel {
+            return Err(refused());
+        }
+        if let Some(bias) = bias.filter(|&bias| bias != [outputs]) {
+            return Err(OpError::PerChannel { op: OP, what: "bias", channels: outputs, dims: bias.to_vec() });
+        }
+        Ok(Self { batch, channels, height, width, outputs, kernel })
+    }
+
+    /// Input pixels of a channel, the columns of `Y'`.
+    fn pixels(&self) -> usize {
+        self.height * self.width
+    }
+
+    /// The rows of `Y'`, `(o, a, b)`: an input pixel's `O k k` outputs.
+    fn rows(&self) -> usize {
+        self.outputs * self.kernel * self.kernel
+    }
+
+    /// One output channel's plane, `kH x kW`, and its `k k` rows of `Y'`.
+    fn plane(&self) -> usize {
+        self.kernel * self.kernel * self.pixels()
+    }
+
+    fn sample_input(&self) -> usize {
+        self.channels * self.pixels()
+    }
+
+    /// One sample's output, as many values as its `Y'`.
+    fn sample_output(&self) -> usize {
+        self.outputs * self.plane()
+    }
+
+    fn output_shape(&self) -> Shape {
+        (self.batch, self.outputs, self.kernel * self.height, self.kernel * self.width).into()
+    }
+
+    /// `Y'` from one output channel's plane: row `a k + b` of the channel's
+    /// `k k` rows holds, at column `i W + j`, the plane's value at `(i k + a,
+    /// j k + b)`.
+    fn unshuffle(&self, plane: &[f32], rows: &mut [f32]) {
+        let (k, w, pixels) = (self.kernel, self.width, self.pixels());
+        for (i, band) in plane.chunks_exact(k * k * w).enumerate() {
+            for (a, line) in band.chunks_exact(k * w).enumerate() {
+                for b in 0..k {
+                    let row = &mut rows[(a * k + b) * pixels + i * w..][..w];
+                    for (dst, src) in row.iter_mut().zip(line[b..].iter().step_by(k)) {
+                        *dst = *src;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The inverse of [`unshuffle`](Self::unshuffle), adding `bias`.
+    fn shuffle(&self, rows: &[f32], plane: &mut [f32], bias: f32) {
+        let (k, w, pixels) = (self.kernel, self.width, self.pixels());
+        for (i, band) in plane.chunks_exact_mut(k * k * w).enumerate() {
+            for (a, line) in band.chunks_exact_mut(k * w).enumerate() {
+                for b in 0..k {
+                    let row = &rows[(a * k + b) * pixels + i * w..][..w];
+                    for (dst, src) in line[b..].iter_mut().step_by(k).zip(row) {
+                        *dst = src + bias;
+                    }
+                }
+            }
+        }
+    }
+
+    /// `Y'` (or `G'`) of sample `n` of an output (or its gradient), each
+    /// output channel on one of rayon's threads.
+    fn gather(&self, output: &[f32], n: usize, rows: &mut [f32]) {
+        let sample = &output[n * self.sample_output()..][..self.sample_output()];
+        // An empty plane has no chunks to take: `max(1)` keeps the chunk size legal.
+        let plane = self.plane().max(1);
+        rows.par_chunks_mut(plane).zip(sample.par_chunks(plane)).for_each(|(rows, plane)| self.unshuffle(plane, rows));
+    }
+
+    /// Sample `n` of the output from its `Y'` and the bias.
+    fn scatter(&self, rows: &[f32], bias: Bias, output: &mut [f32], n: usize) {
+        let sample = &mut output[n * self.sample_output()..][..self.sample_output()];
+        let plane = self.plane().max(1);
+        sample
+            .par_chunks_mut(plane)
+            .zip(rows.par_chunks(plane))
+            .enumerate()
+            .for_each(|(o, (plane, rows))| self.shuffle(rows, plane, bias.at(o)));
+    }
+}
+
+/// Each product is one gemm threaded inside over rayon's threads, as the
+/// linear layer's are: one sample's buffer at a time whatever the threads.
+fn parallelism() -> Parallelism {
+    match rayon::current_num_threads() {
+        0 | 1 => Parallelism::None,
+        threads => Parallelism::Rayon(threads),
+    }
+}
+
+fn row_major(data: &[f32], width: usize) -> Mat<'_> {
+    Mat { data, row_stride: width, col_stride: 1 }
+}
+
+/// The transpose of a row-major matrix of rows `width` long, read in place.
+fn transposed(data: &[f32], width: usize) -> Mat<'_> {
+    Mat { data, row_stride: 1, col_stride: width }
+}
+
+/// The bias as the forward reads it, one value per output channel where it
+/// is added: a half-precision bias widened whole would be a copy the
+/// scratch does not count.
+#[derive(Clone, Copy)]
+enum Bias<'a> {
+    None,
+    F32(&'a [f32]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+}
+
+impl<'a> Bias<'a> {
+    fn of(operand: Option<Operand<'a>>) -> Result<Self> {
+        let Some((storage, layout)) = operand else {
+            return Ok(Bias::None);
+        };
+        let (start, end) = layout.contiguous_offsets().ok_or(OpError::NotContiguous { op: OP })?;
+        Ok(match storage {
+            CpuStorage::F32(v) => Bias::F32(&v[start..end]),
+            CpuStorage::F16(v) => Bias::F16(&v[start..end]),
+            CpuStorage::BF16(v) => Bias::BF16(&v[start..end]),
+            other => Err(OpError::UnsupportedDType { op: OP, dtype: other.dtype() })?,
+        })
+    }
+
+    fn at(self, o: usize) -> f32 {
+        match self {
+            Bias::None => 0.0,
+            Bias::F32(v) => v[o],
+            Bias::F16(v) => v[o].to_f32(),
+            Bias::BF16(v) => v[o].to_f32(),
+        }
+    }
+}
+
+/// A CPU operand: its storage and layout.
+type Operand<'a> = (&'a CpuStorage, &'a Layout);
+
+/// The up-convolution as a candle op: `(x, weight)` without a bias
+/// ([`CustomOp2`]), `(x, weight, bias)` with one ([`CustomOp3`]).
+struct ConvTranspose2d(Geometry);
+
+impl ConvTranspose2d {
+    fn forward(&self, x: Operand, weight: Operand, bias: Option<Operand>) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let y = {
+            // Scoped, so that the f32 copies of half-precision operands and
+            // the sample's buffer are freed before the result is narrowed.
+            let (xs, w) = (f32_view(OP, x.0, x.1)?, f32_view(OP, weight.0, weight.1)?);
+            let bias = Bias::of(bias)?;
+            let mut y = zeros(g.batch * g.sample_output());
+            let mut rows = zeros(g.sample_output());
+            let dims = (g.rows(), g.pixels(), g.channels);
+            for n in 0..g.batch {
+                let x_n = row_major(&xs[n * g.sample_input()..][..g.sample_input()], g.pixels());
+                matmul(&mut rows, Strides::row_major(g.pixels()), dims, transposed(&w, g.rows()), x_n, false, parallelism());
+                g.scatter(&rows, bias, &mut y, n);
+            }
+            y
+        };
+        Ok((storage_from_f32(OP, y, x.0.dtype())?, g.output_shape()))
+    }
+
+    /// The gradients of `x`, `weight` and `bias` from that of the output,
+    /// each `None` for an operand that needs none.
+    fn gradients(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let g = self.0;
+        let input = if x.track_op() { Some(grad.apply_op2_no_bwd(weight, &InputGradient(g))?) } else { None };
+        let weight = if weight.track_op() { Some(grad.apply_op2_no_bwd(x, &WeightGradient(g))?) } else { None };
+        let bias = match bias {
+            Some(bias) if bias.track_op() => Some(grad.apply_op1_no_bwd(&BiasGradient(g))?),
+            _ => None,
+        };
+        Ok((input, weight, bias))
+    }
+}
+
+impl CustomOp2 for ConvTranspose2d {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.forward((s1, l1), (s2, l2), None)
+    }
+
+    fn bwd(&self, x: &Tensor, weight: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (input, weight, _) = self.gradients(x, weight, None, grad)?;
+        Ok((input, weight))
+    }
+}
+
+impl CustomOp3 for ConvTranspose2d {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.forward((s1, l1), (s2, l2), Some((s3, l3)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.gradients(x, weight, Some(bias), grad)
+    }
+}
+
+/// `(grad_out, weight) -> grad_x`, per sample `W G'_n`, in `x`'s shape.
+struct InputGradient(Geometry);
+
+impl CustomOp2 for InputGradient {
+    fn name(&self) -> &'static str {
+        "conv_transpose2d-grad-input"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let dx = {
+            let (dy, w) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
+            let mut dx = zeros(g.batch * g.sample_input());
+            let mut rows = zeros(g.sample_output());
+            let dims = (g.channels, g.pixels(), g.rows());
+            for n in 0..g.batch {
+                g.gather(&dy, n, &mut rows);
+                let dx_n = &mut dx[n * g.sample_input()..][..g.sample_input()];
+                let (w, rows) = (row_major(&w, g.rows()), row_major(&rows, g.pixels()));
+                matmul(dx_n, Strides::row_major(g.pixels()), dims, w, rows, false, parallelism());
+            }
+            dx
+        };
+        Ok((storage_from_f32(self.name(), dx, s1.dtype())?, (g.batch, g.channels, g.height, g.width).into()))
+    }
+}
+
+/// `(grad_out, x) -> grad_weight = sum_n X_n G'_n^T`, `C x O x k x k`.
+struct WeightGradient(Geometry);
+
+impl CustomOp2 for WeightGradient {
+    fn name(&self) -> &'static str {
+        "conv_transpose2d-grad-weight"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let dw = {
+            let (dy, xs) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
+            let mut dw = zeros(g.channels * g.rows());
+            let mut rows = zeros(g.sample_output());
+            let dims = (g.channels, g.rows(), g.pixels());
+            for n in 0..g.batch {
+                g.gather(&dy, n, &mut rows);
+                let x_n = row_major(&xs[n * g.sample_input()..][..g.sample_input()], g.pixels());
+                matmul(&mut dw, Strides::row_major(g.rows()), dims, x_n, transposed(&rows, g.pixels()), true, parallelism());
+            }
+            dw
+        };
+        Ok((storage_from_f32(self.name(), dw, s1.dtype())?, (g.channels, g.outputs, g.kernel, g.kernel).into()))
+    }
+}
+
+/// `grad_out -> grad_bias`, the sum of each output channel's planes.
+struct BiasGradient(Geometry);
+
+impl CustomOp1 for BiasGradient {
+    fn name(&self) -> &'static str {
+        "conv_transpose2d-grad-bias"
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        let g = &self.0;
+        let dy = f32_view(self.name(), storage, layout)?;
+        let mut db = vec![0f32; g.outputs];
+        db.par_iter_mut().enumerate().for_each(|(o, db)| {
+            *db = (0..g.batch).map(|n| sum(&dy[(n * g.outputs + o) * g.plane()..][..g.plane()])).sum();
+        });
+        Ok((storage_from_f32(self.name(), db, storage.dtype())?, g.outputs.into()))
+    }
+}
+
+/// Running sums a plane's sum keeps: float additions stay in the order
+/// written, so one running sum would not vectorise; sixteen fill one
+/// AVX-512 vector or two of AVX2.
+const LANES: usize = 16;
+
+/// The sum of `values`.
+#[multiversion(targets("x86_64+avx512f", "x86_64+avx2+fma"))]
+fn sum(values: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let chunks = values.chunks_exact(LANES);
+    let rest: f32 = chunks.remainder().iter().sum();
+    for chunk in chunks {
+        for (lane, v) in lanes.iter_mut().zip(chunk) {
+            *lane += v;
+        }
+    }
+    lanes.iter().sum::<f32>() + rest
+}
