@@ -313,3 +313,95 @@ fn linear_keeps_its_output_alone_and_allocates_what_it_says() {
         }
     }
 }
+
+#[test]
+fn conv_transpose2d_keeps_its_output_alone_and_allocates_what_it_says() {
+    use vramlab::candle::Var;
+    use vramlab::ops;
+    let _guard = setup();
+    // `(x dims, out channels, kernel)`: a U-Net's up-convolutions (the deepest
+    // and a shallow one), a wide weight of 512 x 256 x 2 x 2 on a 4x4 map,
+    // one pixel, and kernel 3.
+    let cases: [([usize; 4], usize, usize); 5] =
+        [([2, 128, 8, 8], 64, 2), ([2, 32, 32, 32], 16, 2), ([2, 512, 4, 4], 256, 2), ([4, 256, 1, 1], 128, 2), ([2, 24, 9, 7], 12, 3)];
+    for threads in [1, 2] {
+        let pool = pool_of(threads);
+        for (x_dims, outputs, k) in cases {
+            for dtype in [DType::F32, DType::F16] {
+                let [n, c, h, w] = x_dims;
+                let randn = |dims: &[usize]| Tensor::randn(0f32, 1.0, dims, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
+                let operands = [randn(&x_dims), randn(&[c, outputs, k, k]), randn(&[outputs])];
+                let vars = operands.each_ref().map(|t| Var::from_tensor(t).unwrap());
+                // The operands with the gradients `tracked` asks for, detached before any measurement.
+                let with_gradients = |tracked: [bool; 3], biased: bool| {
+                    let [x, w, b] = [0, 1, 2].map(|i| if tracked[i] { vars[i].as_tensor().clone() } else { vars[i].as_tensor().detach() });
+                    move || ops::conv_transpose2d(&x, &w, biased.then_some(&b), k).unwrap()
+                };
+                // gemm's per-thread slab, kept for good, on every thread first.
+                pool.broadcast(|_| drop(with_gradients([true; 3], true)().backward().unwrap()));
+                let size = |elements: usize| (elements * dtype.size_in_bytes()) as u64;
+                let out = size(n * outputs * k * h * k * w);
+                let case = format!("{x_dims:?} -> {outputs}, kernel {k}, {dtype:?} on {threads} thread(s)");
+                for biased in [true, false] {
+                    let all = with_gradients([true; 3], biased);
+                    let case = format!("{case}{}", if biased { "" } else { " without bias" });
+                    // The scratch follows rayon's pool: the prediction and the runs all see this one.
+                    let (predicted, kept, forward, candle_kept) = pool.install(|| {
+                        let predicted = ops::conv_transpose2d_scratch(x_dims, outputs, k, dtype).unwrap();
+                        let before = HostMemory::reset_peak();
+                        let y = all();
+                        let after = HostMemory::sample();
+                        let (kept, forward) = (after.in_use - before.in_use, after.peak.unwrap() - after.in_use);
+                        drop(y);
+                        let [x, w, b] = vars.each_ref().map(Var::as_tensor);
+                        let before = HostMemory::sample();
+                        let y = x.conv_transpose2d(w, 0, 0, k, 1).unwrap();
+                        let y = if biased { y.broadcast_add(&b.reshape((1, outputs, 1, 1)).unwrap()).unwrap() } else { y };
+                        let candle_kept = HostMemory::sample().in_use - before.in_use;
+                        drop(y);
+                        (predicted, kept, forward, candle_kept)
+                    });
+                    assert!(kept.abs_diff(out) <= 4096, "{case}: the graph holds {kept} B after the forward, the output is {out} B");
+                    let candle_outputs = if biased { 2 } else { 1 };
+                    assert!(
+                        candle_kept.abs_diff(candle_outputs * out) <= 4096,
+                        "{case}: candle's conv_transpose2d (+ add) hold {candle_kept} B, {candle_outputs} output(s) of {out} B"
+                    );
+                    // Each gradient alone: its pass's scratch beyond the output's gradient (ones) and the one it returns.
+                    let mut passes = vec![
+                        ([true, false, false], size(n * c * h * w), predicted.input_gradient),
+                        ([false, true, false], size(c * outputs * k * k), predicted.weight_gradient),
+                    ];
+                    if biased {
+                        passes.push(([false, false, true], size(outputs), predicted.bias_gradient));
+                        passes.push(([true; 3], size(n * c * h * w + c * outputs * k * k + outputs), predicted.most()));
+                    }
+                    // `(pass, operands with gradients, measured, predicted, exact)`: with two threads gemm's threads
+                    // meet only when both are busy at once, and the whole backward holds the largest
+                    // pass's scratch only where that pass comes last.
+                    let mut measured = vec![("forward", [true; 3], forward, predicted.forward, threads == 1)];
+                    for (tracked, gradients, predicted) in passes {
+                        let y = with_gradients(tracked, biased)();
+                        let peak = pool.install(|| {
+                            let before = HostMemory::reset_peak();
+                            let grads = y.backward().unwrap();
+                            let peak = HostMemory::sample().peak.unwrap();
+                            drop(grads);
+                            peak - before.in_use
+                        });
+                        measured.push(("backward", tracked, peak - out - gradients, predicted, threads == 1 && tracked != [true; 3]));
+                    }
+                    for (pass, tracked, measured, predicted, exact) in measured {
+                        let slack = 4096 + predicted / 200;
+                        let what = format!("{case}, {pass} with gradients for {tracked:?}: measured {measured} B, predicted {predicted} B");
+                        if exact {
+                            assert!(measured.abs_diff(predicted) <= slack, "{what}");
+                        } else {
+                            assert!(measured <= predicted + slack, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
