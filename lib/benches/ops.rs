@@ -3,7 +3,9 @@
 //! weight), median of the repeats after one warm-up. Attention is timed
 //! against the same computation composed of candle's operations, once per
 //! [`AttentionKeeps`]; the linear layer against candle-nn's `Linear`
-//! (`matmul`, then `broadcast_add`), input, weight and bias trainable.
+//! (`matmul`, then `broadcast_add`), input, weight and bias trainable; a
+//! U-Net's up-convolution against candle's `conv_transpose2d`, then
+//! `broadcast_add`, the same three trainable.
 //! Prints JSON (seconds);
 //! scripts/bench_ops.py runs PyTorch on the same cases and adds the ratios.
 //!
@@ -13,7 +15,7 @@ use std::time::Instant;
 
 use vramlab::candle::{DType, Device, Tensor, Var, D};
 use vramlab::candle_nn::{Linear, Module};
-use vramlab::ops::{attention, conv2d, linear, max_pool2d, AttentionKeeps, ConvParams};
+use vramlab::ops::{attention, conv2d, conv_transpose2d, linear, max_pool2d, AttentionKeeps, ConvParams};
 
 fn p50(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(f64::total_cmp);
@@ -180,7 +182,7 @@ const LINEARS: [(&str, &[usize], usize, usize); 3] = [
 ];
 
 /// Forward, and forward + backward of `sum(op(x, w, b))`, all three trainable.
-fn linear_times(repeats: usize, [x, w, b]: &[Tensor; 3], op: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor) -> serde_json::Value {
+fn biased_times(repeats: usize, [x, w, b]: &[Tensor; 3], op: impl Fn(&Tensor, &Tensor, &Tensor) -> Tensor) -> serde_json::Value {
     let [xv, wv, bv] = [x, w, b].map(|t| Var::from_tensor(t).expect("var"));
     let forward = time(repeats, || {
         op(x, w, b);
@@ -190,6 +192,11 @@ fn linear_times(repeats: usize, [x, w, b]: &[Tensor; 3], op: impl Fn(&Tensor, &T
     });
     serde_json::json!({"fwd_s": forward, "fwd_bwd_s": train})
 }
+
+/// `(name, batch, channels, size, out channels)`, kernel and stride 2: a
+/// U-Net's deepest up-convolution (8x8 -> 16x16) and a shallow one (32x32 -> 64x64).
+const CONV_TRANSPOSES: [(&str, usize, usize, usize, usize); 2] =
+    [("conv_transpose2x2_128_64_8x8_b8", 8, 128, 8, 64), ("conv_transpose2x2_32_16_32x32_b8", 8, 32, 32, 16)];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -245,9 +252,23 @@ fn main() {
     for (name, leading, inputs, outputs) in LINEARS.into_iter().filter(|l| l.0.contains(&only)) {
         let operands =
             [randn(&[leading, &[inputs]].concat(), DType::F32), randn(&[outputs, inputs], DType::F32), randn(&[outputs], DType::F32)];
-        let ours = linear_times(repeats, &operands, |x, w, b| linear(x, w, Some(b)).expect("linear"));
+        let ours = biased_times(repeats, &operands, |x, w, b| linear(x, w, Some(b)).expect("linear"));
         let candle_linear = |x: &Tensor, w: &Tensor, b: &Tensor| Linear::new(w.clone(), Some(b.clone())).forward(x).expect("linear");
-        let candle = if with_candle { linear_times(repeats, &operands, candle_linear) } else { serde_json::Value::Null };
+        let candle = if with_candle { biased_times(repeats, &operands, candle_linear) } else { serde_json::Value::Null };
+        report.insert(format!("{name}_f32"), serde_json::json!({"ours": ours, "candle": candle}));
+    }
+    for (name, batch, channels, size, outputs) in CONV_TRANSPOSES.into_iter().filter(|c| c.0.contains(&only)) {
+        let operands = [
+            randn(&[batch, channels, size, size], DType::F32),
+            randn(&[channels, outputs, 2, 2], DType::F32),
+            randn(&[outputs], DType::F32),
+        ];
+        let ours = biased_times(repeats, &operands, |x, w, b| conv_transpose2d(x, w, Some(b), 2).expect("conv_transpose2d"));
+        let candle_up = |x: &Tensor, w: &Tensor, b: &Tensor| {
+            let y = x.conv_transpose2d(w, 0, 0, 2, 1).expect("conv_transpose2d");
+            y.broadcast_add(&b.reshape((1, outputs, 1, 1)).expect("bias")).expect("add")
+        };
+        let candle = if with_candle { biased_times(repeats, &operands, candle_up) } else { serde_json::Value::Null };
         report.insert(format!("{name}_f32"), serde_json::json!({"ours": ours, "candle": candle}));
     }
     report.insert("repeats".into(), repeats.into());
