@@ -11,7 +11,7 @@ use crate::data::{
     histogram_baseline, BaselineReport, DataError, DataLoader, Dataset, ImageFolder, LoaderConfig, Split, Symptom, Transform, Transforms,
 };
 use crate::models::{ModelError, ModelName, Network, Pass, Precision, Shape};
-use crate::train::{BatchSource, OptimizerConfig, Schedule, TrainConfig, TrainError, TrainEvent, Trainer};
+use crate::train::{BatchSource, GradScalerConfig, OptimizerConfig, Schedule, TrainConfig, TrainError, TrainEvent, Trainer};
 
 mod report;
 
@@ -105,6 +105,9 @@ pub struct LearnConfig {
     pub seed: u64,
     /// Also fit the colour-histogram baseline on the same split.
     pub baseline: bool,
+    /// Loss scaling under f16 (PyTorch's `GradScaler` defaults; disable it
+    /// to see what half precision does without it).
+    pub scaler: GradScalerConfig,
 }
 
 impl Default for LearnConfig {
@@ -123,6 +126,7 @@ impl Default for LearnConfig {
             augment: false,
             seed: 0,
             baseline: true,
+            scaler: GradScalerConfig::default(),
         }
     }
 }
@@ -134,7 +138,10 @@ pub struct LearnEpoch {
     pub train_loss: f32,
     pub train_accuracy: f64,
     pub val_loss: f32,
+    /// Of the images, or of the pixels for segmentation.
     pub val_accuracy: f64,
+    /// Segmentation only: each class's IoU on the validation set.
+    pub val_iou: Vec<Option<f64>>,
     /// Loading and training, without the validation pass.
     pub seconds: f64,
 }
@@ -201,82 +208,10 @@ pub fn fit_folder(
     device: &Device,
     watch: &mut dyn FnMut(&TrainEvent),
 ) -> Result<LearnReport, LearnError> {
-    let invalid = |m: String| Err(DataError::invalid("fit_folder", m).into());
-    if config.epochs == 0 || config.batch_size == 0 || config.accumulation == 0 || config.res < 8 {
-        return invalid(format!(
-            "needs at least 1 epoch, a batch of at least 1, at least 1 micro-batch per step and a side of at least 8 pixels; \
-             got {} epochs, batch {}, {} micro-batches, {} pixels",
-            config.epochs, config.batch_size, config.accumulation, config.res
-        ));
-    }
-    let per_step = config.batch_size * config.accumulation;
-    if split.train.len() < per_step || split.val.is_empty() {
-        return invalid(format!(
-            "{} training images cannot fill one optimizer step of {} x {} (or validation is empty: {} images)",
-            split.train.len(),
-            config.accumulation,
-            config.batch_size,
-            split.val.len()
-        ));
-    }
-    let started = Instant::now();
-    let res = config.res;
-    let train_transforms = if config.augment {
-        Transforms::train(res)
-    } else {
-        Transforms::new(vec![Transform::Resize { width: res, height: res }, Transform::HorizontalFlip { p: 0.5 }])
-    };
-    let loader = |indices: &[usize], transforms: Transforms, train: bool| {
-        let config = LoaderConfig {
-            batch_size: config.batch_size,
-            shuffle: train,
-            seed: config.seed,
-            num_workers: config.workers,
-            // Batch-norm statistics of a tiny last batch are noise.
-            drop_last: train,
-            ..LoaderConfig::default()
-        };
-        DataLoader::new(folder.dataset(indices, transforms), config)
-    };
-    let mut train = OnDevice { source: loader(&split.train, train_transforms, true)?, device: device.clone() };
-    let mut val = OnDevice { source: loader(&split.val, Transforms::resize(res), false)?, device: device.clone() };
-
     let classes = folder.classes.len();
-    let spec = config.model.spec(classes);
-    let net = Network::new(&spec, Shape::map(3, res as usize, res as usize), device, config.seed)?;
-    let steps = (config.epochs * (train.batches_per_epoch() / config.accumulation)) as u64;
-    let schedule =
-        if config.cosine { Some(Schedule::cosine(config.optimizer.learning_rate(), steps, 0.0).map_err(TrainError::from)?) } else { None };
-    let train_config = TrainConfig {
-        precision: config.precision,
-        accumulation: config.accumulation,
-        optimizer: config.optimizer.clone(),
-        schedule,
-        ..TrainConfig::default()
-    };
-    let mut trainer = Trainer::new(net, train_config)?;
-    trainer.fit(&mut train, Some(&mut val), config.epochs, watch)?;
-
-    let mut epochs: Vec<LearnEpoch> = Vec::with_capacity(config.epochs);
-    for event in &trainer.history().events {
-        match event {
-            TrainEvent::Epoch(e) => epochs.push(LearnEpoch {
-                epoch: e.epoch,
-                train_loss: e.loss,
-                train_accuracy: e.accuracy,
-                val_loss: f32::NAN,
-                val_accuracy: f64::NAN,
-                seconds: e.seconds,
-            }),
-            TrainEvent::Eval(e) => {
-                if let Some(last) = epochs.iter_mut().rev().find(|f| f.epoch == e.epoch) {
-                    last.val_loss = e.loss;
-                    last.val_accuracy = e.accuracy;
-                }
-            }
-            TrainEvent::Step(_) => {}
-        }
-    }
+    let started = Instant::now();
+    let (trainer, mut val, epochs) =
+        train_on("fit_folder", |indices, transforms| folder.dataset(indices, transforms), classes, split, config, device, watch)?;
 
     let (truth, predicted) = predictions(trainer.net(), &mut val)?;
     let hits = truth.iter().zip(&predicted).filter(|(t, p)| t == p).count();
@@ -324,6 +259,102 @@ pub fn fit_folder(
         baseline,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// A run from a folder: its trainer, its validation batches, each epoch's figures.
+type Trained<D> = (Trainer, OnDevice<DataLoader<D>>, Vec<LearnEpoch>);
+
+/// Trains `config.model` for `classes` outputs on `split.train` of the
+/// samples `dataset` loads, validating after every epoch on `split.val`
+/// resized to the same side: the trainer, the validation batches and each
+/// epoch's figures.
+fn train_on<D: Dataset>(
+    what: &'static str,
+    dataset: impl Fn(&[usize], Transforms) -> D,
+    classes: usize,
+    split: &Split,
+    config: &LearnConfig,
+    device: &Device,
+    watch: &mut dyn FnMut(&TrainEvent),
+) -> Result<Trained<D>, LearnError> {
+    let invalid = |m: String| Err(DataError::invalid(what, m).into());
+    if config.epochs == 0 || config.batch_size == 0 || config.accumulation == 0 || config.res < 8 {
+        return invalid(format!(
+            "needs at least 1 epoch, a batch of at least 1, at least 1 micro-batch per step and a side of at least 8 pixels; \
+             got {} epochs, batch {}, {} micro-batches, {} pixels",
+            config.epochs, config.batch_size, config.accumulation, config.res
+        ));
+    }
+    let per_step = config.batch_size * config.accumulation;
+    if split.train.len() < per_step || split.val.is_empty() {
+        return invalid(format!(
+            "{} training images cannot fill one optimizer step of {} x {} (or validation is empty: {} images)",
+            split.train.len(),
+            config.accumulation,
+            config.batch_size,
+            split.val.len()
+        ));
+    }
+    let res = config.res;
+    let train_transforms = if config.augment {
+        Transforms::train(res)
+    } else {
+        Transforms::new(vec![Transform::Resize { width: res, height: res }, Transform::HorizontalFlip { p: 0.5 }])
+    };
+    let loader = |indices: &[usize], transforms: Transforms, train: bool| {
+        let config = LoaderConfig {
+            batch_size: config.batch_size,
+            shuffle: train,
+            seed: config.seed,
+            num_workers: config.workers,
+            // Batch-norm statistics of a tiny last batch are noise.
+            drop_last: train,
+            ..LoaderConfig::default()
+        };
+        DataLoader::new(dataset(indices, transforms), config)
+    };
+    let mut train = OnDevice { source: loader(&split.train, train_transforms, true)?, device: device.clone() };
+    let mut val = OnDevice { source: loader(&split.val, Transforms::resize(res), false)?, device: device.clone() };
+
+    let spec = config.model.spec(classes);
+    let net = Network::new(&spec, Shape::map(3, res as usize, res as usize), device, config.seed)?;
+    let steps = (config.epochs * (train.batches_per_epoch() / config.accumulation)) as u64;
+    let schedule =
+        if config.cosine { Some(Schedule::cosine(config.optimizer.learning_rate(), steps, 0.0).map_err(TrainError::from)?) } else { None };
+    let train_config = TrainConfig {
+        precision: config.precision,
+        accumulation: config.accumulation,
+        optimizer: config.optimizer.clone(),
+        schedule,
+        scaler: config.scaler.clone(),
+        ..TrainConfig::default()
+    };
+    let mut trainer = Trainer::new(net, train_config)?;
+    trainer.fit(&mut train, Some(&mut val), config.epochs, watch)?;
+
+    let mut epochs: Vec<LearnEpoch> = Vec::with_capacity(config.epochs);
+    for event in &trainer.history().events {
+        match event {
+            TrainEvent::Epoch(e) => epochs.push(LearnEpoch {
+                epoch: e.epoch,
+                train_loss: e.loss,
+                train_accuracy: e.accuracy,
+                val_loss: f32::NAN,
+                val_accuracy: f64::NAN,
+                val_iou: Vec::new(),
+                seconds: e.seconds,
+            }),
+            TrainEvent::Eval(e) => {
+                if let Some(last) = epochs.iter_mut().rev().find(|f| f.epoch == e.epoch) {
+                    last.val_loss = e.loss;
+                    last.val_accuracy = e.accuracy;
+                    last.val_iou = e.iou.clone();
+                }
+            }
+            TrainEvent::Step(_) => {}
+        }
+    }
+    Ok((trainer, val, epochs))
 }
 
 /// True and predicted classes of every validation image, batch-norm on its running statistics.

@@ -13,7 +13,7 @@ pub const MAGIC: Magic = Magic {
             %summary VARIABLE [--batch N] [--dtype f32|f16|bf16] [--depth 1|2|3] [--eval]   (a Network or Trainer: its spec's table)\n\
             %summary VARIABLE --input SHAPE [--opt adam|adamw|sgd|sgd-momentum|adam8bit]   (any model, measured: a Network, a Trainer,\n\
             \x20         a candle Module or a closure from &Tensor to Result<Tensor>; SHAPE such as 32x3x224x224, or 64x784 for an MLP)\n\
-            MODEL: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn; VARIABLE: a model built in a cell",
+            MODEL: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small, unet; VARIABLE: a model built in a cell",
     run,
 };
 

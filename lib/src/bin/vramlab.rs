@@ -174,7 +174,7 @@ fn emit<T: Serialize>(json: bool, value: &T, text: impl FnOnce() -> String) -> R
 fn spec(setup: &TrainSetup, warmup: usize, steps: usize) -> vramlab::train::BenchSpec {
     vramlab::train::BenchSpec {
         model: setup.model,
-        classes: setup.classes,
+        classes: setup.classes(),
         batch: setup.batch,
         res: setup.res,
         config: setup.train_config(),

@@ -13,7 +13,7 @@ use crate::oom::SweepSpec;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "summary", color = ColorChoice::Never, about = "Per-layer shapes, parameters, saved-for-backward bytes and MACs of a zoo model or a spec")]
 pub struct SummaryArgs {
-    /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
+    /// resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small or unet
     #[arg(value_parser = parse_model, required_unless_present = "spec")]
     pub model: Option<ModelName>,
     /// A model spec as JSON (a serialised `ModelSpec`) instead of a zoo model
@@ -31,9 +31,9 @@ pub struct SummaryArgs {
     /// Inference: show what lives at once instead of what backward keeps
     #[arg(long)]
     pub eval: bool,
-    /// Number of classes of the classifier
-    #[arg(long, default_value_t = 1000, value_parser = |s: &str| whole(s, 1..=MAX_CLASSES))]
-    pub classes: usize,
+    /// Number of classes (default: 1000 for a classifier, 2 for unet: background and lesion)
+    #[arg(long, value_parser = |s: &str| whole(s, 1..=MAX_CLASSES))]
+    pub classes: Option<usize>,
     /// Layers: lean (batch-norm fused with what reads it) or plain (what an ordinary autograd keeps)
     #[arg(long, value_enum, default_value_t = Layers::Lean)]
     pub layers: Layers,
@@ -63,7 +63,7 @@ pub struct SummaryOfArgs {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "oomcheck", color = ColorChoice::Never, about = "Will a training step fit? The five bills, the peak, and ranked fixes")]
 pub struct OomcheckArgs {
-    /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
+    /// resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small or unet
     #[arg(value_parser = parse_model, required_unless_present = "spec")]
     pub model: Option<ModelName>,
     /// A model spec as JSON (a serialised `ModelSpec`) instead of a zoo model
@@ -99,9 +99,9 @@ pub struct OomcheckArgs {
     /// Peak against batch or resolution: batch=8..64, res=128..512:32, batch=8,16,32
     #[arg(long, value_parser = parse_sweep)]
     pub sweep: Option<SweepSpec>,
-    /// Number of classes of the classifier
-    #[arg(long, default_value_t = 1000, value_parser = |s: &str| whole(s, 1..=MAX_CLASSES))]
-    pub classes: usize,
+    /// Number of classes (default: 1000 for a classifier, 2 for unet: background and lesion)
+    #[arg(long, value_parser = |s: &str| whole(s, 1..=MAX_CLASSES))]
+    pub classes: Option<usize>,
     /// Inference instead of training
     #[arg(long)]
     pub eval: bool,
@@ -136,10 +136,10 @@ fn parse_spec_file(text: &str) -> Result<SpecFile, String> {
 }
 
 /// The spec a zoo model's name or `--spec` names.
-fn spec_of(model: Option<ModelName>, spec: &Option<SpecFile>, classes: usize) -> Result<ModelSpec, super::UsageError> {
+fn spec_of(model: Option<ModelName>, spec: &Option<SpecFile>, classes: Option<usize>) -> Result<ModelSpec, super::UsageError> {
     match (spec, model) {
         (Some(file), _) => Ok(file.spec.clone()),
-        (None, Some(model)) => Ok(model.spec(classes)),
+        (None, Some(model)) => Ok(model.spec(classes.unwrap_or(model.default_classes()))),
         (None, None) => Err(super::UsageError("name a zoo model or give --spec FILE.json".to_owned())),
     }
 }

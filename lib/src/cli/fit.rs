@@ -23,7 +23,7 @@ pub struct FitArgs {
     /// The dataset: root/class/*.jpg (groups from root/manifest.csv when present)
     #[arg(long)]
     pub root: PathBuf,
-    /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
+    /// resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small or unet
     #[arg(long, value_parser = parse_model, default_value = "small-cnn")]
     pub model: ModelName,
     /// Square input side in pixels
@@ -82,6 +82,7 @@ impl FitArgs {
             augment: self.augment,
             seed: self.seed,
             baseline: !self.no_baseline,
+            ..LearnConfig::default()
         }
     }
 

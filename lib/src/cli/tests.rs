@@ -192,7 +192,7 @@ fn measure_flags_parse_back_to_the_step_they_describe() {
         let line = format!("measure --model resnet18 {flags}");
         let args = MeasureArgs::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}"));
         let setup = &args.setup;
-        assert_eq!((setup.batch, setup.res, setup.classes), (48, 96, 7), "{line}");
+        assert_eq!((setup.batch, setup.res, setup.classes()), (48, 96, 7), "{line}");
         assert_eq!(
             (setup.precision(), setup.opt, setup.accum, &setup.ckpt),
             (config.precision, config.optimizer, config.accumulation, &config.checkpointing),

@@ -13,7 +13,7 @@ use crate::train::{OptimizerConfig, TrainConfig};
 /// A zoo model and how to train it: what `bench train` times and `measure` measures.
 #[derive(Debug, Clone, Args)]
 pub struct TrainSetup {
-    /// resnet18, resnet34, resnet50, efficientnet-b0 or small-cnn
+    /// resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small or unet
     #[arg(long, value_parser = parse_model)]
     pub model: ModelName,
     /// Samples per forward pass (the micro-batch when accumulating)
@@ -22,9 +22,9 @@ pub struct TrainSetup {
     /// Square input resolution in pixels
     #[arg(long, value_parser = positive)]
     pub res: usize,
-    /// Number of classes of the classifier
-    #[arg(long, default_value_t = 10, value_parser = positive)]
-    pub classes: usize,
+    /// Number of classes (default: 10 for a classifier, 2 for unet: background and lesion)
+    #[arg(long, value_parser = positive)]
+    pub classes: Option<usize>,
     /// Mixed precision
     #[arg(long, value_parser = amp_parser())]
     pub amp: Option<Precision>,
@@ -82,6 +82,11 @@ pub struct MeasureArgs {
 }
 
 impl TrainSetup {
+    /// The classes asked for, or the model's default here.
+    pub fn classes(&self) -> usize {
+        self.classes.unwrap_or(if self.model.segments() { 2 } else { 10 })
+    }
+
     pub fn precision(&self) -> Precision {
         self.amp.unwrap_or(Precision::F32)
     }

@@ -50,6 +50,41 @@ pub struct ModelCost {
     pub attentions: Vec<AttentionLayer>,
     /// Every linear layer, in forward order.
     pub linears: Vec<LinearLayer>,
+    /// Every transposed convolution, in forward order.
+    pub transposed_convs: Vec<TransposedConvLayer>,
+    /// The loss after the last stage (part of that stage's cost): what it
+    /// keeps exists only from the start of backward, when the trainer
+    /// computes it, until backward's root is dropped.
+    pub loss: Cost,
+}
+
+impl ModelCost {
+    /// Labels per sample: one for a classifier, one per pixel for a
+    /// segmentation network (whose logits are a map).
+    pub fn labels_per_sample(&self) -> u64 {
+        self.stages.last().map_or(1, |stage| rules::labels_per_sample(stage.output))
+    }
+}
+
+/// A transposed convolution of the model: its stage and sizes per sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TransposedConvLayer {
+    pub stage: usize,
+    /// Its input, `C x H x W`.
+    pub input: [usize; 3],
+    pub out_channels: usize,
+    pub kernel: usize,
+}
+
+impl TransposedConvLayer {
+    /// What our CPU transposed convolution allocates beyond its operands and
+    /// result at `batch`, in each of its passes.
+    pub fn host_scratch(&self, batch: u64, precision: Precision) -> crate::ops::ConvTransposeScratch {
+        let [c, h, w] = self.input;
+        // The walk has already checked every transposed convolution against its input.
+        crate::ops::conv_transpose2d_scratch([batch as usize, c, h, w], self.out_channels, self.kernel, precision.compute_dtype())
+            .unwrap_or_default()
+    }
 }
 
 /// A linear layer of the model: its stage and sizes per sample (`rows` is
@@ -146,6 +181,8 @@ pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Lay
         convs: Vec::new(),
         attentions: Vec::new(),
         linears: Vec::new(),
+        transposed_convs: Vec::new(),
+        loss: Cost::default(),
         params_seen: 0,
     };
     let mut rows = Vec::with_capacity(256);
@@ -168,6 +205,8 @@ pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Lay
         convs: costing.convs,
         attentions: costing.attentions,
         linears: costing.linears,
+        transposed_convs: costing.transposed_convs,
+        loss: costing.loss,
     })
 }
 
@@ -179,6 +218,8 @@ struct Costing {
     convs: Vec<ConvLayer>,
     attentions: Vec<AttentionLayer>,
     linears: Vec<LinearLayer>,
+    transposed_convs: Vec<TransposedConvLayer>,
+    loss: Cost,
     params_seen: u64,
 }
 
@@ -262,6 +303,9 @@ impl Fold for Costing {
                 let rows = if let Shape::Tokens { n, .. } = input { n } else { 1 };
                 self.linears.push(LinearLayer { stage, rows, in_features: input.channels(), out_features });
             }
+            (&Op::ConvTranspose2d { out_channels, kernel, .. }, Shape::Map { c, h, w }) => {
+                self.transposed_convs.push(TransposedConvLayer { stage, input: [c, h, w], out_channels, kernel });
+            }
             _ => {}
         }
         self.params_seen += cost.params;
@@ -271,12 +315,30 @@ impl Fold for Costing {
     }
 
     fn block(&mut self, site: Site<'_>, block: Block<Costed>, merged: Shape, output: Shape) -> Result<Costed, ModelError> {
+        let first_backward = block.body.first().map_or(0, |layer| layer.cost.backward_bytes);
         let body = Costed::chain(block.body);
         let (mut cost, mut inner) = (body.cost, body.rows);
         let shortcut = match block.shortcut {
             Shortcut::None => None,
             Shortcut::Identity => Some(Costed::default()),
             Shortcut::Projection(layers) => Some(Costed::chain(layers)),
+            Shortcut::Concat => {
+                // `cat` materialises the merged map. Its gradient is copied
+                // into one for the skip and one for the body (candle makes a
+                // view its gradient's own tensor); the skip's waits while
+                // the body's backward runs, then the body's first layer's
+                // input gradient is added to it, a third tensor of the input's size.
+                let mut cat = Cost::default();
+                let (out_bytes, in_bytes) = (self.bytes(merged.elems()), self.bytes(site.input.elems()));
+                cat.keep(out_bytes);
+                cat.backward_bytes = 2 * out_bytes;
+                cat.eval_live_bytes = self.bytes(site.waiting) + 2 * out_bytes;
+                cost.backward_bytes = (cost.backward_bytes + in_bytes).max(first_backward + 2 * in_bytes);
+                cost = cost.then(cat);
+                let path = format!("{}.cat", site.path);
+                inner.push(Row { path, kind: "Concat", depth: site.depth + 1, stage: site.stage, output: merged, cost: cat });
+                None
+            }
         };
         // A lean block's end stores one tensor: its activation's output
         // (counted there), or the sum itself when no activation follows.
@@ -325,7 +387,8 @@ impl Fold for Costing {
         cost = cost.then(layers.cost);
         inner.extend(layers.rows);
         if index == self.last_stage {
-            let loss = rules::cross_entropy(output.channels(), self.precision);
+            let loss = rules::cross_entropy(output, self.precision);
+            self.loss = loss;
             inner.push(own_row("loss".to_owned(), "CrossEntropyLoss", Shape::Flat { features: 1 }, loss));
             cost = cost.then(loss);
         }

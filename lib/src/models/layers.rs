@@ -254,6 +254,39 @@ impl Linear {
     }
 }
 
+/// A transposed convolution whose stride is its kernel
+/// (`ops::conv_transpose2d`), weight in PyTorch's `in x out x k x k` layout,
+/// with PyTorch's default init: weight and bias uniform in +-1/sqrt(fan-in),
+/// fan-in being `out x k x k` for a transposed convolution.
+#[derive(Debug)]
+pub struct ConvTranspose {
+    weight: Var,
+    bias: Option<Var>,
+    kernel: usize,
+}
+
+impl ConvTranspose {
+    pub(crate) fn new(b: &mut Builder, name: &str, in_channels: usize, out_channels: usize, kernel: usize, bias: bool) -> Result<Self> {
+        let fan_in = out_channels * kernel * kernel;
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        let values = b.uniform(in_channels * fan_in, bound)?;
+        let weight = b.param(format!("{name}.weight"), values, &[in_channels, out_channels, kernel, kernel])?;
+        let bias = if bias {
+            let values = b.uniform(out_channels, bound)?;
+            Some(b.param(format!("{name}.bias"), values, &[out_channels])?)
+        } else {
+            None
+        };
+        Ok(ConvTranspose { weight, bias, kernel })
+    }
+
+    pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let w = cast(&pass.param(&self.weight), pass.compute)?;
+        let bias = self.bias.as_ref().map(|b| cast(&pass.param(b), pass.compute)).transpose()?;
+        ops::conv_transpose2d(x, &w, bias.as_ref(), self.kernel)
+    }
+}
+
 /// Layer-norm over the last dimension (`ops::layer_norm`), PyTorch's init
 /// (weight 1, bias 0). Its weight and bias stay f32 under mixed precision.
 #[derive(Debug)]

@@ -161,7 +161,7 @@ pub(super) fn roles(layers: &[spec::Layer], place: Place) -> Vec<Role> {
 pub(super) fn merge(block: &spec::Block) -> Option<Activation> {
     let ends_in_norm = |layers: &[spec::Layer]| matches!(layers.last(), Some(l) if matches!(l.op, Op::BatchNorm2d));
     let residual = match &block.shortcut {
-        spec::Shortcut::None => false,
+        spec::Shortcut::None | spec::Shortcut::Concat => false,
         spec::Shortcut::Identity => true,
         spec::Shortcut::Projection(layers) => ends_in_norm(layers),
     };

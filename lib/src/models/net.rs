@@ -7,7 +7,9 @@ use candle_core::{Device, Result, Tensor};
 use rand::SeedableRng;
 
 use super::cost::Cost;
-use super::layers::{global_avg_pool, BatchNorm, Builder, Conv, Dropout, LayerNorm, Linear, Named, Pass, PatchEmbed, SqueezeExcite};
+use super::layers::{
+    global_avg_pool, BatchNorm, Builder, Conv, ConvTranspose, Dropout, LayerNorm, Linear, Named, Pass, PatchEmbed, SqueezeExcite,
+};
 use super::lean::{self, Layers};
 use super::precision::Precision;
 use super::rules;
@@ -35,6 +37,7 @@ pub(super) enum Module {
     PatchEmbed(Box<PatchEmbed>),
     Attention { heads: usize, keeps: AttentionKeeps },
     ClassToken,
+    ConvTranspose(ConvTranspose),
     Block(Box<Block<Module>>),
     NormAct(Box<NormAct>),
     Merge(Box<Merge>),
@@ -226,6 +229,7 @@ impl Module {
             Module::PatchEmbed(embed) => embed.forward(x, pass),
             Module::Attention { heads, keeps } => ops::attention(x, *heads, *keeps),
             Module::ClassToken => x.narrow(1, 0, 1)?.squeeze(1)?.contiguous(),
+            Module::ConvTranspose(conv) => conv.forward(x, pass),
             Module::NormAct(group) => group.forward_owned(x.clone(), pass),
             Module::Merge(merge) => merge.forward(x, pass),
             Module::Block(block) => {
@@ -234,6 +238,7 @@ impl Module {
                     Shortcut::None => body,
                     Shortcut::Identity => (body + x)?,
                     Shortcut::Projection(projection) => (body + sequential(projection, x, pass)?)?,
+                    Shortcut::Concat => Tensor::cat(&[x, &body], 1)?,
                 };
                 sequential(&block.post, &merged, pass)
             }
@@ -411,6 +416,9 @@ impl Fold for Builder<'_> {
             }
             Op::Attention { heads } => Ok(Module::Attention { heads: *heads, keeps: self.layers.attention_keeps() }),
             Op::ClassToken => Ok(Module::ClassToken),
+            Op::ConvTranspose2d { out_channels, kernel, bias } => {
+                ConvTranspose::new(self, name, input.channels(), *out_channels, *kernel, *bias).map(Module::ConvTranspose)
+            }
             Op::Block(_) => return Err(site.rejected(rules::NOT_A_LEAF.to_owned())),
         };
         module.map_err(|source| ModelError::Build { model: site.model.to_owned(), layer: site.path.clone(), source: Box::new(source) })

@@ -203,6 +203,29 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
             cost.eval_live_bytes = 2 * in_bytes + cost.workspace_bytes;
             input
         }
+        // `ops::conv_transpose2d`, one op for the product and the bias: it
+        // keeps its input (the layer before's output) and materialises its
+        // output. Its per-sample gemm buffers and the f32 copies of half
+        // operands are the ledger's (`ModelCost::transposed_convs`).
+        Op::ConvTranspose2d { out_channels, kernel, bias } => {
+            let (c, h, w) = map(input, "transposed convolution")?;
+            if kernel == 0 {
+                return Err("a transposed convolution needs a kernel of at least 1".to_owned());
+            }
+            let out = Shape::map(out_channels, h * kernel, w * kernel);
+            cost.param_tensor((c * out_channels * kernel * kernel) as u64);
+            if bias {
+                cost.param_tensor(out_channels as u64);
+            }
+            cost.amp_copy_params = cost.params;
+            cost.macs = out.elems() * c as u64;
+            let out_bytes = out.elems() * cb;
+            cost.keep(out_bytes);
+            let input_gradient = if reads_images { 0 } else { in_bytes };
+            cost.backward_bytes = out_bytes + input_gradient;
+            cost.eval_live_bytes = in_bytes + out_bytes;
+            out
+        }
         Op::PatchEmbed { patch, dim } => return patch_embed(patch, dim, input, precision, reads_images),
         Op::Attention { heads } => return attention(heads, input, precision, layers),
         // A narrow of the first token, made contiguous for the linear layer
@@ -376,19 +399,32 @@ pub(crate) fn input_cast(input: Shape, precision: Precision) -> Cost {
     cost
 }
 
-/// candle-nn `cross_entropy` = log_softmax + nll, in f32: max (tiny), x - max,
-/// exp, sum (tiny), log (tiny), x - log-sum: three full `classes` tensors,
-/// plus an f32 copy of half logits under mixed precision.
-pub(crate) fn cross_entropy(classes: usize, precision: Precision) -> Cost {
+/// `train::cross_entropy` over a sample's `logits` (a vector of classes, or
+/// a map of them per pixel), in f32: candle-nn's `log_softmax` over the
+/// classes (max, tiny; x - max, exp, sum, tiny; log, tiny; x - log-sum: three
+/// tensors of the logits' size) and the gather of each label's log-probability
+/// (one value per vector or pixel), plus an f32 copy of half logits under
+/// mixed precision.
+pub(crate) fn cross_entropy(logits: Shape, precision: Precision) -> Cost {
     let mut cost = Cost::default();
-    let logits = classes as u64 * F32_BYTES;
+    let bytes = logits.elems() * F32_BYTES;
     if precision.is_mixed() {
-        cost.keep(logits);
+        cost.keep(bytes);
     }
     for _ in 0..3 {
-        cost.keep(logits);
+        cost.keep(bytes);
     }
+    cost.keep(labels_per_sample(logits) * F32_BYTES);
     cost
+}
+
+/// Labels per sample for `logits`: one for a vector of classes, one per
+/// pixel for a map of them.
+pub(crate) fn labels_per_sample(logits: Shape) -> u64 {
+    match logits {
+        Shape::Map { h, w, .. } => (h * w) as u64,
+        Shape::Flat { .. } | Shape::Tokens { .. } => 1,
+    }
 }
 
 fn map(input: Shape, what: &str) -> Result<(usize, usize, usize), Rejection> {

@@ -81,7 +81,16 @@ pub enum Op {
     },
     /// A transformer's class token, the first: `tokens x d -> d`.
     ClassToken,
-    /// A block: `post(body(x) + shortcut(x))`, or `post(body(x))` without a shortcut.
+    /// A transposed convolution whose stride is its kernel (windows that
+    /// neither overlap nor leave gaps, a U-Net's up-convolution):
+    /// `C x H x W -> out_channels x kH x kW`.
+    ConvTranspose2d {
+        out_channels: usize,
+        kernel: usize,
+        bias: bool,
+    },
+    /// A block: `post(body(x) + shortcut(x))`, `post(body(x))` without a
+    /// shortcut, or `post(cat(x, body(x)))` with a concatenating one.
     Block(Block),
 }
 
@@ -131,6 +140,9 @@ pub enum Shortcut {
     Identity,
     /// `x` goes through these layers first (ResNet's downsample).
     Projection(Vec<Layer>),
+    /// `x` and the body's output are concatenated along channels, `x` first
+    /// (a U-Net's skip connection).
+    Concat,
 }
 
 impl Layer {
@@ -157,7 +169,9 @@ impl Layer {
             Op::PatchEmbed { .. } => "PatchEmbedding",
             Op::Attention { .. } => "ScaledDotProductAttention",
             Op::ClassToken => "ClassToken",
+            Op::ConvTranspose2d { .. } => "ConvTranspose2d",
             Op::Block(b) if matches!(b.shortcut, Shortcut::None) => "Block",
+            Op::Block(b) if matches!(b.shortcut, Shortcut::Concat) => "SkipBlock",
             Op::Block(_) => "ResidualBlock",
         }
     }

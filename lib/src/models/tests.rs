@@ -10,6 +10,22 @@ fn parameter_counts_match_the_reference_architectures() {
     assert_eq!(cost(&resnet34(1000)).total.params, 21_797_672);
     assert_eq!(cost(&resnet50(1000)).total.params, 25_557_032);
     assert_eq!(cost(&efficientnet_b0(1000)).total.params, 5_288_548);
+    // `scripts/unet_twin.py`'s count for its PyTorch twin.
+    assert_eq!(cost(&unet(2)).total.params, 482_754);
+}
+
+#[test]
+fn a_unet_keeps_each_skip_concatenation_and_labels_every_pixel() {
+    let cost = analyze(&unet(2), Shape::map(3, 64, 64), Precision::F32, Layers::Lean).unwrap();
+    let cat = cost.rows.iter().find(|r| r.path == "down1.cat").unwrap();
+    assert_eq!((cat.kind, cat.output), ("Concat", Shape::map(32, 64, 64)));
+    assert_eq!(cat.cost.saved_bytes, 32 * 64 * 64 * 4);
+    let up = cost.rows.iter().find(|r| r.path == "down1.down2.down3.up").unwrap();
+    assert_eq!((up.kind, up.output, up.cost.params), ("ConvTranspose2d", Shape::map(64, 16, 16), 128 * 64 * 4 + 64));
+    assert_eq!(cost.stages.last().unwrap().output, Shape::map(2, 64, 64));
+    assert_eq!(cost.labels_per_sample(), 64 * 64);
+    assert_eq!(cost.transposed_convs.len(), 3);
+    assert_eq!(analyze(&resnet18(10), Shape::map(3, 64, 64), Precision::F32, Layers::Lean).unwrap().labels_per_sample(), 1);
 }
 
 #[test]
@@ -103,7 +119,10 @@ fn zoo_names_are_forgiving_and_errors_list_the_valid_ones() {
     assert_eq!("efficientnet_b0".parse::<ModelName>().unwrap(), ModelName::EfficientnetB0);
     assert_eq!("smallcnn".parse::<ModelName>().unwrap(), ModelName::SmallCnn);
     let err = model("vgg16", 1000).unwrap_err().to_string();
-    assert_eq!(err, "unknown model `vgg16`; valid models: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small");
+    assert_eq!(
+        err,
+        "unknown model `vgg16`; valid models: resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small, unet"
+    );
     assert_eq!("ViT_Small".parse::<ModelName>().unwrap(), ModelName::VitSmall);
     assert!(model("resnet50", 0).is_err());
 }
@@ -132,7 +151,8 @@ mod network {
             assert_eq!(net.param_count(), spec_params, "{}", name.as_str());
             let x = Tensor::zeros((2, 3, 32, 32), DType::F32, &Device::Cpu).unwrap();
             let logits = net.forward(&x, Pass::eval(DType::F32)).unwrap();
-            assert_eq!(logits.dims(), &[2, 10], "{}", name.as_str());
+            let expected: &[usize] = if name.segments() { &[2, 10, 32, 32] } else { &[2, 10] };
+            assert_eq!(logits.dims(), expected, "{}", name.as_str());
         }
     }
 
@@ -163,7 +183,8 @@ mod network {
         for name in ModelName::ALL {
             let net = build(name, 10, 32);
             let cost = analyze(net.spec(), net.input(), Precision::F32, Layers::Lean).unwrap();
-            let leaves = cost.rows.iter().filter(|r| r.depth > 1 && !matches!(r.kind, "Block" | "ResidualBlock") && r.cost.params > 0);
+            let leaves =
+                cost.rows.iter().filter(|r| r.depth > 1 && !matches!(r.kind, "Block" | "ResidualBlock" | "SkipBlock") && r.cost.params > 0);
             let mut params = net.params().iter().peekable();
             for row in leaves {
                 let prefix = format!("{}.", row.path);
@@ -189,6 +210,17 @@ mod network {
         let analysis = analyze(&spec, input, Precision::F32, Layers::Lean).unwrap_err().to_string();
         assert_eq!(analysis, expected);
         let network = Network::new(&spec, input, &Device::Cpu, 7).unwrap_err().to_string();
+        assert_eq!(network, expected);
+    }
+
+    #[test]
+    fn a_unet_skip_of_another_size_is_refused_by_both_uses_alike() {
+        let input = Shape::map(3, 36, 36);
+        let expected = "unet: layer `down1.down2.down3` (SkipBlock) cannot take input 64x9x9: \
+                        the skip concatenation needs maps of one height and width, got 64x9x9 and 64x8x8";
+        let analysis = analyze(&unet(2), input, Precision::F32, Layers::Lean).unwrap_err().to_string();
+        assert_eq!(analysis, expected);
+        let network = Network::new(&unet(2), input, &Device::Cpu, 7).unwrap_err().to_string();
         assert_eq!(network, expected);
     }
 
@@ -362,7 +394,7 @@ mod network {
         assert_eq!(net.layers(), layers);
         let x = Tensor::arange(0f32, (3 * 3 * 32 * 32) as f32, &Device::Cpu).unwrap().sin().unwrap().reshape((3, 3, 32, 32)).unwrap();
         let logits = net.forward(&x, Pass::train(precision.compute_dtype())).unwrap().to_dtype(DType::F32).unwrap();
-        let r = Tensor::arange(0f32, 15f32, &Device::Cpu).unwrap().reshape((3, 5)).unwrap();
+        let r = Tensor::arange(0f32, logits.elem_count() as f32, &Device::Cpu).unwrap().reshape(logits.shape()).unwrap();
         let grads = (logits * r).unwrap().sum_all().unwrap().backward().unwrap();
         let grads = net.params().iter().map(|p| (p.name.clone(), grads.get(p.var.as_tensor()).unwrap().clone())).collect();
         let buffers = net.buffers().iter().map(|b| (b.name.clone(), b.var.as_tensor().to_dtype(DType::F32).unwrap())).collect();

@@ -29,14 +29,15 @@ pub(super) trait Fold {
     fn leaf(&mut self, site: Site<'_>, output: Shape, cost: Cost) -> Result<Self::Layer, ModelError>;
 
     /// A block, its layers made. `merged` is what reaches the post layers
-    /// (the body's output, plus the shortcut's if there is one).
+    /// (the body's output, plus the shortcut's if there is one, or the two
+    /// concatenated).
     fn block(&mut self, site: Site<'_>, block: Block<Self::Layer>, merged: Shape, output: Shape) -> Result<Self::Layer, ModelError>;
 
     /// Stage `index`, its layers made.
     fn stage(&mut self, index: usize, stage: &Stage, input: Shape, layers: Vec<Self::Layer>, output: Shape) -> Self::Stage;
 }
 
-/// A block's layers as a fold made them: `post(body(x) + shortcut(x))`.
+/// A block's layers as a fold made them: `post(body(x) + shortcut(x))`, or `post(cat(x, body(x)))`.
 #[derive(Debug)]
 pub(super) struct Block<T> {
     pub body: Vec<T>,
@@ -50,6 +51,8 @@ pub(super) enum Shortcut<T> {
     Identity,
     /// ResNet's `downsample`.
     Projection(Vec<T>),
+    /// A U-Net's skip: `x` concatenated before the body's output.
+    Concat,
 }
 
 /// Where a layer sits and what reaches it.
@@ -62,8 +65,8 @@ pub(super) struct Site<'a> {
     pub stage: usize,
     pub input: Shape,
     /// Elements of the tensors that enclosing blocks keep for their residual
-    /// add while this layer runs: a block's input during its body, its body's
-    /// output during its projection.
+    /// add or concatenation while this layer runs: a block's input during its
+    /// body, its body's output during its projection.
     pub waiting: u64,
     /// Whether the layer takes the batch itself (the model's first layer),
     /// which needs no gradient.
@@ -80,6 +83,16 @@ impl Site<'_> {
             return Ok(());
         }
         Err(self.rejected(format!("the residual add needs equal shapes, got {body} + {shortcut}")))
+    }
+
+    /// The shape of `cat(input, body)` along channels.
+    fn concatenated(&self, body: Shape) -> Result<Shape, ModelError> {
+        match (self.input, body) {
+            (Shape::Map { c, h, w }, Shape::Map { c: cb, h: hb, w: wb }) if (h, w) == (hb, wb) => Ok(Shape::map(c + cb, h, w)),
+            (input, body) => {
+                Err(self.rejected(format!("the skip concatenation needs maps of one height and width, got {input} and {body}")))
+            }
+        }
     }
 
     /// The scope of the layers inside this block.
@@ -182,9 +195,13 @@ impl<'a, F: Fold> Walker<'a, F> {
         let merges = self.layers == Layers::Lean && lean::merge(block).is_some();
         let (inner, post_place) = if merges { (Place::Merged, Place::Post) } else { (Place::Open, Place::Open) };
         let body_waiting = site.waiting + if keeps_input { input.elems() } else { 0 };
-        let (body, merged) = self.layers(&block.body, site.inner(&site.path, body_waiting), input, inner)?;
+        let (body, mut merged) = self.layers(&block.body, site.inner(&site.path, body_waiting), input, inner)?;
         let shortcut = match &block.shortcut {
             spec::Shortcut::None => Shortcut::None,
+            spec::Shortcut::Concat => {
+                merged = site.concatenated(merged)?;
+                Shortcut::Concat
+            }
             spec::Shortcut::Identity => {
                 site.check_residual(merged, input)?;
                 Shortcut::Identity

@@ -3,7 +3,7 @@ use std::str::FromStr;
 
 use serde::Serialize;
 
-use super::{efficientnet, resnet, small_cnn, vit, ModelError, ModelSpec};
+use super::{efficientnet, resnet, small_cnn, unet, vit, ModelError, ModelSpec};
 
 /// The models of the zoo, by the names the magics and the CLI accept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -16,10 +16,11 @@ pub enum ModelName {
     SmallCnn,
     VitTiny,
     VitSmall,
+    Unet,
 }
 
 impl ModelName {
-    pub const ALL: [ModelName; 7] = [
+    pub const ALL: [ModelName; 8] = [
         ModelName::Resnet18,
         ModelName::Resnet34,
         ModelName::Resnet50,
@@ -27,6 +28,7 @@ impl ModelName {
         ModelName::SmallCnn,
         ModelName::VitTiny,
         ModelName::VitSmall,
+        ModelName::Unet,
     ];
 
     /// The canonical spelling (`resnet50`, `efficientnet-b0`, `small-cnn`).
@@ -39,6 +41,7 @@ impl ModelName {
             ModelName::SmallCnn => "small-cnn",
             ModelName::VitTiny => "vit-tiny",
             ModelName::VitSmall => "vit-small",
+            ModelName::Unet => "unet",
         }
     }
 
@@ -52,6 +55,22 @@ impl ModelName {
             ModelName::SmallCnn => small_cnn::small_cnn(num_classes),
             ModelName::VitTiny => vit::vit_tiny(num_classes),
             ModelName::VitSmall => vit::vit_small(num_classes),
+            ModelName::Unet => unet::unet(num_classes),
+        }
+    }
+
+    /// Whether the model labels each pixel (its logits are a map).
+    pub fn segments(self) -> bool {
+        self == ModelName::Unet
+    }
+
+    /// The classes a summary or a fit check assumes when none are given:
+    /// ImageNet's 1000 for a classifier, background and lesion for the U-Net.
+    pub fn default_classes(self) -> usize {
+        if self.segments() {
+            2
+        } else {
+            1000
         }
     }
 

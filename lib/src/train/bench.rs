@@ -57,7 +57,14 @@ fn setup(spec: &BenchSpec, device: &Device) -> Result<(Trainer, Vec<(Tensor, Ten
     }
     let task = Stripes::new(spec.classes, spec.res);
     let micro_batches = (0..spec.config.accumulation)
-        .map(|i| task.generate(spec.batch, spec.seed.wrapping_add(i as u64), device))
+        .map(|i| {
+            let seed = spec.seed.wrapping_add(i as u64);
+            if spec.model.segments() {
+                task.generate_regions(spec.batch, seed, device)
+            } else {
+                task.generate(spec.batch, seed, device)
+            }
+        })
         .collect::<candle_core::Result<Vec<_>>>()?;
     Ok((trainer, micro_batches))
 }

@@ -53,8 +53,20 @@ pub struct MemorySample {
 pub struct EvalReport {
     pub epoch: usize,
     pub loss: f32,
+    /// Correct predictions: of the samples, or of the pixels for segmentation.
     pub accuracy: f64,
     pub samples: usize,
+    /// Segmentation only: each class's intersection over union across the
+    /// whole set (`None` for a class neither predicted nor labelled anywhere).
+    pub iou: Vec<Option<f64>>,
+}
+
+impl EvalReport {
+    /// The mean IoU over the classes present, for segmentation.
+    pub fn mean_iou(&self) -> Option<f64> {
+        let present: Vec<f64> = self.iou.iter().flatten().copied().collect();
+        (!present.is_empty()).then(|| present.iter().sum::<f64>() / present.len() as f64)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -130,7 +142,8 @@ impl ProgressView {
                 self.bar.set(s.step);
             }
             TrainEvent::Eval(e) => {
-                self.bar.set_message(format!("epoch {} val loss {:.4} val acc {:.1}%", e.epoch + 1, e.loss, e.accuracy * 100.0))
+                let iou = e.mean_iou().map(|iou| format!(" mIoU {:.1}%", iou * 100.0)).unwrap_or_default();
+                self.bar.set_message(format!("epoch {} val loss {:.4} val acc {:.1}%{iou}", e.epoch + 1, e.loss, e.accuracy * 100.0))
             }
             TrainEvent::Epoch(_) => {}
         }

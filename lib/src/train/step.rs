@@ -22,20 +22,44 @@ use crate::models::{Network, Pass};
 pub struct Gradients {
     /// The unscaled mean loss of the micro-batch, an f32 scalar.
     pub loss: Tensor,
-    /// Samples whose arg-max logit is the label, a u32 scalar.
+    /// Predictions whose arg-max logit is the label, a u32 scalar: samples,
+    /// or pixels for segmentation.
     pub correct: Tensor,
     pub samples: usize,
+    /// Labels in the micro-batch: one per sample, or one per pixel.
+    pub labels: usize,
     /// Gradients of the network's parameters only, of `loss * loss_scale`.
     pub grads: GradStore,
 }
 
-/// Mean cross-entropy of `logits` against `labels` (u32), computed in f32.
+/// Mean cross-entropy of `logits` against `labels` (u32), computed in f32:
+/// `N x classes` logits against `N` labels, or, for segmentation, `N x
+/// classes x H x W` against `N x H x W` labels, the mean over every pixel.
 pub fn cross_entropy(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+    check_labels(logits, labels)?;
     let logits = if logits.dtype() == DType::F32 { logits.clone() } else { logits.to_dtype(DType::F32)? };
-    candle_nn::loss::cross_entropy(&logits, labels)
+    let log_probabilities = candle_nn::ops::log_softmax(&logits, 1)?;
+    log_probabilities.gather(&labels.unsqueeze(1)?, 1)?.mean_all()?.neg()
 }
 
-fn correct(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
+/// That `labels` has the shape `logits` needs: theirs without the classes.
+fn check_labels(logits: &Tensor, labels: &Tensor) -> Result<()> {
+    let dims = logits.dims();
+    let expected: Vec<usize> = dims.iter().enumerate().filter(|&(i, _)| i != 1).map(|(_, &d)| d).collect();
+    if dims.len() < 2 || labels.dims() != expected.as_slice() {
+        return Err(candle_core::Error::Msg(format!(
+            "cross-entropy: logits {:?} need labels {:?} (one per {}), got {:?}",
+            dims,
+            expected,
+            if dims.len() > 2 { "pixel" } else { "sample" },
+            labels.dims()
+        )));
+    }
+    Ok(())
+}
+
+/// Predictions whose arg-max logit is the label: samples, or pixels.
+pub(crate) fn correct(logits: &Tensor, labels: &Tensor) -> Result<Tensor> {
     let predicted = logits.argmax(1)?;
     let hits = predicted.eq(&labels.to_dtype(predicted.dtype())?)?;
     hits.to_dtype(DType::U32)?.sum_all()
@@ -166,7 +190,7 @@ pub fn forward_backward_watched(
         checkpoint(plan, backward)?;
     }
     let (loss, correct) = scored.ok_or_else(|| candle_core::Error::Msg("the last segment computed no loss".into()))?;
-    Ok(Gradients { loss, correct, samples: images.dim(0)?, grads })
+    Ok(Gradients { loss, correct, samples: images.dim(0)?, labels: labels.elem_count(), grads })
 }
 
 fn run(net: &Network, segment: &Segment, x: &Tensor, pass: Pass, stage_done: &mut dyn FnMut(usize) -> Result<()>) -> Result<Tensor> {

@@ -64,7 +64,7 @@ fn ckpt_with(to: &Network, from: &Network, ckpt: &Gradients) -> Gradients {
             grads.insert(a.var.as_tensor(), g.clone());
         }
     }
-    Gradients { loss: ckpt.loss.clone(), correct: ckpt.correct.clone(), samples: ckpt.samples, grads }
+    Gradients { loss: ckpt.loss.clone(), correct: ckpt.correct.clone(), samples: ckpt.samples, labels: ckpt.labels, grads }
 }
 
 #[test]
@@ -119,7 +119,7 @@ fn accumulated_micro_batches_equal_one_large_batch() {
         let part = forward_backward(&net, &xs, &ys, pass, &plan, 1.0 / n as f64).unwrap();
         accumulate(&mut acc, &net, part.grads).unwrap();
     }
-    let summed = Gradients { loss: whole.loss.clone(), correct: whole.correct.clone(), samples: 12, grads: acc };
+    let summed = Gradients { loss: whole.loss.clone(), correct: whole.correct.clone(), samples: 12, labels: 12, grads: acc };
     assert_same_grads(&net, &summed, &whole, 1e-5);
 }
 
@@ -278,4 +278,40 @@ fn live_curves_follow_a_run_step_by_step_and_epoch_by_epoch() {
     let shown = curves.bundle();
     assert!(shown.text().starts_with("stripes: 2 epochs, 8 steps"), "{}", shown.text());
     assert_eq!(shown.get("text/html").and_then(|h| h.as_str()).map(|h| h.matches("<svg").count()), Some(2));
+}
+
+#[test]
+fn segmentation_cross_entropy_is_the_mean_over_every_pixel() {
+    let device = Device::Cpu;
+    let logits = Tensor::new(&[[[[2.0f32, -1.0], [0.5, 0.0]], [[0.0, 1.0], [0.5, 3.0]]]], &device).unwrap();
+    let labels = Tensor::new(&[[[0u32, 1], [1, 0]]], &device).unwrap();
+    let loss = cross_entropy(&logits, &labels).unwrap().to_scalar::<f32>().unwrap();
+    let pixel = |right: f32, wrong: f32| -(right - (right.exp() + wrong.exp()).ln());
+    let expected = (pixel(2.0, 0.0) + pixel(1.0, -1.0) + pixel(0.5, 0.5) + pixel(0.0, 3.0)) / 4.0;
+    assert!((loss - expected).abs() < 1e-6, "{loss} vs {expected}");
+    let err = cross_entropy(&logits, &Tensor::new(&[0u32], &device).unwrap()).unwrap_err().to_string();
+    assert!(err.contains("logits [1, 2, 2, 2] need labels [1, 2, 2] (one per pixel), got [1]"), "{err}");
+}
+
+/// The U-Net learns the striped bands of the segmentation task from a few
+/// hundred small images: each class's IoU far above what labelling every
+/// pixel with one class gives (its share of the pixels, about a half).
+#[test]
+fn a_unet_learns_to_segment_the_striped_bands() {
+    let device = Device::Cpu;
+    let task = Stripes::new(2, 32);
+    let (x, y) = task.generate_regions(256, 21, &device).unwrap();
+    let (vx, vy) = task.generate_regions(64, 22, &device).unwrap();
+    let net = Network::new(&ModelName::Unet.spec(2), Shape::map(3, 32, 32), &device, 3).unwrap();
+    let config = TrainConfig { optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 3e-3), ..TrainConfig::default() };
+    let mut trainer = Trainer::new(net, config).unwrap();
+    let mut train = InMemory::new(x, y, 16).shuffled(5);
+    let mut val = InMemory::new(vx, vy.clone(), 64);
+    trainer.fit(&mut train, Some(&mut val), 3, &mut |_| {}).unwrap();
+    let eval = trainer.history().evals().last().unwrap().clone();
+    let share = vy.to_dtype(DType::F32).unwrap().mean_all().unwrap().to_scalar::<f32>().unwrap() as f64;
+    let trivial = share.max(1.0 - share);
+    assert!(eval.iou.iter().all(|iou| iou.unwrap() > trivial + 0.2), "IoU {:?}, one class for every pixel {trivial:.3}", eval.iou);
+    assert!(eval.accuracy > 0.9, "pixel accuracy {}", eval.accuracy);
+    assert_eq!(eval.samples, 64);
 }

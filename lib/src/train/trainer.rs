@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -19,7 +19,7 @@ use super::error::TrainError;
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
 use super::oom::{self, StepOom};
 use super::optim::Optimizer;
-use super::step::{accumulate, cross_entropy, forward_backward_watched, grad_bytes};
+use super::step::{accumulate, correct, cross_entropy, forward_backward_watched, grad_bytes};
 use crate::ledger::{StepPhase, StepPlan};
 use crate::memory::StepMeter;
 use crate::models::{Network, Pass, Precision};
@@ -270,7 +270,7 @@ impl Trainer {
         }
         let loss_scale = self.scaler.scale_factor() / self.config.accumulation as f64;
         let mut grads = GradStore::default();
-        let (mut scores, mut samples) = (Vec::with_capacity(micro_batches.len()), 0);
+        let (mut scores, mut samples, mut scored) = (Vec::with_capacity(micro_batches.len()), 0, 0);
         let last = micro_batches.len() - 1;
         let mut earlier_peak = None;
         for (i, (images, labels)) in micro_batches.iter().enumerate() {
@@ -293,6 +293,7 @@ impl Trainer {
             let part = forward_backward_watched(&self.net, images, labels, self.pass, &self.plan, loss_scale, &mut inner)?;
             scores.push((part.loss, part.correct));
             samples += part.samples;
+            scored += part.labels;
             if i == last {
                 phase(StepPhase::GraphDropped, accumulated + grad_bytes(&part.grads, &self.net));
             }
@@ -331,7 +332,7 @@ impl Trainer {
             epoch,
             step: self.steps,
             loss,
-            accuracy: correct as f64 / samples.max(1) as f64,
+            accuracy: correct as f64 / scored.max(1) as f64,
             samples,
             seconds,
             images_per_second: samples as f64 / seconds.max(1e-9),
@@ -346,23 +347,34 @@ impl Trainer {
         Ok(report)
     }
 
-    /// Mean loss and accuracy over `batches`, batch-norm on its running statistics.
+    /// Mean loss and accuracy over `batches`, batch-norm on its running
+    /// statistics; for segmentation the pixels' accuracy and each class's IoU.
     pub fn evaluate(&mut self, batches: &mut dyn BatchSource, epoch: usize) -> Result<EvalReport, TrainError> {
         let pass = Pass::eval(self.pass.compute);
-        let (mut loss_sum, mut correct, mut samples) = (0.0f64, 0usize, 0usize);
+        let (mut loss_sum, mut correct_sum, mut samples, mut scored) = (0.0f64, 0usize, 0usize, 0usize);
+        let mut overlap = Overlap::default();
         for batch in batches.epoch(0) {
             let (images, labels) = batch?;
             let logits = self.net.forward(&images, pass)?;
-            let n = labels.dim(0)?;
+            let n = labels.elem_count();
             loss_sum += cross_entropy(&logits, &labels)?.to_scalar::<f32>()? as f64 * n as f64;
-            let predicted = logits.argmax(1)?;
-            correct += predicted.eq(&labels.to_dtype(predicted.dtype())?)?.to_dtype(DType::U32)?.sum_all()?.to_scalar::<u32>()? as usize;
-            samples += n;
+            correct_sum += correct(&logits, &labels)?.to_scalar::<u32>()? as usize;
+            if labels.rank() > 1 {
+                overlap.add(&logits.argmax(1)?, &labels, logits.dim(1)?)?;
+            }
+            samples += images.dim(0)?;
+            scored += n;
         }
         if samples == 0 {
             return Err(TrainError::Empty);
         }
-        let report = EvalReport { epoch, loss: (loss_sum / samples as f64) as f32, accuracy: correct as f64 / samples as f64, samples };
+        let report = EvalReport {
+            epoch,
+            loss: (loss_sum / scored as f64) as f32,
+            accuracy: correct_sum as f64 / scored as f64,
+            samples,
+            iou: overlap.iou(),
+        };
         self.history.events.push(TrainEvent::Eval(report.clone()));
         Ok(report)
     }
@@ -414,6 +426,39 @@ impl Trainer {
             }
         }
         Ok(&self.history)
+    }
+}
+
+/// Each class's intersection and union of predicted and labelled pixels, summed over batches.
+#[derive(Debug, Default)]
+struct Overlap {
+    intersection: Vec<u64>,
+    union: Vec<u64>,
+}
+
+impl Overlap {
+    fn add(&mut self, predicted: &Tensor, labels: &Tensor, classes: usize) -> candle_core::Result<()> {
+        let predicted = predicted.flatten_all()?.to_vec1::<u32>()?;
+        let labels = labels.flatten_all()?.to_vec1::<u32>()?;
+        self.intersection.resize(classes, 0);
+        self.union.resize(classes, 0);
+        for (&p, &l) in predicted.iter().zip(&labels) {
+            let (p, l) = (p as usize, l as usize);
+            if p == l {
+                self.intersection[p] += 1;
+                self.union[p] += 1;
+            } else {
+                self.union[p] += 1;
+                if let Some(union) = self.union.get_mut(l) {
+                    *union += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn iou(&self) -> Vec<Option<f64>> {
+        self.intersection.iter().zip(&self.union).map(|(&i, &u)| (u > 0).then(|| i as f64 / u as f64)).collect()
     }
 }
 
