@@ -114,7 +114,12 @@ fn layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<Layer
         let backward = scratch.input_gradient.max(scratch.weight_gradient).max(scratch.bias_gradient);
         LayerScratch { stage: l.stage, forward: scratch.forward, backward }
     });
-    attentions.chain(linears).collect()
+    let transposed_convs = cost.transposed_convs.iter().map(|t| {
+        let scratch = t.host_scratch(batch, config.precision);
+        let backward = scratch.input_gradient.max(scratch.weight_gradient).max(scratch.bias_gradient);
+        LayerScratch { stage: t.stage, forward: scratch.forward, backward }
+    });
+    attentions.chain(linears).chain(transposed_convs).collect()
 }
 
 impl Step<'_> {
@@ -128,6 +133,11 @@ impl Step<'_> {
         } else {
             0
         }
+    }
+
+    /// The batch's labels: one per sample, or one per pixel for segmentation.
+    fn labels(&self) -> u64 {
+        self.batch * self.cost.labels_per_sample() * LABEL_BYTES
     }
 
     fn images(&self) -> u64 {
@@ -170,16 +180,39 @@ impl Step<'_> {
     /// What stage `i` holds between its forward and its backward. A
     /// checkpointed first stage under mixed precision also keeps the half
     /// copy of the images it is recomputed from.
+    /// What stage `i` holds from its forward until its backward: all it
+    /// keeps, the loss's tensors aside (the trainer computes the loss when
+    /// backward starts), or, checkpointed, its output.
     fn held(&self, i: usize) -> u64 {
         let stage = &self.cost.stages[i];
         self.batch
             * if !self.plan.is_checkpointed(i) {
-                stage.cost.saved_bytes
+                self.saved_in_forward(i)
             } else if self.keeps_half_images(i) {
                 stage.boundary_bytes + stage.input.elems() * self.config.precision.compute_bytes()
             } else {
                 stage.boundary_bytes
             }
+    }
+
+    /// What stage `i`'s forward keeps: the last stage's without the loss.
+    fn saved_in_forward(&self, i: usize) -> u64 {
+        let saved = self.cost.stages[i].cost.saved_bytes;
+        if i + 1 == self.cost.stages.len() {
+            saved - self.cost.loss.saved_bytes
+        } else {
+            saved
+        }
+    }
+
+    /// The copy of its input that a checkpointed stage `i` is recomputed
+    /// from when the stage before kept its graph (a `Var` made of it).
+    fn recompute_input_copy(&self, i: usize) -> u64 {
+        if i > 0 && self.plan.is_checkpointed(i) && !self.plan.is_checkpointed(i - 1) {
+            self.batch * self.cost.stages[i - 1].boundary_bytes
+        } else {
+            0
+        }
     }
 
     fn keeps_half_images(&self, i: usize) -> bool {
@@ -358,11 +391,11 @@ impl Step<'_> {
         let input = self.cost.input;
         let mut lines = vec![line(format!("images (f32, {} x {input})", self.batch), self.images())];
         if training {
-            lines.push(line("labels (u32)", self.batch * LABEL_BYTES));
+            lines.push(line("labels (u32)", self.labels()));
             let more = self.config.accumulation as u64 - 1;
             lines.push(line(
                 format!("the step's {more} other micro-batches (the trainer takes them together)"),
-                more * (self.images() + self.batch * LABEL_BYTES),
+                more * (self.images() + self.labels()),
             ));
         }
         lines
@@ -422,7 +455,7 @@ impl Step<'_> {
         rec.phase(StepPhase::Loaded, &live, &none);
         let micro_batches = c.accumulation as u64;
         live.set(Part::Images, micro_batches * self.images());
-        live.set(Part::Labels, micro_batches * self.batch * LABEL_BYTES);
+        live.set(Part::Labels, micro_batches * self.labels());
         rec.phase(StepPhase::InputCopied, &live, &none);
 
         for (i, stage) in stages.iter().enumerate() {
@@ -433,7 +466,7 @@ impl Step<'_> {
             live.add(Part::Activations, self.held(i));
             // A checkpointed stage's graph lives until its output is detached,
             // just after the phase ends.
-            let graph = if self.plan.is_checkpointed(i) { self.batch * stage.cost.saved_bytes - self.held(i) } else { 0 };
+            let graph = if self.plan.is_checkpointed(i) { self.batch * self.saved_in_forward(i) - self.held(i) } else { 0 };
             live.add(Part::Recompute, graph);
             rec.phase(StepPhase::Forward { stage: i }, &live, &transient);
             live.remove(Part::Recompute, graph);
@@ -448,17 +481,23 @@ impl Step<'_> {
             // that stage's transients on top of what is resident by then.
             let mut highest = live;
             // Below the head, backward starts from the product of the
-            // segment's output and the gradient that reached it: that
-            // product, its sum's gradient and the gradients of both factors
-            // stay until the segment is done.
-            let root = if segment.end == stages.len() { 0 } else { 4 * self.batch * stages[segment.end - 1].boundary_bytes };
+            // segment's output and the gradient that reached it: the product
+            // (kept by the root) and the gradient of the gradient's factor
+            // (left in the store, that factor being no node of the graph)
+            // stay until the segment is done; the output's own is used up.
+            let root = if segment.end < stages.len() {
+                2 * self.batch * stages[segment.end - 1].boundary_bytes
+            } else if self.plan.is_checkpointed(segment.end - 1) {
+                0
+            } else {
+                self.batch * self.cost.loss.saved_bytes
+            };
             for i in segment.stages().rev() {
                 let stage = &stages[i];
                 if self.plan.is_checkpointed(i) {
                     // Recomputed from the segment's input (a Var copy when the
                     // stage before kept a graph), alive while its backward runs.
-                    let input_copy = if i > 0 && !self.plan.is_checkpointed(i - 1) { self.batch * stages[i - 1].boundary_bytes } else { 0 };
-                    live.set(Part::Recompute, self.batch * stage.cost.saved_bytes + input_copy);
+                    live.set(Part::Recompute, self.batch * stage.cost.saved_bytes + self.recompute_input_copy(i));
                     live.add(Part::AmpWeightCopies, self.amp_copies(stage.cost.amp_copy_params));
                 }
                 let mut transient = Parts::default();
@@ -500,10 +539,13 @@ impl Step<'_> {
                 live.remove(Part::Activations, self.held(i));
                 live.remove(Part::AmpWeightCopies, self.amp_copies(stages[i].cost.amp_copy_params));
             }
-            live.set(Part::Recompute, 0);
+            // The copy a recomputed segment made of its input is dropped
+            // only after the phase ends, with the trainer's handle on it.
+            live.set(Part::Recompute, self.recompute_input_copy(segment.start));
             if !last {
                 rec.phase_during(phase, &live, highest);
             }
+            live.set(Part::Recompute, 0);
         }
         live.set(Part::Activations, 0);
         live.set(Part::AmpWeightCopies, 0);
