@@ -10,8 +10,9 @@ process held before the model existed is left out.
 PyTorch: torchvision's model in training mode, fp32, CPU. Kept: every tensor
 autograd saves goes through `torch.autograd.graph.saved_tensors_hooks`, and the
 unique storages are summed (a saved tensor that is a view, or saved twice,
-counts once; the parameters and the input batch, which forward does not add,
-are left out). Peak: in a process of its own with `MALLOC_MMAP_THRESHOLD_`
+counts once; the parameters and the input batch, images and labels, which
+forward does not add, are left out: the cross-entropy saves its labels, a few
+bytes for a classifier but as many int64 as pixels for the U-Net). Peak: in a process of its own with `MALLOC_MMAP_THRESHOLD_`
 fixed at 64 KiB (every tensor of 64 KiB or more is its own mapping, returned to
 the system when freed, so RSS follows what is in use), the resident set after
 `import torch` and a first operation is the baseline; the model, SGD with
@@ -26,8 +27,10 @@ Without arguments it measures ResNet-18 b32@64, ResNet-50 b8@224,
 EfficientNet-B0 b8@224 and ViT-Tiny/16 b8@224; `resnet50:32:224` is the
 lesson's configuration. A ViT (`vit-tiny`, `vit-small`) is torchvision's
 `VisionTransformer` with its sizes set to ours (patch 16; 192 features, 12
-layers of 3 heads and an MLP of 768, or 384, 6 heads and 1536).
-Linux only (the peak reads /proc).
+layers of 3 heads and an MLP of 768, or 384, 6 heads and 1536). `unet` is the
+U-Net of scripts/unet_twin.py, 2 classes per pixel (labels N x H x W, random
+with a fixed seed, and the mean cross-entropy over every pixel), such as
+`unet:8:128`. Linux only (the peak reads /proc).
 
 The venv is created from scripts/bench-requirements.txt when it does not exist.
 Prints a Markdown table for BENCHMARKS.md.
@@ -43,13 +46,21 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ROWS = [("resnet18", 32, 64), ("resnet50", 8, 224), ("efficientnet-b0", 8, 224), ("vit-tiny", 8, 224)]
 CLASSES = 1000
+# Models whose number of classes is not CLASSES, on both sides.
+MODEL_CLASSES = {"unet": 2}
 MIB = 1 << 20
 
-# torchvision's network for one of our model names, at `res` pixels: run here
-# and in the peak's own process.
-TORCH_MODEL = """
+# torchvision's network for one of our model names, at `res` pixels, and its
+# labels: run here and in the peak's own process, which finds unet_twin.py by SCRIPTS.
+TORCH_MODEL = f"SCRIPTS = {str(ROOT / 'scripts')!r}\n" + """
 def torch_model(model, res, classes):
     import torchvision
+    if model == "unet":
+        import sys
+        if SCRIPTS not in sys.path:
+            sys.path.insert(0, SCRIPTS)
+        from unet_twin import UNet
+        return UNet(classes=classes)
     vit = {"vit-tiny": (192, 12, 3, 768), "vit-small": (384, 12, 6, 1536)}
     if model in vit:
         dim, depth, heads, mlp = vit[model]
@@ -57,18 +68,30 @@ def torch_model(model, res, classes):
             image_size=res, patch_size=16, num_layers=depth, num_heads=heads, hidden_dim=dim, mlp_dim=mlp, num_classes=classes
         )
     return getattr(torchvision.models, model.replace("-", "_"))(num_classes=classes)
+
+def torch_labels(model, batch, res, classes):
+    import torch
+    if model == "unet":
+        # A generator of its own: the global one's draws (the images) stay those of the other models.
+        return torch.randint(0, classes, (batch, res, res), generator=torch.Generator().manual_seed(0))
+    return torch.zeros(batch, dtype=torch.long)
 """
 exec(TORCH_MODEL)
+
+
+def classes_of(model: str) -> int:
+    return MODEL_CLASSES.get(model, CLASSES)
 
 
 def torch_kept(model: str, batch: int, res: int) -> int:
     import torch
 
     torch.manual_seed(0)
-    net = torch_model(model, res, CLASSES).train()  # noqa: F821 (defined by exec above)
+    net = torch_model(model, res, classes_of(model)).train()  # noqa: F821 (defined by exec above)
     excluded = {p.untyped_storage().data_ptr() for p in net.parameters()}
     x = torch.randn(batch, 3, res, res)
-    excluded.add(x.untyped_storage().data_ptr())
+    y = torch_labels(model, batch, res, classes_of(model))  # noqa: F821 (defined by exec above)
+    excluded |= {x.untyped_storage().data_ptr(), y.untyped_storage().data_ptr()}
     storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -78,7 +101,7 @@ def torch_kept(model: str, batch: int, res: int) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = torch.nn.functional.cross_entropy(net(x), torch.zeros(batch, dtype=torch.long))
+        loss = torch.nn.functional.cross_entropy(net(x), y)
     loss.backward()
     return sum(storages.values())
 
@@ -99,7 +122,7 @@ torch.manual_seed(0)
 baseline = status("VmRSS")
 net = torch_model(model, res, classes).train()
 optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-x, y = torch.randn(batch, 3, res, res), torch.zeros(batch, dtype=torch.long)
+x, y = torch.randn(batch, 3, res, res), torch_labels(model, batch, res, classes)
 
 def step():
     optimizer.zero_grad(set_to_none=True)
@@ -118,7 +141,7 @@ print(status("VmHWM") - baseline)
 def torch_peak(model: str, batch: int, res: int) -> int:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
     out = subprocess.run(
-        [sys.executable, "-c", TORCH_PEAK, model, str(batch), str(res), str(CLASSES)], env=env, check=True, capture_output=True, text=True
+        [sys.executable, "-c", TORCH_PEAK, model, str(batch), str(res), str(classes_of(model))], env=env, check=True, capture_output=True, text=True
     ).stdout
     return int(out.split()[-1])
 
@@ -127,7 +150,7 @@ def vramlab_measure(model: str, batch: int, res: int, layers: str) -> dict:
     binary = ROOT / "target/release/vramlab"
     if not binary.exists():
         subprocess.run(["cargo", "build", "--release", "--locked", "--workspace", "--bins"], cwd=ROOT, check=True)
-    args = ["measure", "--model", model, "--batch", str(batch), "--res", str(res), "--classes", str(CLASSES), "--layers", layers, "--json"]
+    args = ["measure", "--model", model, "--batch", str(batch), "--res", str(res), "--classes", str(classes_of(model)), "--layers", layers, "--json"]
     out = subprocess.run([str(binary), *args], check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -151,7 +174,9 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(2)
-    print(f"torch {torch.__version__}; vramlab {ROOT / 'target/release/vramlab'}; fp32, {CLASSES} classes, SGD with momentum")
+    classes = ", ".join(f"{model} {n}" for model, n in MODEL_CLASSES.items() if model in {row[0] for row in rows})
+    classes = f"{CLASSES} classes" + (f" ({classes})" if classes else "")
+    print(f"torch {torch.__version__}; vramlab {ROOT / 'target/release/vramlab'}; fp32, {classes}, SGD with momentum")
     print()
     print("| model, batch @ resolution | kept: lean | plain | PyTorch | lean / PyTorch | peak: lean | plain | PyTorch (RSS) | lean / PyTorch |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -3,7 +3,9 @@
 Each configuration runs `vramlab bench train ... --json` and the same step in
 PyTorch (torchvision's model, SGD momentum 0.9, cross-entropy, random images,
 the same number of threads; for a ViT torchvision's `VisionTransformer` with
-its sizes set to ours), alternating the two several times so that both
+its sizes set to ours; for `unet` the U-Net of scripts/unet_twin.py, 2 classes
+per pixel, random labels N x H x W and the mean cross-entropy over every
+pixel), alternating the two several times so that both
 see the same machine state. Prints a table and writes JSON with every sample.
 
     VRAMLAB_BENCH_VENV=.venv-bench python3 scripts/bench_train.py [--rounds 3] [--steps 5] [--threads 1 2]
@@ -40,7 +42,10 @@ CONFIGS = [
 # Other processes may take this share of the CPUs' time during a pair before its ratio is refused.
 OTHERS_BUSY_LIMIT = 0.10
 TORCH_MODELS = {"resnet18": "resnet18", "resnet34": "resnet34", "resnet50": "resnet50", "efficientnet-b0": "efficientnet_b0",
-                "vit-tiny": "vit-tiny", "vit-small": "vit-small"}
+                "vit-tiny": "vit-tiny", "vit-small": "vit-small", "unet": "unet"}
+CLASSES = 10
+# Models whose number of classes is not CLASSES, on both sides.
+MODEL_CLASSES = {"unet": 2}
 # (features, layers, heads, MLP) of the ViTs, patch 16.
 VIT_SIZES = {"vit-tiny": (192, 12, 3, 768), "vit-small": (384, 12, 6, 1536)}
 
@@ -50,7 +55,11 @@ import torch, torchvision
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
 torch.manual_seed(0)
-if cfg["vit"]:
+if cfg["torch_model"] == "unet":
+    sys.path.insert(0, cfg["scripts"])
+    from unet_twin import UNet
+    model = UNet(classes=cfg["classes"])
+elif cfg["vit"]:
     dim, depth, heads, mlp = cfg["vit"]
     model = torchvision.models.VisionTransformer(image_size=cfg["res"], patch_size=16, num_layers=depth, num_heads=heads,
                                                  hidden_dim=dim, mlp_dim=mlp, num_classes=cfg["classes"])
@@ -59,7 +68,7 @@ else:
 model.train()
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 x = torch.randn(cfg["batch"], 3, cfg["res"], cfg["res"])
-y = torch.randint(0, cfg["classes"], (cfg["batch"],))
+y = torch.randint(0, cfg["classes"], (cfg["batch"], cfg["res"], cfg["res"]) if cfg["torch_model"] == "unet" else (cfg["batch"],))
 loss_fn = torch.nn.CrossEntropyLoss()
 def step():
     opt.zero_grad(set_to_none=True)
@@ -92,9 +101,13 @@ def vramlab_binary() -> pathlib.Path:
     return target / "release" / "vramlab"
 
 
+def classes_of(cfg: dict) -> int:
+    return MODEL_CLASSES.get(cfg["model"], CLASSES)
+
+
 def ours(binary: pathlib.Path, cfg: dict, steps: int, warmup: int, threads: int) -> dict:
     args = [str(binary), "bench", "train", "--model", cfg["model"], "--batch", str(cfg["batch"]), "--res", str(cfg["res"]),
-            "--opt", "sgd-momentum", "--steps", str(steps), "--warmup", str(warmup), "--json"]
+            "--classes", str(classes_of(cfg)), "--opt", "sgd-momentum", "--steps", str(steps), "--warmup", str(warmup), "--json"]
     args += cfg.get("extra", [])
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     out = subprocess.run(args, check=True, capture_output=True, text=True, env=env)
@@ -102,8 +115,8 @@ def ours(binary: pathlib.Path, cfg: dict, steps: int, warmup: int, threads: int)
 
 
 def theirs(python: pathlib.Path, cfg: dict, steps: int, warmup: int, threads: int) -> dict:
-    payload = {"torch_model": TORCH_MODELS[cfg["model"]], "vit": VIT_SIZES.get(cfg["model"]), "batch": cfg["batch"], "res": cfg["res"], "classes": 10,
-               "steps": steps, "warmup": warmup, "threads": threads}
+    payload = {"torch_model": TORCH_MODELS[cfg["model"]], "vit": VIT_SIZES.get(cfg["model"]), "batch": cfg["batch"], "res": cfg["res"],
+               "classes": classes_of(cfg), "scripts": str(ROOT / "scripts"), "steps": steps, "warmup": warmup, "threads": threads}
     out = subprocess.run([str(python), "-c", TORCH_STEP, json.dumps(payload)], check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 

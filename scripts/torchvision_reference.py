@@ -3,7 +3,8 @@
 
 For each model (ResNet-18, ResNet-50, EfficientNet-B0, and ViT-Tiny/16 as
 torchvision's `VisionTransformer` at 192 features, 12 layers of 3 heads and
-an MLP of 768) torchvision's network
+an MLP of 768; and `unet`, the U-Net of `scripts/unet_twin.py`, 2 classes per
+pixel) torchvision's network
 gets a deterministic state dict: every entry filled from its name by an
 integer hash (exact in numpy and in Rust, no libm), scaled by what the entry
 is (a convolution's or linear layer's weight by sqrt(3 / fan_in), batch-norm's
@@ -17,7 +18,19 @@ same way. Recorded, in `lib/tests/fixtures/torchvision/MODEL.json`:
 Stochastic depth and dropout are set to 0 (our networks have neither), so the
 training step is deterministic.
 
-    python3 scripts/torchvision_reference.py
+The U-Net's logits are N x 2 x H x W and its labels N x H x W, given by a rule
+(`labels_rule` in the JSON; `labels` holds them too, flat in (n, i, j) order,
+the order of the logits permuted to N x H x W x classes and flattened to rows).
+Its loss is the mean cross-entropy over every pixel. All its logits would make
+a file of megabytes, so each sample's row holds every `logits_stride`-th of its
+classes x H x W logits (the stride is odd, so every column and row of the map
+is sampled), and `eval_logits_norms` / `train_logits_norms` hold each sample's
+norm over all of them.
+
+    python3 scripts/torchvision_reference.py [MODEL ...]
+
+writes every model's file, or only those named (resnet18, resnet50,
+efficientnet_b0, vit_tiny, unet).
 
 Runs in the PyTorch venv of the benchmarks ($VRAMLAB_BENCH_VENV, default
 .venv-bench, created from scripts/bench-requirements.txt when missing).
@@ -32,9 +45,17 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 OUT = ROOT / "lib" / "tests" / "fixtures" / "torchvision"
-MODELS = [("resnet18", 4, 64), ("resnet50", 4, 64), ("efficientnet_b0", 4, 64), ("vit_tiny", 4, 64)]
-CLASSES = 1000
+MODELS = [("resnet18", 4, 64), ("resnet50", 4, 64), ("efficientnet_b0", 4, 64), ("vit_tiny", 4, 64), ("unet", 4, 64)]
+CLASSES = {"unet": 2}
+DEFAULT_CLASSES = 1000
 SAMPLES = 32
+LABELS_RULE = "labels[n, i, j] = (n + i // 4 + j // 4) % 2"
+# Odd, so that it is coprime to the map's power-of-two width and its samples reach every column.
+LOGITS_STRIDE = 13
+WEIGHT_SCALE = (
+    "a weight of 2 or more dimensions: u * sqrt(3 / fan_in), fan_in = shape[1] * prod(shape[2:]), as PyTorch's "
+    "_calculate_fan_in_and_fan_out computes it; for a ConvTranspose2d weight (in x out x k x k) that is out * k * k"
+)
 
 
 def in_bench_venv() -> None:
@@ -83,13 +104,38 @@ def entry(name: str, shape: tuple[int, ...]):
     elif name.endswith("running_mean"):
         values = 0.1 * u
     elif len(shape) >= 2:
-        fan_in = int(np.prod(shape[1:], dtype=np.int64))
-        values = u * np.sqrt(3.0 / fan_in)
+        values = u * np.sqrt(3.0 / fan_in(shape))
     elif name.endswith("weight"):
         values = 1.0 + 0.2 * u
     else:
         values = 0.1 * u
     return values.astype(np.float32).reshape(shape)
+
+
+def fan_in(shape: tuple[int, ...]) -> int:
+    """A weight's fan-in as PyTorch's `_calculate_fan_in_and_fan_out` computes
+    it, `shape[1]` times the kernel's size, and as `lib/tests/torchvision.rs`
+    does (the product of `shape[1..]`). A ConvTranspose2d weight is laid out
+    in x out x k x k, so its fan-in is out * k * k: PyTorch's reading of that
+    layout, not the number of inputs that reach one output."""
+    import numpy as np
+
+    return int(np.prod(shape[1:], dtype=np.int64))
+
+
+def classes_of(model: str) -> int:
+    return CLASSES.get(model, DEFAULT_CLASSES)
+
+
+def pixel_labels(batch: int, res: int):
+    """The U-Net's labels, N x H x W, by LABELS_RULE: 4 x 4 tiles of both
+    classes in a checkerboard, shifted by one tile from each sample to the next."""
+    import torch
+
+    n = torch.arange(batch).view(batch, 1, 1)
+    i = torch.arange(res).view(1, res, 1)
+    j = torch.arange(res).view(1, 1, res)
+    return (n + i // 4 + j // 4) % 2
 
 
 def short(values):
@@ -105,12 +151,17 @@ def run(model: str, batch: int, res: int, dtype):
     import torch
     import torchvision
 
+    classes = classes_of(model)
     if model == "vit_tiny":
         net = torchvision.models.VisionTransformer(
-            image_size=res, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768, num_classes=CLASSES
+            image_size=res, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768, num_classes=classes
         )
+    elif model == "unet":
+        from unet_twin import UNet
+
+        net = UNet(classes=classes)
     else:
-        net = getattr(torchvision.models, model)(num_classes=CLASSES)
+        net = getattr(torchvision.models, model)(num_classes=classes)
     for module in net.modules():
         if isinstance(module, (torch.nn.Dropout, torchvision.ops.StochasticDepth)):
             module.p = 0.0
@@ -118,7 +169,10 @@ def run(model: str, batch: int, res: int, dtype):
     net.load_state_dict(filled)
     net = net.to(dtype)
     x = torch.from_numpy(pattern("input", batch * 3 * res * res).astype("float32").reshape(batch, 3, res, res)).to(dtype)
-    labels = torch.tensor([(i * 37) % CLASSES for i in range(batch)])
+    if model == "unet":
+        labels = pixel_labels(batch, res)
+    else:
+        labels = torch.tensor([(i * 37) % classes for i in range(batch)])
     net.eval()
     with torch.no_grad():
         eval_logits = net(x).double()
@@ -156,14 +210,14 @@ def reference(model: str, batch: int, res: int) -> dict:
     relative = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()  # noqa: E731
     torch_errors = gradient_errors(grads32, grads)
     floor = 1e-3 * max(g.norm().item() for g in grads.values())
-    return {
+    record = {
         "model": model,
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "batch": batch,
         "res": res,
-        "classes": CLASSES,
-        "labels": labels.tolist(),
+        "classes": classes_of(model),
+        "labels": labels.reshape(-1).tolist(),
         "state_dict": [
             {"name": name, "shape": list(t.shape), "sum": t.double().sum().item()} for name, t in filled.items()
         ],
@@ -186,12 +240,32 @@ def reference(model: str, batch: int, res: int) -> dict:
             for name, g in grads.items()
         ],
     }
+    if model == "unet":
+        rows = lambda t: t.reshape(batch, -1)  # noqa: E731
+        record.update(
+            labels_rule=LABELS_RULE,
+            labels_shape=list(labels.shape),
+            weight_scale=WEIGHT_SCALE,
+            logits_shape=list(logits.shape),
+            logits_stride=LOGITS_STRIDE,
+            eval_logits=short(rows(eval_logits)[:, ::LOGITS_STRIDE].tolist()),
+            train_logits=short(rows(logits)[:, ::LOGITS_STRIDE].tolist()),
+            eval_logits_norms=short(rows(eval_logits).norm(dim=1).tolist()),
+            train_logits_norms=short(rows(logits).norm(dim=1).tolist()),
+        )
+    return record
 
 
 def main() -> None:
     in_bench_venv()
     OUT.mkdir(parents=True, exist_ok=True)
+    known = [model for model, _, _ in MODELS]
+    unknown = [name for name in sys.argv[1:] if name not in known]
+    if unknown:
+        raise SystemExit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     for model, batch, res in MODELS:
+        if sys.argv[1:] and model not in sys.argv[1:]:
+            continue
         record = reference(model, batch, res)
         path = OUT / f"{model}.json"
         path.write_text(json.dumps(record, separators=(",", ":")) + "\n")
