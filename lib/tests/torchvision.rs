@@ -7,7 +7,8 @@
 //! step, in the plain layers and the lean ones, must be as close to it as
 //! torchvision's own float32 step is (within 4x its error, which the script
 //! also recorded), or within 1e-5 of the logits and 1e-4 of each gradient
-//! where torchvision's error is smaller than that.
+//! where torchvision's error is smaller than that. The U-Net's reference is
+//! `scripts/unet_twin.py`, its PyTorch twin, with per-pixel labels.
 
 use std::path::Path;
 
@@ -21,6 +22,13 @@ struct Reference {
     res: usize,
     classes: usize,
     labels: Vec<u32>,
+    /// A segmentation network's labels are a map per sample (`batch x H x W`).
+    labels_shape: Option<Vec<usize>>,
+    /// Where the logits are a map, each sample's row holds every
+    /// `logits_stride`-th of its values, and the norms each sample's whole.
+    logits_stride: Option<usize>,
+    eval_logits_norms: Option<Vec<f64>>,
+    train_logits_norms: Option<Vec<f64>>,
     state_dict: Vec<Entry>,
     eval_logits: Vec<Vec<f64>>,
     train_logits: Vec<Vec<f64>>,
@@ -142,17 +150,34 @@ fn compare(model: ModelName, torchvision: &str, layers: Layers) {
     let count = r.batch * 3 * r.res * r.res;
     let x: Vec<f32> = pattern("input", count).map(|u| u as f32).collect();
     let x = Tensor::from_vec(x, (r.batch, 3, r.res, r.res), &device).unwrap();
-    let labels = Tensor::new(r.labels.as_slice(), &device).unwrap();
+    let labels_shape = r.labels_shape.clone().unwrap_or(vec![r.batch]);
+    let labels = Tensor::from_vec(r.labels.clone(), labels_shape, &device).unwrap();
 
     let values = |t: &Tensor| t.to_dtype(DType::F64).unwrap().flatten_all().unwrap().to_vec1::<f64>().unwrap();
-    let eval = values(&net.forward(&x, Pass::eval(DType::F32)).unwrap());
+    let eval_logits = net.forward(&x, Pass::eval(DType::F32)).unwrap();
     let logits = net.forward(&x, Pass::train(DType::F32)).unwrap();
-    let train = values(&logits);
-    let loss = vramlab::candle_nn::loss::cross_entropy(&logits, &labels).unwrap();
+    let loss = vramlab::train::cross_entropy(&logits, &labels).unwrap();
     let found_loss = loss.to_scalar::<f32>().unwrap() as f64;
     let grads = loss.backward().unwrap();
 
-    let logits_error = relative_error(&eval, &flat(&r.eval_logits)).max(relative_error(&train, &flat(&r.train_logits)));
+    let stride = r.logits_stride.unwrap_or(1);
+    let sampled = |t: &Tensor| -> (Vec<f64>, Vec<f64>) {
+        let rows = t.flatten_from(1).unwrap();
+        let (samples, norms) =
+            (0..r.batch).map(|n| values(&rows.get(n).unwrap())).fold((Vec::new(), Vec::new()), |(mut s, mut norms), row| {
+                norms.push(row.iter().map(|v| v * v).sum::<f64>().sqrt());
+                s.extend(row.iter().step_by(stride).copied());
+                (s, norms)
+            });
+        (samples, norms)
+    };
+    let ((eval, eval_norms), (train, train_norms)) = (sampled(&eval_logits), sampled(&logits));
+    let mut logits_error = relative_error(&eval, &flat(&r.eval_logits)).max(relative_error(&train, &flat(&r.train_logits)));
+    for (found, expected) in [(eval_norms, &r.eval_logits_norms), (train_norms, &r.train_logits_norms)] {
+        if let Some(expected) = expected {
+            logits_error = logits_error.max(relative_error(&found, expected));
+        }
+    }
     let logits_bound = (4.0 * r.torch_f32.logits_error).max(1e-5);
     assert!(
         logits_error <= logits_bound,
@@ -218,5 +243,12 @@ fn efficientnet_b0_computes_what_torchvision_computes() {
 fn vit_tiny_computes_what_torchvision_computes() {
     for layers in [Layers::Plain, Layers::Lean] {
         compare(ModelName::VitTiny, "vit_tiny", layers);
+    }
+}
+
+#[test]
+fn unet_computes_what_its_pytorch_twin_computes() {
+    for layers in [Layers::Plain, Layers::Lean] {
+        compare(ModelName::Unet, "unet", layers);
     }
 }
