@@ -8,6 +8,7 @@ mod footprint;
 mod inventory;
 mod loader;
 mod manifest;
+mod mask;
 mod mix;
 mod pinned;
 mod preprocess;
@@ -24,6 +25,7 @@ pub use footprint::{HostFootprint, LoaderShape};
 pub use inventory::{Inventory, InventoryEntry};
 pub use loader::{loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
+pub use mask::Mask;
 pub use mix::{cutmix, mixup, one_hot, Mixed};
 #[cfg(feature = "cuda")]
 pub use pinned::bench_h2d;
