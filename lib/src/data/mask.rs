@@ -51,6 +51,10 @@ impl Mask {
         self.classes[y as usize * self.width as usize + x as usize]
     }
 
+    pub(crate) fn set(&mut self, x: u32, y: u32, class: u8) {
+        self.classes[y as usize * self.width as usize + x as usize] = class;
+    }
+
     /// Pixels of class `class`.
     pub fn count(&self, class: u8) -> u64 {
         self.classes.iter().filter(|&&c| c == class).count() as u64

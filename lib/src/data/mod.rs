@@ -33,7 +33,7 @@ pub use pinned::{H2dBench, H2dRecord, Pinning, TorchH2d};
 pub use preprocess::{preprocess, PreprocessReport};
 pub use report::{contact_sheet, decoder_table, loader_bench_table};
 pub use split::{group_split, stratified_group_kfold, stratified_split, Split};
-pub use synth::{LeafDiseaseSynth, PhotoPlan, SizeShare, Symptom, CLASSES};
+pub use synth::{LeafDiseaseSynth, LesionShare, PhotoPlan, SizeShare, Symptom, CLASSES, MASK_CLASSES};
 pub use transform::{to_image, ColorJitter, Normalize, Transform, Transforms};
 
 use std::path::PathBuf;
