@@ -13,6 +13,7 @@ mod mix;
 mod pinned;
 mod preprocess;
 mod report;
+mod segmentation;
 mod split;
 mod synth;
 mod transform;
@@ -32,6 +33,7 @@ pub use pinned::bench_h2d;
 pub use pinned::{H2dBench, H2dRecord, Pinning, TorchH2d};
 pub use preprocess::{preprocess, PreprocessReport};
 pub use report::{contact_sheet, decoder_table, loader_bench_table};
+pub use segmentation::{SegmentationDataset, SegmentationFolder, SegmentationItem};
 pub use split::{group_split, stratified_group_kfold, stratified_split, Split};
 pub use synth::{LeafDiseaseSynth, LesionShare, PhotoPlan, SizeShare, Symptom, CLASSES, MASK_CLASSES};
 pub use transform::{to_image, ColorJitter, Normalize, Transform, Transforms};
@@ -58,6 +60,8 @@ pub enum DataError {
     Empty { root: PathBuf },
     #[error("class folder {dir} has no image (.jpg, .jpeg or .png): add its photos or remove it, or open the folder with OnError::Skip to leave it out")]
     EmptyClass { dir: PathBuf },
+    #[error("mask {mask} of image {image}: {message}")]
+    Mask { image: PathBuf, mask: PathBuf, message: String },
     #[error("manifest {path}, line {line}: {message}")]
     Manifest { path: PathBuf, line: usize, message: String },
     #[error("{what}: {message}")]
