@@ -31,7 +31,7 @@ enum Command {
     Summary(WithJson<SummaryArgs>),
     /// Will a training step fit? The five bills, the peak, and ranked fixes
     Oomcheck(WithJson<OomcheckArgs>),
-    /// Write the synthetic leaf-disease dataset (ImageFolder layout + manifest.csv)
+    /// Write the synthetic leaf-disease dataset (ImageFolder layout + manifest.csv), and its lesion masks with --masks
     Synth(WithJson<SynthArgs>),
     /// Resize an ImageFolder offline to a short side and save compressed JPEGs
     Preprocess(WithJson<PreprocessArgs>),
@@ -103,9 +103,7 @@ fn main() -> ExitCode {
         Command::Hold(args) => hold(args),
         Command::CheckOps(cmd) => return check_ops(&cmd.args, cmd.json),
         Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args).and_then(|report| emit(cmd.json, &report, || report_text(&report))),
-        Command::Synth(cmd) => data_error(cmd.args.generator().generate(&cmd.args.out)).and_then(|manifest| {
-            emit(cmd.json, &manifest, || format!("wrote {}\n{}\n{}", cmd.args.out.display(), manifest.table(), manifest.size_table()))
-        }),
+        Command::Synth(cmd) => data_error(cmd.args.run()).and_then(|written| emit(cmd.json, &written, || written.text(&cmd.args))),
         Command::Preprocess(cmd) => {
             let a = &cmd.args;
             data_error(preprocess(&a.src, &a.out, a.short_side, a.quality))

@@ -4,11 +4,15 @@ use std::path::PathBuf;
 
 use clap::{ColorChoice, Parser, ValueEnum};
 
-use crate::data::{Decoder, LeafDiseaseSynth, LoaderBenchConfig};
+use crate::data::{DataError, Decoder, LeafDiseaseSynth, LesionShare, LoaderBenchConfig, Manifest};
 
-/// `synth --out DIR [--images N] [--seed S]`
+/// `synth --out DIR [--images N] [--seed S] [--masks DIR [--masks-only]]`
 #[derive(Debug, Clone, Parser)]
-#[command(name = "synth", color = ColorChoice::Never, about = "Write the synthetic leaf-disease dataset (ImageFolder layout + manifest.csv)")]
+#[command(
+    name = "synth",
+    color = ColorChoice::Never,
+    about = "Write the synthetic leaf-disease dataset (ImageFolder layout + manifest.csv), and its lesion masks with --masks"
+)]
 pub struct SynthArgs {
     /// Directory to write root/class/*.jpg and manifest.csv into
     #[arg(long)]
@@ -22,6 +26,21 @@ pub struct SynthArgs {
     /// All photos at one size, WIDTHxHEIGHT, instead of the realistic mix
     #[arg(long, value_parser = super::args::parse_dims)]
     pub size: Option<(u32, u32)>,
+    /// Also write each photo's lesion mask to DIR/class/<photo>.png (8-bit greyscale: 0 not lesion, 1 lesion)
+    #[arg(long, value_name = "DIR")]
+    pub masks: Option<PathBuf>,
+    /// Write only the masks, for the photos already under --out (checked against its manifest.csv)
+    #[arg(long, requires = "masks")]
+    pub masks_only: bool,
+}
+
+/// What `synth` wrote: the photos' manifest and the masks' lesion share.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SynthOutput {
+    #[serde(flatten)]
+    pub manifest: Option<Manifest>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub masks: Option<LesionShare>,
 }
 
 impl SynthArgs {
@@ -31,6 +50,33 @@ impl SynthArgs {
             Some((w, h)) => synth.with_size(w, h),
             None => synth,
         }
+    }
+
+    /// Writes the photos (unless `--masks-only`) and the masks (with `--masks`).
+    pub fn run(&self) -> Result<SynthOutput, DataError> {
+        let synth = self.generator();
+        let manifest = if self.masks_only {
+            synth.check_manifest(&Manifest::read(&self.out)?, &self.out)?;
+            None
+        } else {
+            Some(synth.generate(&self.out)?)
+        };
+        let masks = self.masks.as_deref().map(|dir| synth.generate_masks(dir)).transpose()?;
+        Ok(SynthOutput { manifest, masks })
+    }
+}
+
+impl SynthOutput {
+    /// The plain-text report of what was written under `args`' folders.
+    pub fn text(&self, args: &SynthArgs) -> String {
+        let mut text = String::new();
+        if let Some(manifest) = &self.manifest {
+            text += &format!("wrote {}\n{}\n{}", args.out.display(), manifest.table(), manifest.size_table());
+        }
+        if let (Some(share), Some(dir)) = (&self.masks, &args.masks) {
+            text += &format!("wrote {}\n{}", dir.display(), share.table());
+        }
+        text
     }
 }
 

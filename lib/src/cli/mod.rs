@@ -15,7 +15,7 @@ pub use args::{InputShape, MemArgs, OomcheckArgs, OomcheckOfArgs, SpecFile, Summ
 pub use check::{CheckDtypes, CheckOpsArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
-pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs};
+pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs, SynthOutput};
 pub use device::{DeviceArg, HoldArgs, SmokeArgs};
 pub use fit::FitArgs;
 pub use flags::{measure_flags, oomcheck_flags};

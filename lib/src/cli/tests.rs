@@ -277,3 +277,35 @@ fn a_trainer_is_checked_with_its_own_levers() {
     let plain_sgd = oomcheck(&words("small-cnn --batch 32 --res 32 --amp f16 --opt sgd --gpu 2GiB --classes 10")).unwrap();
     assert_eq!(overridden.text(), plain_sgd.text());
 }
+
+#[test]
+fn synth_writes_masks_beside_the_photos_or_alone_for_photos_already_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, masks) = (dir.path().join("leaves"), dir.path().join("leaves_masks"));
+    let argv = |extra: &str| words(&format!("--out {} --images 24 --size 64x48 --masks {} {extra}", out.display(), masks.display()));
+    let both = parse::<SynthArgs>("synth", &argv("")).unwrap().unwrap().run().unwrap();
+    let manifest = both.manifest.clone().unwrap();
+    assert_eq!(manifest.entries.len(), 24);
+    for entry in &manifest.entries {
+        assert!(masks.join(&entry.path).with_extension("png").is_file(), "{}", entry.path.display());
+    }
+    let json = serde_json::to_value(&both).unwrap();
+    assert!(json["entries"].is_array() && json["masks"]["lesion_pixels"].is_array(), "{json}");
+    let args = parse::<SynthArgs>("synth", &argv("")).unwrap().unwrap();
+    assert!(both.text(&args).contains("leaves_masks") && both.text(&args).contains("lesion"));
+
+    std::fs::remove_dir_all(&masks).unwrap();
+    let alone = parse::<SynthArgs>("synth", &argv("--masks-only")).unwrap().unwrap().run().unwrap();
+    assert_eq!((alone.manifest, alone.masks), (None, both.masks));
+    assert!(masks.join(&manifest.entries[0].path).with_extension("png").is_file());
+
+    let other = parse::<SynthArgs>("synth", &argv("--masks-only --seed 7")).unwrap().unwrap().run().unwrap_err().to_string();
+    assert!(other.contains("manifest.csv") && other.contains("other settings"), "{other}");
+    let err = parse::<SynthArgs>("synth", &words(&format!("--out {} --masks-only", out.display())));
+    assert!(err.unwrap_err().0.contains("--masks"));
+    let plain = parse::<SynthArgs>("synth", &words(&format!("--out {} --images 24 --size 32x32", dir.path().join("plain").display())))
+        .unwrap()
+        .unwrap();
+    let json = serde_json::to_value(plain.run().unwrap()).unwrap();
+    assert_eq!(json.as_object().unwrap().keys().collect::<Vec<_>>(), ["entries"], "without --masks the JSON is the manifest, as before");
+}

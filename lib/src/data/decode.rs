@@ -217,6 +217,8 @@ pub struct Decoded {
     pub image: RgbImage,
     /// Size stored in the file (before EXIF orientation and DCT scaling).
     pub stored_size: (u32, u32),
+    /// Size after EXIF orientation at full scale: what `image` is when `dct_eighths` is 8.
+    pub upright_size: (u32, u32),
     /// The image was decoded at `dct_eighths`/8 of its stored size (8: full size).
     pub dct_eighths: u32,
     pub encoded_bytes: usize,
@@ -235,15 +237,18 @@ pub fn decode_file(path: &Path, options: DecodeOptions) -> Result<Decoded, DataE
 pub fn decode_bytes(bytes: &[u8], path: &Path, options: DecodeOptions) -> Result<Decoded, DataError> {
     let started = Instant::now();
     let err = |message: String| DataError::Decode { path: path.to_owned(), message };
-    let (image, stored_size, dct_eighths) = if bytes.starts_with(&JPEG_MAGIC) && options.decoder == Decoder::TurboJpeg {
+    let (image, stored_size, upright_size, dct_eighths) = if bytes.starts_with(&JPEG_MAGIC) && options.decoder == Decoder::TurboJpeg {
         decode_jpeg(bytes, options.min_short_side).map_err(err)?
     } else {
         decode_with_image(bytes).map_err(err)?
     };
-    Ok(Decoded { image, stored_size, dct_eighths, encoded_bytes: bytes.len(), seconds: started.elapsed().as_secs_f64() })
+    Ok(Decoded { image, stored_size, upright_size, dct_eighths, encoded_bytes: bytes.len(), seconds: started.elapsed().as_secs_f64() })
 }
 
-fn decode_with_image(bytes: &[u8]) -> Result<(RgbImage, (u32, u32), u32), String> {
+/// The image, its stored size, its upright size and the DCT scale in eighths.
+type Pixels = (RgbImage, (u32, u32), (u32, u32), u32);
+
+fn decode_with_image(bytes: &[u8]) -> Result<Pixels, String> {
     let reader = ImageReader::new(Cursor::new(bytes)).with_guessed_format().map_err(|e| e.to_string())?;
     if reader.format().is_none() {
         return Err("not an image (unknown format)".into());
@@ -253,7 +258,9 @@ fn decode_with_image(bytes: &[u8]) -> Result<(RgbImage, (u32, u32), u32), String
     let stored = decoder.dimensions();
     let mut image = DynamicImage::from_decoder(decoder).map_err(|e| e.to_string())?;
     image.apply_orientation(orientation);
-    Ok((RgbImage::from_dynamic(image).map_err(|e| e.to_string())?, stored, FULL_SIZE))
+    let image = RgbImage::from_dynamic(image).map_err(|e| e.to_string())?;
+    let upright = (image.width(), image.height());
+    Ok((image, stored, upright, FULL_SIZE))
 }
 
 /// The smallest DCT scale, in eighths of the stored size, among those
@@ -281,7 +288,7 @@ thread_local! {
     static DECOMPRESSOR: RefCell<Option<Decompressor>> = const { RefCell::new(None) };
 }
 
-fn decode_jpeg(bytes: &[u8], min_short_side: Option<u32>) -> Result<(RgbImage, (u32, u32), u32), String> {
+fn decode_jpeg(bytes: &[u8], min_short_side: Option<u32>) -> Result<Pixels, String> {
     DECOMPRESSOR.with_borrow_mut(|slot| {
         let decompressor = match slot {
             Some(decompressor) => decompressor,
@@ -293,11 +300,7 @@ fn decode_jpeg(bytes: &[u8], min_short_side: Option<u32>) -> Result<(RgbImage, (
 
 /// libjpeg-turbo treats a truncated stream as a warning and fills the rest in
 /// grey; TurboJPEG then reports failure and `turbojpeg` an error, so such a file fails.
-fn decode_jpeg_with(
-    decompressor: &mut Decompressor,
-    bytes: &[u8],
-    min_short_side: Option<u32>,
-) -> Result<(RgbImage, (u32, u32), u32), String> {
+fn decode_jpeg_with(decompressor: &mut Decompressor, bytes: &[u8], min_short_side: Option<u32>) -> Result<Pixels, String> {
     let header = decompressor.read_header(bytes).map_err(|e| e.to_string())?;
     let stored = (u32::try_from(header.width), u32::try_from(header.height));
     let (Ok(w), Ok(h)) = stored else {
@@ -319,7 +322,8 @@ fn decode_jpeg_with(
     let (dw, dh) = (scaled.width as u32, scaled.height as u32);
     let orientation = app_segment(bytes, APP1, b"Exif\0\0").and_then(Orientation::from_exif_chunk).map_or(1, |o| o.to_exif());
     let image = RgbImage::new(dw, dh, pixels).map_err(|e| e.to_string())?;
-    Ok((image.oriented(orientation).map_err(|e| e.to_string())?, (w, h), eighths))
+    let upright = if matches!(orientation, 5..=8) { (h, w) } else { (w, h) };
+    Ok((image.oriented(orientation).map_err(|e| e.to_string())?, (w, h), upright, eighths))
 }
 
 const APP1: u8 = 0xE1;

@@ -203,6 +203,7 @@ impl Dataset for ImageDataset {
             pixels,
             shape,
             label: item.label,
+            mask: None,
             timing: LoadTiming {
                 encoded_bytes: decoded.encoded_bytes as u64,
                 decode_seconds: decoded.seconds,

@@ -18,13 +18,16 @@ use super::{rng_for, DataError, Rng};
 /// The random stream that orders samples (augmentation streams are numbered from 1 << 32).
 const ORDER_STREAM: u64 = 0;
 
-/// One transformed sample: normalised CHW pixels and its label.
+/// One transformed sample: normalised CHW pixels, its label and, for
+/// segmentation, the class of each pixel.
 #[derive(Debug, Clone)]
 pub struct Example {
     pub pixels: Vec<f32>,
     /// Channels, height, width.
     pub shape: [usize; 3],
     pub label: u32,
+    /// Height x width class indices, rows top to bottom, aligned with `pixels`.
+    pub mask: Option<Vec<u8>>,
     pub timing: LoadTiming,
 }
 
@@ -189,7 +192,7 @@ impl Default for LoaderConfig {
 pub struct Batch {
     /// N x C x H x W, f32, normalised.
     pub images: Tensor,
-    /// N labels, u32.
+    /// N labels, u32; N x H x W class indices, u32, when the samples carry masks.
     pub labels: Tensor,
     /// Dataset indices of the samples, in order.
     pub indices: Vec<usize>,
@@ -420,7 +423,9 @@ impl EpochPlan {
         let mut kept = Vec::with_capacity(indices.len());
         let mut pixels: Vec<f32> = Vec::new();
         let mut labels = Vec::with_capacity(indices.len());
+        let mut masks: Vec<u32> = Vec::new();
         let mut shape: Option<[usize; 3]> = None;
+        let mut masked = false;
         let mut lease: Option<GaugeLease> = None;
         for (slot, &index) in indices.iter().enumerate() {
             // One stream per sample position: augmentation does not depend on which worker runs it.
@@ -437,9 +442,14 @@ impl EpochPlan {
             match shape {
                 None => {
                     shape = Some(example.shape);
+                    masked = example.mask.is_some();
                     let values = indices.len() * example.shape.iter().product::<usize>();
                     pixels.reserve_exact(values);
-                    lease = Some(self.gauge.hold(values * 4 + indices.len() * 4));
+                    let labels_per_sample = if masked { example.shape[1] * example.shape[2] } else { 1 };
+                    if masked {
+                        masks.reserve_exact(indices.len() * labels_per_sample);
+                    }
+                    lease = Some(self.gauge.hold(values * 4 + indices.len() * labels_per_sample * 4));
                     self.within_host_budget(position)?;
                 }
                 Some(first) if first != example.shape => {
@@ -454,9 +464,35 @@ impl EpochPlan {
                 }
                 Some(_) => {}
             }
+            match (&example.mask, masked) {
+                (Some(mask), true) if mask.len() == example.shape[1] * example.shape[2] => masks.extend(mask.iter().map(|&c| c as u32)),
+                (Some(mask), true) => {
+                    return Err(DataError::invalid(
+                        "collate",
+                        format!(
+                            "{}'s mask holds {} values for a {}x{} image",
+                            dataset.describe(index),
+                            mask.len(),
+                            example.shape[2],
+                            example.shape[1]
+                        ),
+                    ))
+                }
+                (None, false) => labels.push(example.label),
+                (Some(_), false) | (None, true) => {
+                    let (this, first) = if masked { ("no mask", "one") } else { ("a mask", "none") };
+                    return Err(DataError::invalid(
+                        "collate",
+                        format!(
+                            "{} carries {this} but the batch's first sample carries {first}: \
+                             a batch is all segmentation samples (labels N x H x W) or all class samples (labels N)",
+                            dataset.describe(index)
+                        ),
+                    ));
+                }
+            }
             timing.add(&example.timing);
             pixels.extend_from_slice(&example.pixels);
-            labels.push(example.label);
             kept.push(index);
         }
         let [c, h, w] = shape.unwrap_or([3, 1, 1]);
@@ -466,11 +502,19 @@ impl EpochPlan {
             shape: vec![dims.0, c, h, w],
             source,
         })?;
-        let labels = Tensor::from_vec(labels, kept.len(), &Device::Cpu).map_err(|source| DataError::Tensor {
-            op: "collate labels",
-            shape: vec![kept.len()],
-            source,
-        })?;
+        let labels = if masked {
+            Tensor::from_vec(masks, (kept.len(), h, w), &Device::Cpu).map_err(|source| DataError::Tensor {
+                op: "collate masks",
+                shape: vec![kept.len(), h, w],
+                source,
+            })?
+        } else {
+            Tensor::from_vec(labels, kept.len(), &Device::Cpu).map_err(|source| DataError::Tensor {
+                op: "collate labels",
+                shape: vec![kept.len()],
+                source,
+            })?
+        };
         Ok(Batch { images, labels, indices: kept, position, timing, skipped, _lease: lease })
     }
 }

@@ -8,10 +8,12 @@ mod footprint;
 mod inventory;
 mod loader;
 mod manifest;
+mod mask;
 mod mix;
 mod pinned;
 mod preprocess;
 mod report;
+mod segmentation;
 mod split;
 mod synth;
 mod transform;
@@ -24,14 +26,16 @@ pub use footprint::{HostFootprint, LoaderShape};
 pub use inventory::{Inventory, InventoryEntry};
 pub use loader::{loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Sampler};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
+pub use mask::Mask;
 pub use mix::{cutmix, mixup, one_hot, Mixed};
 #[cfg(feature = "cuda")]
 pub use pinned::bench_h2d;
 pub use pinned::{H2dBench, H2dRecord, Pinning, TorchH2d};
 pub use preprocess::{preprocess, PreprocessReport};
 pub use report::{contact_sheet, decoder_table, loader_bench_table};
+pub use segmentation::{SegmentationDataset, SegmentationFolder, SegmentationItem};
 pub use split::{group_split, stratified_group_kfold, stratified_split, Split};
-pub use synth::{LeafDiseaseSynth, PhotoPlan, SizeShare, Symptom, CLASSES};
+pub use synth::{LeafDiseaseSynth, LesionShare, PhotoPlan, SizeShare, Symptom, CLASSES, MASK_CLASSES};
 pub use transform::{to_image, ColorJitter, Normalize, Transform, Transforms};
 
 use std::path::PathBuf;
@@ -56,6 +60,8 @@ pub enum DataError {
     Empty { root: PathBuf },
     #[error("class folder {dir} has no image (.jpg, .jpeg or .png): add its photos or remove it, or open the folder with OnError::Skip to leave it out")]
     EmptyClass { dir: PathBuf },
+    #[error("mask {mask} of image {image}: {message}")]
+    Mask { image: PathBuf, mask: PathBuf, message: String },
     #[error("manifest {path}, line {line}: {message}")]
     Manifest { path: PathBuf, line: usize, message: String },
     #[error("{what}: {message}")]

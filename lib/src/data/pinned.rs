@@ -305,7 +305,7 @@ mod tests {
 
         fn load(&self, index: usize, _rng: &mut Rng, _gauge: &MemoryGauge) -> Result<Example, DataError> {
             let pixels = (0..12).map(|i| (index * 12 + i) as f32).collect();
-            Ok(Example { pixels, shape: [3, 2, 2], label: self.label(index), timing: LoadTiming::default() })
+            Ok(Example { pixels, shape: [3, 2, 2], label: self.label(index), mask: None, timing: LoadTiming::default() })
         }
     }
 

@@ -2,7 +2,8 @@
 //! layout. Twelve classes (healthy and eleven diseases, each with its own
 //! lesion colour, shape, size and texture), imbalanced, several photos per
 //! plant, mixed resolutions, lighting, in-plane angle, EXIF orientation and
-//! JPEG quality.
+//! JPEG quality. It knows where it drew each lesion: [`LeafDiseaseSynth::mask`]
+//! gives a photo's lesion mask for segmentation.
 
 use std::f32::consts::PI;
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use rayon::prelude::*;
 
 use super::decode::RgbImage;
 use super::manifest::{Manifest, ManifestEntry};
+use super::mask::Mask;
 use super::{rng_for, DataError, Rng};
 use crate::render::Progress;
 
@@ -31,6 +33,18 @@ pub const CLASSES: [&str; 12] = [
     "target_spot",
     "yellow_curl",
 ];
+
+/// The classes of a lesion mask: a pixel value is its index here. Healthy
+/// leaf and background are both "not lesion".
+pub const MASK_CLASSES: [&str; 2] = ["not_lesion", "lesion"];
+
+/// A point is lesion where some spot's relative distance is below this: the
+/// lesion itself. What a class draws beyond it (a yellow halo, a water-soaked
+/// rim, the fading edge of mould or mildew) is leaf tissue around the lesion.
+const LESION_EDGE: f32 = 1.0;
+
+/// The mask value of a lesion pixel, its index in [`MASK_CLASSES`].
+const LESION: u8 = 1;
 
 /// What a class does to the leaf, for reports that group the classes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
@@ -107,6 +121,29 @@ pub struct PhotoPlan {
 impl PhotoPlan {
     pub fn relative_path(&self) -> PathBuf {
         PathBuf::from(CLASSES[self.class]).join(format!("p{:05}_{}.jpg", self.plant, self.photo))
+    }
+
+    /// The mask's path under the masks folder: the photo's, with the extension `.png`.
+    pub fn mask_path(&self) -> PathBuf {
+        self.relative_path().with_extension("png")
+    }
+
+    /// The size the file stores: turned when the orientation is 5 to 8 (the decoder shows width x height).
+    fn stored_size(&self) -> (u32, u32) {
+        if matches!(self.orientation, 5..=8) {
+            (self.height, self.width)
+        } else {
+            (self.width, self.height)
+        }
+    }
+
+    /// The canvas the shapes are drawn on before enlarging: up to 960 pixels a side.
+    fn canvas_size(&self) -> (u32, u32) {
+        let limit = 960.0;
+        let scale = (limit / self.width.max(self.height) as f32).min(1.0);
+        let cw = ((self.width as f32 * scale).round() as u32).max(16);
+        let ch = ((self.height as f32 * scale).round() as u32).max(16);
+        (cw, ch)
     }
 }
 
@@ -246,7 +283,7 @@ impl LeafDiseaseSynth {
                 if let Ok(mut p) = progress.lock() {
                     p.inc(1);
                 }
-                let (width, height) = if matches!(plan.orientation, 5..=8) { (plan.height, plan.width) } else { (plan.width, plan.height) };
+                let (width, height) = plan.stored_size();
                 Ok(ManifestEntry {
                     path: plan.relative_path(),
                     class: CLASSES[plan.class].to_owned(),
@@ -265,6 +302,92 @@ impl LeafDiseaseSynth {
         let manifest = Manifest { entries: entries? };
         manifest.write(out)?;
         Ok(manifest)
+    }
+
+    /// Writes every photo's lesion mask under `masks_out/class/` (the photo's
+    /// relative path with the extension `.png`; see [`Mask`]), with a
+    /// progress bar, and says how much of the photos is lesion. Only the
+    /// geometry is drawn again: the photos need not exist, nor be rewritten.
+    pub fn generate_masks(&self, masks_out: &Path) -> Result<LesionShare, DataError> {
+        let plans = self.plan()?;
+        for class in CLASSES {
+            let dir = masks_out.join(class);
+            std::fs::create_dir_all(&dir).map_err(DataError::io("creating", dir))?;
+        }
+        self.measure_masks(&plans, Some(masks_out))
+    }
+
+    /// How much of the photos is lesion, from their masks, writing nothing.
+    pub fn lesion_share(&self) -> Result<LesionShare, DataError> {
+        self.measure_masks(&self.plan()?, None)
+    }
+
+    fn measure_masks(&self, plans: &[PhotoPlan], write_to: Option<&Path>) -> Result<LesionShare, DataError> {
+        let progress = Mutex::new(Progress::new("masks", plans.len() as u64));
+        let counted: Result<Vec<(usize, u64, u64)>, DataError> = plans
+            .par_iter()
+            .map(|plan| {
+                let mask = self.mask(plan)?;
+                if let Some(root) = write_to {
+                    mask.write_png(&root.join(plan.mask_path()))?;
+                }
+                if let Ok(mut p) = progress.lock() {
+                    p.inc(1);
+                }
+                Ok((plan.class, mask.classes().len() as u64, mask.count(LESION)))
+            })
+            .collect();
+        if let Ok(mut p) = progress.lock() {
+            p.finish();
+        }
+        let mut share = LesionShare {
+            photos: vec![0; CLASSES.len()],
+            pixels: vec![0; CLASSES.len()],
+            lesion_pixels: vec![0; CLASSES.len()],
+            photo_shares: vec![0.0; CLASSES.len()],
+            empty_masks: vec![0; CLASSES.len()],
+        };
+        for (class, pixels, lesion) in counted? {
+            share.photos[class] += 1;
+            share.pixels[class] += pixels;
+            share.lesion_pixels[class] += lesion;
+            share.photo_shares[class] += lesion as f64 / pixels as f64;
+            share.empty_masks[class] += usize::from(lesion == 0);
+        }
+        Ok(share)
+    }
+
+    /// Checks that the photos described by `manifest` (read from `root`) are
+    /// the ones these settings write, so that masks made from the settings fit them.
+    pub fn check_manifest(&self, manifest: &Manifest, root: &Path) -> Result<(), DataError> {
+        let plans = self.plan()?;
+        let path = root.join(super::manifest::MANIFEST_FILE);
+        let mismatch = |line: usize, message: String| DataError::Manifest {
+            path: path.clone(),
+            line,
+            message: format!("{message}: these photos were written with other settings (images, seed, sizes) than the masks'"),
+        };
+        if manifest.entries.len() != plans.len() {
+            return Err(mismatch(1, format!("{} photos listed, the settings make {}", manifest.entries.len(), plans.len())));
+        }
+        for (i, (entry, plan)) in manifest.entries.iter().zip(&plans).enumerate() {
+            let (width, height) = plan.stored_size();
+            if entry.path != plan.relative_path() || (entry.width, entry.height, entry.orientation) != (width, height, plan.orientation) {
+                return Err(mismatch(
+                    i + 2,
+                    format!(
+                        "{} is stored {}x{} with orientation {}, the settings make {} stored {width}x{height} with orientation {}",
+                        entry.path.display(),
+                        entry.width,
+                        entry.height,
+                        entry.orientation,
+                        plan.relative_path().display(),
+                        plan.orientation
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The JPEG file of one photo: pixels stored turned so that its EXIF orientation shows them upright.
@@ -295,11 +418,8 @@ impl LeafDiseaseSynth {
         let plant = Plant::new(self.seed, plan.plant, plan.class);
         let mut rng = rng_for(self.seed, 3, plan.index as u64);
         let scene = Scene::new(&mut rng);
-        // Shapes are drawn at up to 960 pixels, then enlarged; sensor noise is added at full size.
-        let limit = 960.0;
-        let scale = (limit / plan.width.max(plan.height) as f32).min(1.0);
-        let cw = ((plan.width as f32 * scale).round() as u32).max(16);
-        let ch = ((plan.height as f32 * scale).round() as u32).max(16);
+        // Shapes are drawn on the canvas, then enlarged; sensor noise is added at full size.
+        let (cw, ch) = plan.canvas_size();
         let canvas = draw(&plant, &scene, cw, ch)?;
         let mut image = canvas.resize(plan.width, plan.height)?;
         let noise_seed = rng.random::<u32>();
@@ -311,6 +431,72 @@ impl LeafDiseaseSynth {
             }
         }
         Ok(image)
+    }
+
+    /// The upright photo's lesion mask, the size of [`LeafDiseaseSynth::render`]'s
+    /// image (and of the decoded JPEG, after its EXIF orientation): 1 where a
+    /// lesion is drawn on the leaf (the small blemish some healthy leaves
+    /// carry included), 0 on healthy leaf and background. A pixel
+    /// is classed by the leaf point at its centre, where the enlargement of
+    /// the canvas samples; on the canvas itself that is the point the drawing colours.
+    pub fn mask(&self, plan: &PhotoPlan) -> Result<Mask, DataError> {
+        let plant = Plant::new(self.seed, plan.plant, plan.class);
+        let scene = Scene::new(&mut rng_for(self.seed, 3, plan.index as u64));
+        let (cw, ch) = plan.canvas_size();
+        let framing = Framing::new(&scene, cw, ch);
+        let (sx, sy) = (cw as f32 / plan.width as f32, ch as f32 / plan.height as f32);
+        let mut mask = Mask::filled(plan.width, plan.height, 0)?;
+        for spot in &plant.spots {
+            // Only the pixels near the spot can be inside it.
+            let (cx, cy) = framing.canvas_point(spot.u, spot.v);
+            let reach = spot.r * 1.8 * framing.half_length + 1.0;
+            let span = |centre: f32, scale: f32, size: u32| {
+                let first = ((centre - reach) / scale - 0.5).floor().max(0.0) as u32;
+                let last = (((centre + reach) / scale - 0.5).ceil().max(0.0) as u32).min(size - 1);
+                first..=last
+            };
+            for y in span(cy, sy, plan.height) {
+                for x in span(cx, sx, plan.width) {
+                    let (u, v) = framing.leaf_point((x as f32 + 0.5) * sx, (y as f32 + 0.5) * sy);
+                    if plant.covers(u, v).is_some() && spot.distance(u, v).is_some_and(|t| t < LESION_EDGE) {
+                        mask.set(x, y, LESION);
+                    }
+                }
+            }
+        }
+        Ok(mask)
+    }
+}
+
+/// How much of a set's photos is lesion, per class of [`CLASSES`] (indexed as it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct LesionShare {
+    pub photos: Vec<usize>,
+    /// Mask pixels, all classes.
+    pub pixels: Vec<u64>,
+    pub lesion_pixels: Vec<u64>,
+    /// Sum of each photo's lesion share.
+    pub photo_shares: Vec<f64>,
+    /// Photos without a lesion pixel.
+    pub empty_masks: Vec<usize>,
+}
+
+impl LesionShare {
+    /// Lesion pixels over all pixels: predicting "not lesion" everywhere
+    /// scores 1 minus this in pixel accuracy (and 0 lesion IoU).
+    pub fn share(&self) -> f64 {
+        self.lesion_pixels.iter().sum::<u64>() as f64 / self.pixels.iter().sum::<u64>().max(1) as f64
+    }
+
+    /// The mean of each photo's lesion share: the share a batch shows when
+    /// every photo is resized to one size, whatever its resolution.
+    pub fn mean_photo_share(&self) -> f64 {
+        self.photo_shares.iter().sum::<f64>() / self.photos.iter().sum::<usize>().max(1) as f64
+    }
+
+    /// Lesion pixels over all pixels of the photos of class `class`.
+    pub fn class_share(&self, class: usize) -> f64 {
+        self.lesion_pixels[class] as f64 / self.pixels[class].max(1) as f64
     }
 }
 
@@ -359,6 +545,22 @@ struct Spot {
     seed: u32,
 }
 
+impl Spot {
+    /// The relative distance t of (u, v) from the centre (1 at the wobbly
+    /// edge); `None` beyond anything the spot draws.
+    fn distance(&self, u: f32, v: f32) -> Option<f32> {
+        let (du, dv) = (u - self.u, v - self.v);
+        let d2 = du * du + dv * dv;
+        let reach = self.r * 1.8;
+        if d2 > reach * reach {
+            return None;
+        }
+        let d = d2.sqrt();
+        let wobble = 1.0 + 0.25 * (value_noise(du / self.r * 2.0, dv / self.r * 2.0, self.seed) - 0.5);
+        Some(d / (self.r * wobble))
+    }
+}
+
 /// What stays the same in every photo of one plant.
 struct Plant {
     class: usize,
@@ -396,6 +598,12 @@ impl Plant {
             })
             .collect();
         Plant { class, leaf, width, spots, seed: texture_seed }
+    }
+
+    /// The leaf's half-width at (u, v) when the point is on the leaf.
+    fn covers(&self, u: f32, v: f32) -> Option<f32> {
+        let edge = self.width * (1.0 - u * u).max(0.0).powf(0.7) * (1.0 + 0.06 * (u * 9.0 + self.seed as f32).sin());
+        (u.abs() < 1.0 && v.abs() < edge).then_some(edge)
     }
 }
 
@@ -437,6 +645,36 @@ impl Scene {
     }
 }
 
+/// Where a scene puts the leaf on a canvas: canvas points to leaf coordinates and back.
+struct Framing {
+    half_length: f32,
+    sin: f32,
+    cos: f32,
+    cx: f32,
+    cy: f32,
+}
+
+impl Framing {
+    fn new(scene: &Scene, w: u32, h: u32) -> Framing {
+        let (wf, hf) = (w as f32, h as f32);
+        let (sin, cos) = scene.angle.sin_cos();
+        Framing { half_length: 0.5 * scene.length * wf.min(hf), sin, cos, cx: scene.cx * wf, cy: scene.cy * hf }
+    }
+
+    /// Leaf coordinates of the canvas point (px, py), pixel x's centre being x + 0.5.
+    fn leaf_point(&self, px: f32, py: f32) -> (f32, f32) {
+        let (dx, dy) = (px - self.cx, py - self.cy);
+        let u = (dx * self.cos + dy * self.sin) / self.half_length;
+        let v = (-dx * self.sin + dy * self.cos) / self.half_length;
+        (u, v)
+    }
+
+    /// The canvas point of leaf coordinates (u, v).
+    fn canvas_point(&self, u: f32, v: f32) -> (f32, f32) {
+        (self.cx + self.half_length * (u * self.cos - v * self.sin), self.cy + self.half_length * (u * self.sin + v * self.cos))
+    }
+}
+
 fn mix(a: [f32; 3], b: [f32; 3], t: f32) -> [f32; 3] {
     let t = t.clamp(0.0, 1.0);
     [0, 1, 2].map(|c| a[c] * (1.0 - t) + b[c] * t)
@@ -444,20 +682,15 @@ fn mix(a: [f32; 3], b: [f32; 3], t: f32) -> [f32; 3] {
 
 fn draw(plant: &Plant, scene: &Scene, w: u32, h: u32) -> Result<RgbImage, DataError> {
     let (wf, hf) = (w as f32, h as f32);
-    let half_length = 0.5 * scene.length * wf.min(hf);
-    let (sin, cos) = scene.angle.sin_cos();
-    let (cx, cy) = (scene.cx * wf, scene.cy * hf);
+    let framing = Framing::new(scene, w, h);
     let mut pixels = Vec::with_capacity(w as usize * h as usize * 3);
     for y in 0..h {
         for x in 0..w {
             let (px, py) = (x as f32 + 0.5, y as f32 + 0.5);
             let noise = value_noise(px / wf * 6.0, py / hf * 6.0, scene.seed);
             let mut rgb = scene.background.map(|c| c * (0.8 + 0.35 * noise));
-            let (dx, dy) = (px - cx, py - cy);
-            let u = (dx * cos + dy * sin) / half_length;
-            let v = (-dx * sin + dy * cos) / half_length;
-            let edge = plant.width * (1.0 - u * u).max(0.0).powf(0.7) * (1.0 + 0.06 * (u * 9.0 + plant.seed as f32).sin());
-            if u.abs() < 1.0 && v.abs() < edge {
+            let (u, v) = framing.leaf_point(px, py);
+            if let Some(edge) = plant.covers(u, v) {
                 rgb = leaf_colour(plant, u, v / edge, v);
             } else if u.abs() < 1.12 && u < 0.0 && v.abs() < 0.012 {
                 rgb = mix(plant.leaf, [120.0, 140.0, 60.0], 0.5);
@@ -506,16 +739,9 @@ fn leaf_colour(plant: &Plant, u: f32, across: f32, v: f32) -> [f32; 3] {
         _ => {}
     }
     for spot in &plant.spots {
-        let (du, dv) = (u - spot.u, v - spot.v);
-        let d2 = du * du + dv * dv;
-        let reach = spot.r * 1.8;
-        if d2 > reach * reach {
-            continue;
+        if let Some(t) = spot.distance(u, v) {
+            rgb = lesion(class, rgb, t, spot, texture);
         }
-        let d = d2.sqrt();
-        let wobble = 1.0 + 0.25 * (value_noise(du / spot.r * 2.0, dv / spot.r * 2.0, spot.seed) - 0.5);
-        let t = d / (spot.r * wobble);
-        rgb = lesion(class, rgb, t, spot, texture);
     }
     rgb
 }

@@ -1,8 +1,10 @@
 //! Per-sample transforms on the CPU (geometry and colour), then to a normalised CHW tensor slice.
+//! A segmentation mask goes through the same geometry, sampled without mixing classes.
 
 use rand::Rng as _;
 
 use super::decode::RgbImage;
+use super::mask::Mask;
 use super::{DataError, Rng};
 
 /// Channel mean and standard deviation, applied after scaling pixels to 0-1.
@@ -57,8 +59,8 @@ pub enum Transform {
     VerticalFlip {
         p: f64,
     },
-    /// A rotation by an angle drawn in [-max_degrees, max_degrees]; corners filled black.
-    /// Keep it small: large turns move lesions off the leaf.
+    /// A rotation by an angle drawn in [-max_degrees, max_degrees]; corners filled black
+    /// (class 0 in a mask). Keep it small: large turns move lesions off the leaf.
     Rotation {
         max_degrees: f32,
     },
@@ -81,37 +83,92 @@ impl Transform {
     }
 
     pub fn apply(&self, image: RgbImage, rng: &mut Rng) -> Result<RgbImage, DataError> {
+        self.draw(image.width(), image.height(), rng).image(image)
+    }
+
+    /// The random choices of this step for a `width` x `height` input.
+    fn draw(&self, width: u32, height: u32, rng: &mut Rng) -> Drawn {
         match *self {
-            Transform::Resize { width, height } => image.resize(width, height),
-            Transform::ResizeShortSide { size } => image.resize_short_side(size),
+            Transform::Resize { width, height } => Drawn::Resize { width, height },
+            Transform::ResizeShortSide { size } => Drawn::ShortSide { size },
             Transform::RandomResizedCrop { size, scale, ratio } => {
-                let region = random_region(image.width(), image.height(), scale, ratio, rng);
-                image.resize_region(region, size, size)
+                Drawn::Region { crop: random_region(width, height, scale, ratio, rng), width: size, height: size }
             }
             Transform::CenterCrop { size } => {
-                let (w, h) = (image.width() as f64, image.height() as f64);
+                let (w, h) = (width as f64, height as f64);
                 let side = (size as f64).min(w).min(h);
-                image.resize_region(((w - side) / 2.0, (h - side) / 2.0, side, side), size, size)
+                Drawn::Region { crop: ((w - side) / 2.0, (h - side) / 2.0, side, side), width: size, height: size }
             }
             Transform::HorizontalFlip { p } => {
-                let mut image = image;
                 if rng.random::<f64>() < p {
-                    image.flip_horizontal();
+                    Drawn::FlipHorizontal
+                } else {
+                    Drawn::Keep
                 }
-                Ok(image)
             }
             Transform::VerticalFlip { p } => {
-                let mut image = image;
                 if rng.random::<f64>() < p {
-                    image.flip_vertical();
+                    Drawn::FlipVertical
+                } else {
+                    Drawn::Keep
                 }
+            }
+            Transform::Rotation { max_degrees } => Drawn::Rotate { degrees: rng.random_range(-max_degrees.abs()..=max_degrees.abs()) },
+            Transform::ColorJitter(jitter) => Drawn::Jitter(jitter.draw(rng)),
+        }
+    }
+}
+
+/// One step with its random choices made, so that an image and its mask get the same geometry.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Drawn {
+    Resize { width: u32, height: u32 },
+    ShortSide { size: u32 },
+    Region { crop: (f64, f64, f64, f64), width: u32, height: u32 },
+    FlipHorizontal,
+    FlipVertical,
+    Keep,
+    Rotate { degrees: f32 },
+    Jitter(JitterFactors),
+}
+
+impl Drawn {
+    fn image(self, mut image: RgbImage) -> Result<RgbImage, DataError> {
+        match self {
+            Drawn::Resize { width, height } => image.resize(width, height),
+            Drawn::ShortSide { size } => image.resize_short_side(size),
+            Drawn::Region { crop, width, height } => image.resize_region(crop, width, height),
+            Drawn::FlipHorizontal => {
+                image.flip_horizontal();
                 Ok(image)
             }
-            Transform::Rotation { max_degrees } => {
-                let degrees = rng.random_range(-max_degrees.abs()..=max_degrees.abs());
-                Ok(rotate(&image, degrees))
+            Drawn::FlipVertical => {
+                image.flip_vertical();
+                Ok(image)
             }
-            Transform::ColorJitter(jitter) => Ok(color_jitter(image, &jitter, rng)),
+            Drawn::Keep => Ok(image),
+            Drawn::Rotate { degrees } => Ok(rotate(&image, degrees)),
+            Drawn::Jitter(factors) => Ok(color_jitter(image, &factors)),
+        }
+    }
+
+    /// Class indices are never blended: every resampling takes the nearest
+    /// pixel, and colour steps leave the mask alone.
+    fn mask(self, mut mask: Mask) -> Result<Mask, DataError> {
+        match self {
+            Drawn::Resize { width, height } => mask.resize(width, height),
+            Drawn::ShortSide { size } => mask.resize_short_side(size),
+            Drawn::Region { crop, width, height } => mask.resize_region(crop, width, height),
+            Drawn::FlipHorizontal => {
+                mask.flip_horizontal();
+                Ok(mask)
+            }
+            Drawn::FlipVertical => {
+                mask.flip_vertical();
+                Ok(mask)
+            }
+            Drawn::Keep | Drawn::Jitter(_) => Ok(mask),
+            Drawn::Rotate { degrees } => rotate_mask(&mask, degrees),
         }
     }
 }
@@ -170,6 +227,25 @@ impl Transforms {
             image = step.apply(image, rng)?;
         }
         Ok(image)
+    }
+
+    /// The pipeline on an image and its mask: each step's random draws are
+    /// made once and applied to both (the image is what [`Transforms::apply`]
+    /// gives with the same `rng`); the mask is resampled to the nearest pixel
+    /// and skips the colour steps.
+    pub fn apply_with_mask(&self, mut image: RgbImage, mut mask: Mask, rng: &mut Rng) -> Result<(RgbImage, Mask), DataError> {
+        if (image.width(), image.height()) != (mask.width(), mask.height()) {
+            return Err(DataError::invalid(
+                "Transforms::apply_with_mask",
+                format!("the mask is {}x{} but its image {}x{}", mask.width(), mask.height(), image.width(), image.height()),
+            ));
+        }
+        for step in &self.steps {
+            let drawn = step.draw(image.width(), image.height(), rng);
+            image = drawn.image(image)?;
+            mask = drawn.mask(mask)?;
+        }
+        Ok((image, mask))
     }
 
     /// Writes `image` as normalised CHW f32 into `out` (3 x height x width values).
@@ -240,21 +316,44 @@ fn random_region(width: u32, height: u32, scale: (f64, f64), ratio: (f64, f64), 
     ((w - cw) / 2.0, (h - ch) / 2.0, cw, ch)
 }
 
+/// Where the pixels of a turn by `degrees` about the centre read from.
+struct Turn {
+    w: usize,
+    h: usize,
+    sin: f64,
+    cos: f64,
+    cx: f64,
+    cy: f64,
+}
+
+impl Turn {
+    fn new(width: u32, height: u32, degrees: f32) -> Turn {
+        let (w, h) = (width as usize, height as usize);
+        let (sin, cos) = (degrees.to_radians() as f64).sin_cos();
+        Turn { w, h, sin, cos, cx: (w as f64 - 1.0) / 2.0, cy: (h as f64 - 1.0) / 2.0 }
+    }
+
+    /// The source point of output pixel (x, y); `None` where the turned image does not cover it.
+    fn source(&self, x: usize, y: usize) -> Option<(f64, f64)> {
+        let (dx, dy) = (x as f64 - self.cx, y as f64 - self.cy);
+        let sx = self.cos * dx + self.sin * dy + self.cx;
+        let sy = -self.sin * dx + self.cos * dy + self.cy;
+        if sx < 0.0 || sy < 0.0 || sx > (self.w - 1) as f64 || sy > (self.h - 1) as f64 {
+            return None;
+        }
+        Some((sx, sy))
+    }
+}
+
 /// Bilinear rotation about the centre, same size, uncovered corners black.
 fn rotate(image: &RgbImage, degrees: f32) -> RgbImage {
-    let (w, h) = (image.width() as usize, image.height() as usize);
-    let (sin, cos) = (degrees.to_radians() as f64).sin_cos();
-    let (cx, cy) = ((w as f64 - 1.0) / 2.0, (h as f64 - 1.0) / 2.0);
+    let turn = Turn::new(image.width(), image.height(), degrees);
+    let (w, h) = (turn.w, turn.h);
     let src = image.pixels();
     let mut out = vec![0u8; w * h * 3];
     for y in 0..h {
         for x in 0..w {
-            let (dx, dy) = (x as f64 - cx, y as f64 - cy);
-            let sx = cos * dx + sin * dy + cx;
-            let sy = -sin * dx + cos * dy + cy;
-            if sx < 0.0 || sy < 0.0 || sx > (w - 1) as f64 || sy > (h - 1) as f64 {
-                continue;
-            }
+            let Some((sx, sy)) = turn.source(x, y) else { continue };
             let (x0, y0) = (sx.floor() as usize, sy.floor() as usize);
             let (x1, y1) = ((x0 + 1).min(w - 1), (y0 + 1).min(h - 1));
             let (fx, fy) = (sx - x0 as f64, sy - y0 as f64);
@@ -269,6 +368,22 @@ fn rotate(image: &RgbImage, degrees: f32) -> RgbImage {
     RgbImage::new(image.width(), image.height(), out).unwrap_or_else(|_| image.clone())
 }
 
+/// The mask turned as [`rotate`] turns its image, each pixel taking the
+/// class nearest its source point; uncovered corners are class 0.
+fn rotate_mask(mask: &Mask, degrees: f32) -> Result<Mask, DataError> {
+    let turn = Turn::new(mask.width(), mask.height(), degrees);
+    let src = mask.classes();
+    let mut out = vec![0u8; turn.w * turn.h];
+    for y in 0..turn.h {
+        for x in 0..turn.w {
+            if let Some((sx, sy)) = turn.source(x, y) {
+                out[y * turn.w + x] = src[sy.round() as usize * turn.w + sx.round() as usize];
+            }
+        }
+    }
+    Mask::new(mask.width(), mask.height(), out)
+}
+
 fn factor(amount: f32, rng: &mut Rng) -> f32 {
     if amount <= 0.0 {
         1.0
@@ -277,11 +392,28 @@ fn factor(amount: f32, rng: &mut Rng) -> f32 {
     }
 }
 
-fn color_jitter(mut image: RgbImage, jitter: &ColorJitter, rng: &mut Rng) -> RgbImage {
-    let brightness = factor(jitter.brightness, rng);
-    let contrast = factor(jitter.contrast, rng);
-    let saturation = factor(jitter.saturation, rng);
-    let hue = if jitter.hue > 0.0 { rng.random_range(-jitter.hue.min(0.5)..=jitter.hue.min(0.5)) } else { 0.0 };
+/// The factors of one [`ColorJitter`] draw.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct JitterFactors {
+    brightness: f32,
+    contrast: f32,
+    saturation: f32,
+    hue: f32,
+}
+
+impl ColorJitter {
+    fn draw(&self, rng: &mut Rng) -> JitterFactors {
+        JitterFactors {
+            brightness: factor(self.brightness, rng),
+            contrast: factor(self.contrast, rng),
+            saturation: factor(self.saturation, rng),
+            hue: if self.hue > 0.0 { rng.random_range(-self.hue.min(0.5)..=self.hue.min(0.5)) } else { 0.0 },
+        }
+    }
+}
+
+fn color_jitter(mut image: RgbImage, factors: &JitterFactors) -> RgbImage {
+    let JitterFactors { brightness, contrast, saturation, hue } = *factors;
     let grey = |p: [f32; 3]| 0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2];
     let mean_grey = {
         let m = image.mean_rgb();
@@ -394,7 +526,7 @@ mod tests {
         let jitter = ColorJitter { brightness: 0.5, ..Default::default() };
         let mut seen = Vec::new();
         for i in 0..50 {
-            let out = color_jitter(image.clone(), &jitter, &mut rng_for(4, 0, i));
+            let out = Transform::ColorJitter(jitter).apply(image.clone(), &mut rng_for(4, 0, i)).unwrap();
             let g = out.pixel(0, 0)[1] as f32;
             assert!((74.0..=226.0).contains(&g), "{g}");
             seen.push(g as u32);
@@ -418,6 +550,110 @@ mod tests {
         assert!(Transforms::resize(2).to_tensor_into(&image, &mut [0.0; 5]).is_err());
         let tensor = candle_core::Tensor::from_vec(out, (3, 1, 2), &candle_core::Device::Cpu).unwrap();
         assert_eq!(to_image(&tensor, &Normalize::IMAGENET).unwrap(), image);
+    }
+
+    /// Black and white blocks of uneven sizes (no symmetry a wrong flip could
+    /// hide); the mask is 1 where the image is white.
+    fn painted(w: u32, h: u32) -> (RgbImage, Mask) {
+        let class = |x: u32, y: u32| (x / 5 * 7 + y / 7 * 3 + (x / 5) * (y / 7)).is_multiple_of(3) as u8;
+        let classes: Vec<u8> = (0..h).flat_map(|y| (0..w).map(move |x| class(x, y))).collect();
+        let pixels = classes.iter().flat_map(|&c| [c * 255; 3]).collect();
+        (RgbImage::new(w, h, pixels).unwrap(), Mask::new(w, h, classes).unwrap())
+    }
+
+    /// Pixels where image and mask agree (white is class 1), and where a
+    /// pure-coloured pixel (every source pixel it reads of one colour) disagrees.
+    fn agreement(image: &RgbImage, mask: &Mask) -> (f64, usize) {
+        let (mut agree, mut pure_wrong) = (0, 0);
+        for y in 0..image.height() {
+            for x in 0..image.width() {
+                let grey = image.pixel(x, y)[0];
+                let class = mask.get(x, y);
+                agree += usize::from((grey > 127) == (class == 1));
+                pure_wrong += usize::from((grey >= 250 && class != 1) || (grey <= 5 && class != 0));
+            }
+        }
+        (agree as f64 / (image.width() * image.height()) as f64, pure_wrong)
+    }
+
+    #[test]
+    fn a_mask_follows_its_image_through_every_transform() {
+        let (image, mask) = painted(64, 48);
+        let crop = Transform::RandomResizedCrop { size: 40, scale: (0.1, 1.0), ratio: (0.75, 4.0 / 3.0) };
+        let mut pipelines: Vec<Transforms> = [
+            crop.clone(),
+            Transform::RandomResizedCrop { size: 32, scale: (0.5, 1.0), ratio: (0.75, 4.0 / 3.0) },
+            Transform::CenterCrop { size: 30 },
+            Transform::Resize { width: 90, height: 50 },
+            Transform::Resize { width: 32, height: 30 },
+            Transform::ResizeShortSide { size: 33 },
+            Transform::HorizontalFlip { p: 0.5 },
+            Transform::VerticalFlip { p: 0.5 },
+            Transform::Rotation { max_degrees: 40.0 },
+        ]
+        .into_iter()
+        .map(|t| Transforms::new(vec![t]))
+        .collect();
+        pipelines.push(Transforms::new(vec![
+            crop,
+            Transform::HorizontalFlip { p: 0.5 },
+            Transform::VerticalFlip { p: 0.5 },
+            Transform::Rotation { max_degrees: 25.0 },
+        ]));
+        pipelines.push(Transforms::eval(28));
+        let mut report = Vec::new();
+        let mut aligned = true;
+        for pipeline in pipelines {
+            let (mut worst, mut pure_wrong) = (1.0f64, 0);
+            for seed in 0..30 {
+                let (out, out_mask) = pipeline.apply_with_mask(image.clone(), mask.clone(), &mut rng_for(7, 1, seed)).unwrap();
+                let alone = pipeline.apply(image.clone(), &mut rng_for(7, 1, seed)).unwrap();
+                assert_eq!(out, alone, "{:?}: the image is what it is without a mask", pipeline.steps);
+                assert_eq!((out_mask.width(), out_mask.height()), (out.width(), out.height()));
+                let (agree, wrong) = agreement(&out, &out_mask);
+                worst = worst.min(agree);
+                pure_wrong += wrong;
+            }
+            // Half-pixel crops and downscaling blend black and white at block edges, which the nearest pixel cannot.
+            aligned &= worst >= 0.9 && pure_wrong == 0;
+            report.push(format!("{:?}: at worst {worst:.3} of the pixels agree, {pure_wrong} pure pixels disagree", pipeline.steps));
+        }
+        assert!(aligned, "{}", report.join("\n"));
+    }
+
+    #[test]
+    fn mask_classes_are_never_blended_and_colour_steps_leave_the_mask_alone() {
+        let classes: Vec<u8> = (0..48 * 40).map(|i| [0, 4, 9][(i * 7 + i / 48) % 3]).collect();
+        let mask = Mask::new(48, 40, classes).unwrap();
+        let image = RgbImage::filled(48, 40, [90, 160, 60]).unwrap();
+        for seed in 0..20 {
+            let (out, out_mask) = Transforms::train(24).apply_with_mask(image.clone(), mask.clone(), &mut rng_for(8, 0, seed)).unwrap();
+            assert_eq!((out.width(), out.height(), out_mask.width(), out_mask.height()), (24, 24, 24, 24));
+            assert!(out_mask.classes().iter().all(|c| [0, 4, 9].contains(c)), "{:?}", out_mask.classes());
+        }
+        let jitter =
+            Transforms::new(vec![Transform::ColorJitter(ColorJitter { brightness: 0.5, contrast: 0.5, saturation: 0.5, hue: 0.1 })]);
+        let (out, out_mask) = jitter.apply_with_mask(image.clone(), mask.clone(), &mut rng_for(8, 1, 0)).unwrap();
+        assert_ne!(out, image);
+        assert_eq!(out_mask, mask);
+        let err = jitter.apply_with_mask(image, Mask::filled(40, 48, 0).unwrap(), &mut rng_for(8, 1, 0)).unwrap_err().to_string();
+        assert!(err.contains("40x48") && err.contains("48x40"), "{err}");
+    }
+
+    #[test]
+    fn rotation_corners_are_class_0_exactly_where_the_image_is_black() {
+        let image = RgbImage::filled(31, 20, [255, 255, 255]).unwrap();
+        let mask = Mask::filled(31, 20, 1).unwrap();
+        let turn = Transforms::new(vec![Transform::Rotation { max_degrees: 30.0 }]);
+        for seed in 0..5 {
+            let (out, out_mask) = turn.apply_with_mask(image.clone(), mask.clone(), &mut rng_for(9, 0, seed)).unwrap();
+            assert!(out_mask.count(0) > 0, "a turn uncovers corners");
+            for y in 0..20 {
+                for x in 0..31 {
+                    assert_eq!(out_mask.get(x, y) == 0, out.pixel(x, y) == [0, 0, 0], "({x}, {y})");
+                }
+            }
+        }
     }
 
     #[test]

@@ -45,6 +45,7 @@ fn dct_scaling_picks_the_smallest_scale_that_keeps_the_short_side() {
     let d = decode(&bytes, Decoder::TurboJpeg, Some(40));
     assert_eq!((d.image.width(), d.image.height(), d.dct_eighths), (64, 48, 2));
     assert_eq!(d.stored_size, (256, 192));
+    assert_eq!(d.upright_size, (256, 192));
     assert!(close(d.image.pixel(5, 20), RED, 10));
     let d = decode(&bytes, Decoder::TurboJpeg, Some(100));
     assert_eq!((d.image.width(), d.image.height(), d.dct_eighths), (160, 120, 5), "5/8 covers 100, 4/8 gives 96");
@@ -125,9 +126,13 @@ fn exif_orientation_turns_the_stored_pixels_upright() {
         let d = decode(&bytes, decoder, None);
         assert_eq!((d.image.width(), d.image.height()), (32, 16), "{decoder:?}");
         assert_eq!(d.stored_size, (16, 32));
+        assert_eq!(d.upright_size, (32, 16), "{decoder:?}");
         assert!(close(d.image.pixel(3, 8), RED, 10), "{decoder:?} {:?}", d.image.pixel(3, 8));
         assert!(close(d.image.pixel(28, 8), BLUE, 10));
     }
+    let scaled = decode(&bytes, Decoder::TurboJpeg, Some(8));
+    assert_eq!((scaled.image.width(), scaled.image.height(), scaled.dct_eighths), (16, 8, 4));
+    assert_eq!(scaled.upright_size, (32, 16), "the full upright size, whatever the DCT scale");
 }
 
 #[test]

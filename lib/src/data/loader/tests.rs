@@ -4,16 +4,18 @@ use rand::Rng as _;
 
 use super::*;
 
-/// Samples whose pixels are their index plus one random draw; `fail` never loads.
+/// Samples whose pixels are their index plus one random draw; `fail` never
+/// loads; samples from `masked_from` on carry a mask of pixel classes.
 struct Numbers {
     n: usize,
     fail: Option<usize>,
     odd_shape: Option<usize>,
+    masked_from: Option<usize>,
 }
 
 impl Numbers {
     fn new(n: usize) -> Self {
-        Numbers { n, fail: None, odd_shape: None }
+        Numbers { n, fail: None, odd_shape: None, masked_from: None }
     }
 }
 
@@ -33,10 +35,12 @@ impl Dataset for Numbers {
         let _decode = gauge.hold(1000);
         let side = if self.odd_shape == Some(index) { 3 } else { 2 };
         let noise: f32 = rng.random();
+        let masked = self.masked_from.is_some_and(|from| index >= from);
         Ok(Example {
             pixels: vec![index as f32 + noise; 3 * side * side],
             shape: [3, side, side],
             label: self.label(index),
+            mask: masked.then(|| (0..side * side).map(|p| ((index + p) % 3) as u8).collect()),
             timing: LoadTiming { encoded_bytes: 10, ..Default::default() },
         })
     }
@@ -171,4 +175,28 @@ fn a_host_budget_kills_the_worker_that_crosses_it_and_fewer_workers_fit() {
     assert!(err.starts_with("DataLoader worker ") && err.contains("was killed"), "{err}");
     assert!(err.contains("4 workers x prefetch 4") && err.contains("not the GPU's"), "{err}");
     assert!(DataLoader::new(Numbers::new(4), LoaderConfig { host_budget: Some(0), ..config(0) }).is_err());
+}
+
+#[test]
+fn samples_with_masks_give_n_by_h_by_w_labels() {
+    let masked = Numbers { masked_from: Some(0), ..Numbers::new(10) };
+    let loader = DataLoader::new(masked, LoaderConfig { shuffle: false, ..config(2) }).unwrap();
+    let batches: Vec<Batch> = loader.epoch(0).map(Result::unwrap).collect();
+    assert_eq!(batches[0].images.dims(), &[4, 3, 2, 2]);
+    assert_eq!(batches[0].labels.dims(), &[4, 2, 2]);
+    assert_eq!(batches[0].labels.dtype(), candle_core::DType::U32);
+    assert_eq!(batches[1].labels.to_vec3::<u32>().unwrap()[1], vec![vec![2, 0], vec![1, 2]], "sample 5, rows of its mask");
+    assert_eq!(batches[2].labels.dims(), &[2, 2, 2]);
+}
+
+#[test]
+fn a_batch_mixing_samples_with_and_without_masks_is_an_error_naming_the_sample() {
+    let mixed = Numbers { masked_from: Some(2), ..Numbers::new(8) };
+    let loader = DataLoader::new(mixed, LoaderConfig { shuffle: false, ..config(0) }).unwrap();
+    let err = loader.epoch(0).next().unwrap().unwrap_err().to_string();
+    assert!(err.contains("sample 2 carries a mask") && err.contains("first sample carries none"), "{err}");
+    let apart = Numbers { masked_from: Some(4), ..Numbers::new(8) };
+    let loader = DataLoader::new(apart, LoaderConfig { shuffle: false, ..config(0) }).unwrap();
+    let dims: Vec<Vec<usize>> = loader.epoch(0).map(|b| b.unwrap().labels.dims().to_vec()).collect();
+    assert_eq!(dims, vec![vec![4], vec![4, 2, 2]], "each batch is of one kind");
 }

@@ -2,8 +2,8 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::data::{
-    decode_file, group_split, histogram_baseline, preprocess, DataLoader, DecodeOptions, ImageFolder, LoaderConfig, Manifest, OnError,
-    Transforms,
+    decode_bytes, decode_file, group_split, histogram_baseline, preprocess, DataLoader, DecodeOptions, ImageFolder, LoaderConfig, Manifest,
+    OnError, Transforms,
 };
 
 fn tiny(images: usize, seed: u64) -> LeafDiseaseSynth {
@@ -171,4 +171,163 @@ fn the_colour_baseline_learns_something_from_the_generated_set() {
     let report = histogram_baseline(&folder, &split).unwrap();
     assert!(report.train_accuracy > report.majority_accuracy + 0.2, "{report:?}");
     assert!(report.val_accuracy > 1.5 / 12.0, "better than chance: {report:?}");
+}
+
+/// FNV-1a: a fingerprint that stays the same across Rust releases.
+fn fingerprint(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+#[test]
+fn the_photos_stay_the_bytes_the_notebooks_were_made_with() {
+    let small = LeafDiseaseSynth::new(480, 11).with_size(96, 96);
+    let plan = small.plan().unwrap();
+    let mixed = LeafDiseaseSynth::new(40, 5);
+    let turned = &mixed.plan().unwrap()[24];
+    assert_eq!((turned.width, turned.height, turned.orientation), (1600, 1200, 6));
+    let photos = [
+        (small.encode(&plan[0]).unwrap(), 1625, 0xed26_92ea_419b_8753),
+        (small.encode(&plan[200]).unwrap(), 1303, 0x5683_e4d9_6abd_7bb7),
+        (small.encode(&plan[479]).unwrap(), 2471, 0x7397_231a_9232_93d9),
+        (mixed.encode(turned).unwrap(), 52842, 0x9603_1d40_78bc_6322),
+    ];
+    for (i, (bytes, len, print)) in photos.into_iter().enumerate() {
+        assert_eq!((bytes.len(), fingerprint(&bytes)), (len, print), "photo {i} changed: every generated dataset would change with it");
+    }
+}
+
+/// The canvas of a photo drawn with and without its plant's spots.
+fn with_and_without_spots(synth: &LeafDiseaseSynth, plan: &PhotoPlan) -> (RgbImage, RgbImage) {
+    let scene = Scene::new(&mut rng_for(synth.seed, 3, plan.index as u64));
+    let (w, h) = plan.canvas_size();
+    let spotted = draw(&Plant::new(synth.seed, plan.plant, plan.class), &scene, w, h).unwrap();
+    let bare = Plant { spots: Vec::new(), ..Plant::new(synth.seed, plan.plant, plan.class) };
+    (spotted, draw(&bare, &scene, w, h).unwrap())
+}
+
+#[test]
+fn a_mask_marks_exactly_where_the_lesions_are_drawn() {
+    let synth = LeafDiseaseSynth::new(480, 11).with_size(96, 96);
+    let plan = synth.plan().unwrap();
+    let mut lesion_photos = [0usize; 12];
+    for class in 0..CLASSES.len() {
+        let symptom = Symptom::of(CLASSES[class]).unwrap();
+        for photo in plan.iter().filter(|p| p.class == class).take(4) {
+            let (spotted, bare) = with_and_without_spots(&synth, photo);
+            let mask = synth.mask(photo).unwrap();
+            assert_eq!((mask.width(), mask.height()), (96, 96));
+            let mut lesion = 0;
+            for y in 0..96 {
+                for x in 0..96 {
+                    let (marked, coloured) = (mask.get(x, y) == 1, spotted.pixel(x, y) != bare.pixel(x, y));
+                    assert!(mask.get(x, y) <= 1);
+                    assert!(!marked || coloured, "{}: ({x}, {y}) is marked but no lesion colours it", photo.relative_path().display());
+                    if matches!(CLASSES[class], "rust" | "septoria_spot") {
+                        assert_eq!(marked, coloured, "{}: ({x}, {y}): these lesions have no halo", photo.relative_path().display());
+                    }
+                    lesion += usize::from(marked);
+                }
+            }
+            if symptom == Symptom::Discolouration {
+                assert_eq!(lesion, 0, "{}", photo.relative_path().display());
+                assert_eq!(spotted, bare, "colour-only classes draw no lesion");
+            }
+            lesion_photos[class] += usize::from(lesion > 0);
+        }
+        if matches!(symptom, Symptom::Spots | Symptom::Blotches) {
+            assert!(lesion_photos[class] >= 3, "{}: {} of 4 photos show a lesion", CLASSES[class], lesion_photos[class]);
+        }
+    }
+}
+
+#[test]
+fn a_mask_fits_its_photo_through_enlargement_jpeg_and_exif_orientation() {
+    let synth = LeafDiseaseSynth::new(480, 11).with_size(1200, 900);
+    let plan = synth.plan().unwrap().into_iter().find(|p| CLASSES[p.class] == "rust").unwrap();
+    assert_eq!(plan.canvas_size(), (960, 720), "drawn smaller, then enlarged");
+    let mask = synth.mask(&plan).unwrap();
+    assert_eq!((mask.width(), mask.height()), (1200, 900));
+    let (spotted, bare) = with_and_without_spots(&synth, &plan);
+    let (spotted, bare) = (spotted.resize(1200, 900).unwrap(), bare.resize(1200, 900).unwrap());
+    let (mut both, mut either) = (0u64, 0u64);
+    for y in 0..900 {
+        for x in 0..1200 {
+            let coloured = (0..3).map(|c| spotted.pixel(x, y)[c].abs_diff(bare.pixel(x, y)[c]) as u32).sum::<u32>() > 40;
+            let marked = mask.get(x, y) == 1;
+            both += u64::from(marked && coloured);
+            either += u64::from(marked || coloured);
+        }
+    }
+    let iou = both as f64 / either as f64;
+    assert!(mask.count(1) > 2000 && iou > 0.9, "{} lesion pixels, IoU with the drawn lesions {iou:.3}", mask.count(1));
+
+    let upright = synth.render(&plan).unwrap();
+    for orientation in [1, 3, 6, 8] {
+        let turned = PhotoPlan { orientation, ..plan.clone() };
+        let bytes = synth.encode(&turned).unwrap();
+        let decoded = decode_bytes(&bytes, &turned.relative_path(), DecodeOptions::default()).unwrap();
+        assert_eq!(decoded.upright_size, (1200, 900));
+        assert_eq!(synth.mask(&turned).unwrap(), mask, "the mask is of the upright photo, whatever the file stores");
+        let error = upright.pixels().iter().zip(decoded.image.pixels()).map(|(&a, &b)| a.abs_diff(b) as f64).sum::<f64>()
+            / upright.pixels().len() as f64;
+        assert!(error < 8.0, "orientation {orientation}: the decoded photo is {error:.1} levels from the upright one");
+    }
+}
+
+#[test]
+fn masks_are_written_beside_the_photos_and_measure_the_lesion_share() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let synth = LeafDiseaseSynth::new(480, 11).with_size(96, 96);
+    let share = synth.generate_masks(a.path()).unwrap();
+    assert_eq!(synth.generate_masks(b.path()).unwrap(), share);
+    assert_eq!(synth.lesion_share().unwrap(), share);
+    for plan in synth.plan().unwrap() {
+        let path = a.path().join(plan.mask_path());
+        assert_eq!(path.extension().unwrap(), "png");
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes, std::fs::read(b.path().join(plan.mask_path())).unwrap(), "same settings, same bytes");
+        assert_eq!(Mask::read_png(&path).unwrap(), synth.mask(&plan).unwrap());
+    }
+    assert_eq!(share.photos, synth.class_counts());
+    for (class, name) in CLASSES.iter().enumerate() {
+        let lesion_share = share.class_share(class);
+        match Symptom::of(name).unwrap() {
+            Symptom::Discolouration => {
+                assert_eq!((share.lesion_pixels[class], share.empty_masks[class]), (0, share.photos[class]), "{name}")
+            }
+            Symptom::Healthy => assert!(lesion_share < 0.001, "{name}: {lesion_share}"),
+            Symptom::Spots | Symptom::Blotches => {
+                assert!(lesion_share > 0.002, "{name}: {lesion_share}");
+                assert!(
+                    share.empty_masks[class] * 5 <= share.photos[class],
+                    "{name}: {} of {} without a lesion",
+                    share.empty_masks[class],
+                    share.photos[class]
+                );
+            }
+        }
+    }
+    assert!((0.01..0.1).contains(&share.share()), "{}", share.table());
+    assert!((share.share() - share.mean_photo_share()).abs() < 1e-9, "one size: both shares agree");
+    let text = share.table().to_string();
+    assert!(text.contains("rust") && text.contains("pixel accuracy"), "{text}");
+}
+
+#[test]
+fn masks_are_made_without_the_photos_and_checked_against_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let synth = tiny(30, 4);
+    let masks = dir.path().join("masks");
+    synth.generate_masks(&masks).unwrap();
+    assert!(!dir.path().join(CLASSES[0]).exists(), "no photo written");
+    let photos = dir.path().join("photos");
+    let manifest = synth.generate(&photos).unwrap();
+    synth.check_manifest(&manifest, &photos).unwrap();
+    for entry in &manifest.entries {
+        let decoded = decode_file(&photos.join(&entry.path), DecodeOptions::default()).unwrap();
+        let mask = Mask::read_png(&masks.join(&entry.path).with_extension("png")).unwrap();
+        assert_eq!((mask.width(), mask.height()), (decoded.image.width(), decoded.image.height()), "{}", entry.path.display());
+    }
+    let err = tiny(30, 5).check_manifest(&manifest, &photos).unwrap_err().to_string();
+    assert!(err.contains("manifest.csv") && err.contains("other settings"), "{err}");
 }
