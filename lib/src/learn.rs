@@ -14,6 +14,9 @@ use crate::models::{ModelError, ModelName, Network, Pass, Precision, Shape};
 use crate::train::{BatchSource, GradScalerConfig, OptimizerConfig, Schedule, TrainConfig, TrainError, TrainEvent, Trainer};
 
 mod report;
+mod segment;
+
+pub use segment::{fit_segmentation, SegmentReport};
 
 /// Why training from a folder stopped: the data, the model or the training.
 #[derive(Debug, thiserror::Error)]
@@ -208,6 +211,11 @@ pub fn fit_folder(
     device: &Device,
     watch: &mut dyn FnMut(&TrainEvent),
 ) -> Result<LearnReport, LearnError> {
+    if config.model.segments() {
+        let message =
+            format!("{} labels each pixel: train it on a folder with masks (fit_segmentation, `vramlab train --masks DIR`)", config.model);
+        return Err(DataError::invalid("fit_folder", message).into());
+    }
     let classes = folder.classes.len();
     let started = Instant::now();
     let (trainer, mut val, epochs) =

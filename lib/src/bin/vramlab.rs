@@ -10,7 +10,7 @@ use vramlab::cli::{
     TrainSetup, UsageError,
 };
 use vramlab::data::{bench_loader, preprocess};
-use vramlab::learn::{fit_folder, LearnError, LearnReport};
+use vramlab::learn::{fit_folder, fit_segmentation, LearnError, LearnReport, SegmentReport};
 use vramlab::render::Render;
 use vramlab::units::human;
 
@@ -109,9 +109,14 @@ fn main() -> ExitCode {
             data_error(preprocess(&a.src, &a.out, a.short_side, a.quality))
                 .and_then(|report| emit(cmd.json, &report, || report.bundle().text().to_owned()))
         }
-        Command::Train(cmd) => train(&cmd.args)
-            .map_err(|e| UsageError(e.to_string()))
-            .and_then(|report| emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))),
+        Command::Train(cmd) => match &cmd.args.masks {
+            Some(masks) => segment(&cmd.args, masks)
+                .map_err(|e| UsageError(e.to_string()))
+                .and_then(|report| emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))),
+            None => train(&cmd.args)
+                .map_err(|e| UsageError(e.to_string()))
+                .and_then(|report| emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))),
+        },
         Command::Bench(Bench::Loader(cmd)) => data_error(bench_loader(&cmd.args.root, &cmd.args.config()))
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
         #[cfg(feature = "cuda")]
@@ -155,6 +160,15 @@ fn train(args: &FitArgs) -> Result<LearnReport, LearnError> {
     let steps = args.epochs * (split.train.len() / args.batch);
     let mut progress = vramlab::train::ProgressView::new(format!("train {}", args.model.as_str()), steps as u64);
     let report = fit_folder(&folder, &split, &args.config(), &vramlab::candle::Device::Cpu, &mut |event| progress.on_event(event));
+    progress.finish();
+    report
+}
+
+fn segment(args: &FitArgs, masks: &std::path::Path) -> Result<SegmentReport, LearnError> {
+    let (folder, split) = args.open_segmentation(masks)?;
+    let steps = args.epochs * (split.train.len() / args.batch);
+    let mut progress = vramlab::train::ProgressView::new(format!("train {}", args.model.as_str()), steps as u64);
+    let report = fit_segmentation(&folder, &split, &args.config(), &vramlab::candle::Device::Cpu, &mut |event| progress.on_event(event));
     progress.finish();
     report
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::{ColorChoice, Parser};
 
 use super::args::{amp_parser, parse_model, positive};
-use crate::data::{group_split, ImageFolder, OnError, Split};
+use crate::data::{group_split, ImageFolder, OnError, SegmentationFolder, Split, MASK_CLASSES};
 use crate::learn::LearnConfig;
 use crate::ledger::OptimizerKind;
 use crate::models::{ModelName, Precision};
@@ -23,6 +23,10 @@ pub struct FitArgs {
     /// The dataset: root/class/*.jpg (groups from root/manifest.csv when present)
     #[arg(long)]
     pub root: PathBuf,
+    /// Segmentation: each photo's mask, at the same relative path as a .png of class
+    /// indices (what `vramlab synth --masks DIR` writes); needs a model that labels each pixel (unet)
+    #[arg(long)]
+    pub masks: Option<PathBuf>,
     /// resnet18, resnet34, resnet50, efficientnet-b0, small-cnn, vit-tiny, vit-small or unet
     #[arg(long, value_parser = parse_model, default_value = "small-cnn")]
     pub model: ModelName,
@@ -89,6 +93,14 @@ impl FitArgs {
     /// The folder (failing on a file that is not an image) and its stratified group split.
     pub fn open(&self) -> Result<(ImageFolder, Split), crate::data::DataError> {
         let folder = ImageFolder::open(&self.root, OnError::Fail)?;
+        let split = group_split(&folder.labels(), &folder.groups(), self.val, self.seed)?;
+        Ok((folder, split))
+    }
+
+    /// The folder with its masks (failing on a missing or mis-sized mask, or a
+    /// class index the model cannot give) and the same kind of split.
+    pub fn open_segmentation(&self, masks: &std::path::Path) -> Result<(SegmentationFolder, Split), crate::data::DataError> {
+        let folder = SegmentationFolder::open(&self.root, masks, MASK_CLASSES.len() as u32, OnError::Fail)?;
         let split = group_split(&folder.labels(), &folder.groups(), self.val, self.seed)?;
         Ok((folder, split))
     }

@@ -112,3 +112,56 @@ fn mixed_precision_and_accumulation_reach_the_trainer_and_the_confusion_matrix_c
     let err = fit_folder(&folder, &split, &one_short, &Device::Cpu, &mut |_| {}).unwrap_err().to_string();
     assert!(err.contains("cannot fill one optimizer step"), "{err}");
 }
+
+/// `count` noisy 32x32 green PNGs, each with a red rectangle somewhere, and
+/// masks marking the rectangle (class 1): a segmentation any U-Net learns in
+/// a few dozen steps.
+fn red_patches(root: &std::path::Path, masks: &std::path::Path, count: usize) {
+    std::fs::create_dir_all(root.join("leaf")).unwrap();
+    std::fs::create_dir_all(masks.join("leaf")).unwrap();
+    for i in 0..count {
+        let mut rng = rng_for(4, 0, i as u64);
+        let (x0, y0) = (rng.random_range(0..20u32), rng.random_range(0..20u32));
+        let (w, h) = (rng.random_range(4..12u32), rng.random_range(4..12u32));
+        let inside = |x: u32, y: u32| (x0..x0 + w).contains(&x) && (y0..y0 + h).contains(&y);
+        let image = image::RgbImage::from_fn(32, 32, |x, y| {
+            let rgb = if inside(x, y) { [200.0, 60.0, 40.0] } else { [40.0, 160.0, 50.0] };
+            image::Rgb([0, 1, 2].map(|k| (rgb[k] + rng.random_range(-40.0..40.0f32)).clamp(0.0, 255.0) as u8))
+        });
+        image.save(root.join("leaf").join(format!("{i:03}.png"))).unwrap();
+        let classes = (0..32 * 32).map(|p| inside(p % 32, p / 32) as u8).collect();
+        crate::data::Mask::new(32, 32, classes).unwrap().write_png(&masks.join("leaf").join(format!("{i:03}.png"))).unwrap();
+    }
+}
+
+#[test]
+fn a_unet_learns_to_segment_through_the_loader_and_a_classifier_is_refused_masks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, masks) = (dir.path().join("images"), dir.path().join("masks"));
+    red_patches(&root, &masks, 80);
+    let folder = crate::data::SegmentationFolder::open(&root, &masks, 2, OnError::Fail).unwrap();
+    let split = group_split(&folder.labels(), &folder.groups(), 0.25, 0).unwrap();
+    let config = LearnConfig { model: ModelName::Unet, res: 32, epochs: 4, batch_size: 8, ..quick() };
+    let report = fit_segmentation(&folder, &split, &config, &Device::Cpu, &mut |_| {}).unwrap();
+    assert_eq!(report.classes, ["not_lesion", "lesion"]);
+    assert_eq!(report.commonest_class, 0);
+    let lesion = report.val_iou[1].unwrap();
+    assert!(lesion > 0.5, "lesion IoU {lesion:.3}, the trivial mask's 0");
+    assert!(
+        report.val_pixel_accuracy > report.trivial_pixel_accuracy(),
+        "{} vs {}",
+        report.val_pixel_accuracy,
+        report.trivial_pixel_accuracy()
+    );
+    let shares: f64 = report.val_pixel_shares.iter().sum();
+    assert!((shares - 1.0).abs() < 1e-9, "{shares}");
+    assert_eq!(report.epochs.len(), 4);
+    assert_eq!(report.epochs[3].val_iou, report.val_iou);
+
+    let classifier = LearnConfig { model: ModelName::SmallCnn, ..config.clone() };
+    let err = fit_segmentation(&folder, &split, &classifier, &Device::Cpu, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("small-cnn gives one label per image"), "{err}");
+    let images = ImageFolder::open(&root, OnError::Fail).unwrap();
+    let err = fit_folder(&images, &split, &config, &Device::Cpu, &mut |_| {}).unwrap_err().to_string();
+    assert!(err.contains("unet labels each pixel: train it on a folder with masks"), "{err}");
+}
