@@ -1,4 +1,4 @@
-//! The ledger's prediction against real training steps: fifteen
+//! The ledger's prediction against real training steps: eighteen
 //! configurations (models x batch x f32/f16 x checkpointing x optimizer x
 //! accumulation) run by `vramlab measure --json`, every allocation counted.
 //!
@@ -22,7 +22,7 @@ const BILL_SLACK: f64 = 1.5 * MIB;
 const EMPTY_BILL_SLACK: f64 = 64.0 * 1024.0;
 const BILLS: [&str; 5] = ["parameters", "optimizer_state", "activations", "input_batch", "context_and_workspace"];
 
-const MATRIX: [(&str, u32, u32, &[&str]); 15] = [
+const MATRIX: [(&str, u32, u32, &[&str]); 18] = [
     ("small-cnn", 32, 32, &[]),
     ("small-cnn", 32, 32, &["--amp", "f16", "--opt", "adam"]),
     ("resnet18", 16, 64, &[]),
@@ -38,6 +38,9 @@ const MATRIX: [(&str, u32, u32, &[&str]); 15] = [
     ("vit-tiny", 8, 64, &["--opt", "adamw"]),
     ("vit-tiny", 8, 64, &["--amp", "f16", "--opt", "adamw"]),
     ("vit-tiny", 16, 224, &["--opt", "adamw", "--ckpt", "stages"]),
+    ("unet", 16, 64, &["--opt", "adam"]),
+    ("unet", 4, 128, &["--amp", "f16"]),
+    ("unet", 16, 64, &["--amp", "f16", "--opt", "adamw", "--ckpt", "body"]),
 ];
 
 fn measure(model: &str, batch: u32, res: u32, extra: &[&str]) -> serde_json::Value {
@@ -66,12 +69,13 @@ fn predicted_memory_matches_measured_training_steps() {
 
 /// The plain layers run rules of their own for what the lean ones fuse:
 /// candle's ReLU and its gradient chain, our SiLU op, attention that keeps
-/// its probabilities.
+/// its probabilities, a U-Net's skips beside candle's ReLU.
 #[test]
 fn predicted_memory_matches_measured_steps_of_the_plain_layers() {
     println!("{TABLE_HEAD}");
-    let rows: [(&str, u32, u32, &[&str]); 4] = [
+    let rows: [(&str, u32, u32, &[&str]); 5] = [
         ("resnet18", 16, 64, &["--layers", "plain"]),
+        ("unet", 16, 64, &["--layers", "plain"]),
         ("vit-tiny", 8, 64, &["--opt", "adamw", "--layers", "plain"]),
         ("efficientnet-b0", 8, 64, &["--opt", "adam", "--layers", "plain"]),
         ("efficientnet-b0", 8, 64, &["--amp", "f16", "--opt", "adam", "--layers", "plain"]),
