@@ -10,7 +10,7 @@ use crate::data::{group_split, ImageFolder, OnError, SegmentationFolder, Split, 
 use crate::learn::LearnConfig;
 use crate::ledger::OptimizerKind;
 use crate::models::{ModelName, Precision};
-use crate::train::OptimizerConfig;
+use crate::train::{GradScalerConfig, OptimizerConfig};
 
 /// `train --root DIR [--model small-cnn] [--res 64] [--epochs 12] [--batch 32] [--accum 1] [--amp f16] [--opt adam] [--lr 0.002] [--cosine] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
 #[derive(Debug, Clone, Parser)]
@@ -57,6 +57,9 @@ pub struct FitArgs {
     /// Share of the photos held out for validation, whole plants at a time, class shares kept
     #[arg(long, default_value_t = 0.2)]
     pub val: f64,
+    /// Under f16, train without loss scaling (to see what half precision does without it)
+    #[arg(long)]
+    pub no_loss_scaling: bool,
     /// Seed of the split, the weights, the batch order and the augmentation
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -86,7 +89,7 @@ impl FitArgs {
             augment: self.augment,
             seed: self.seed,
             baseline: !self.no_baseline,
-            ..LearnConfig::default()
+            scaler: GradScalerConfig { enabled: !self.no_loss_scaling, ..GradScalerConfig::default() },
         }
     }
 
