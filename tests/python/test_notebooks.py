@@ -18,6 +18,11 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # The lessons command runs each notebook with the values of its `parameters` cell;
 # the tests run the same notebooks with these, so that they stay inside CI's time.
 QUICK = {
+    "03-three-levers.ipynb": {
+        "unet_photos": 96,
+        "unet_res": 64,
+        "unet_epochs": 1,
+    },
     "05-leaf-disease-project.ipynb": {
         "photos": 240,
         "bench_photos": 24,
