@@ -16,14 +16,14 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
-use gemm::Parallelism;
 use half::{bf16, f16};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::conv::{matmul, Mat};
+use super::conv::matmul;
 use super::floats::{f32_view, storage_from_f32, zeros};
 use super::gemm_packing::{packing_bytes, Strides};
+use super::linear::{parallelism, row_major, transposed};
 use super::OpError;
 
 const OP: &str = "conv_transpose2d";
@@ -245,24 +245,6 @@ impl Geometry {
             .enumerate()
             .for_each(|(o, (plane, rows))| self.shuffle(rows, plane, bias.at(o)));
     }
-}
-
-/// Each product is one gemm threaded inside over rayon's threads, as the
-/// linear layer's are: one sample's buffer at a time whatever the threads.
-fn parallelism() -> Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => Parallelism::None,
-        threads => Parallelism::Rayon(threads),
-    }
-}
-
-fn row_major(data: &[f32], width: usize) -> Mat<'_> {
-    Mat { data, row_stride: width, col_stride: 1 }
-}
-
-/// The transpose of a row-major matrix of rows `width` long, read in place.
-fn transposed(data: &[f32], width: usize) -> Mat<'_> {
-    Mat { data, row_stride: 1, col_stride: width }
 }
 
 /// The bias as the forward reads it, one value per output channel where it

@@ -177,20 +177,22 @@ fn with_last(dims: &[usize], last: usize) -> Shape {
 
 /// Each product is one gemm threaded inside over rayon's threads. Cutting
 /// the rows across the threads instead ran as fast (6304 rows, 192 -> 768
-/// and back, on 2 threads) but has each thread pack the weight.
-fn parallelism() -> Parallelism {
+/// and back, on 2 threads) but has each thread pack the weight. The
+/// transposed convolution's products are threaded the same way, one
+/// sample's buffer at a time whatever the threads.
+pub(super) fn parallelism() -> Parallelism {
     match rayon::current_num_threads() {
         0 | 1 => Parallelism::None,
         threads => Parallelism::Rayon(threads),
     }
 }
 
-fn row_major(data: &[f32], width: usize) -> Mat<'_> {
+pub(super) fn row_major(data: &[f32], width: usize) -> Mat<'_> {
     Mat { data, row_stride: width, col_stride: 1 }
 }
 
 /// The transpose of a row-major matrix of rows `width` long, read in place.
-fn transposed(data: &[f32], width: usize) -> Mat<'_> {
+pub(super) fn transposed(data: &[f32], width: usize) -> Mat<'_> {
     Mat { data, row_stride: 1, col_stride: width }
 }
 
