@@ -83,6 +83,18 @@ pub fn usage_error(magic: &Magic, message: &str) -> CellError {
     CellError::new("UsageError", message, vec![format!("\x1b[1;31mUsageError\x1b[0m: {message}"), format!("usage: {}", magic.usage)])
 }
 
+/// Whether `word` names a zoo model or is a near miss of one (within two
+/// edits, its first letter kept): such a word gets the model parser's
+/// message with the valid names; any other identifier is a cell's variable.
+/// The first letter keeps a short variable name such as `net` (one edit
+/// from `unet`) a variable.
+pub(super) fn names_a_zoo_model(word: &str) -> bool {
+    let word = word.to_lowercase();
+    vramlab::models::ModelName::ALL
+        .iter()
+        .any(|m| m.as_str().chars().next() == word.chars().next() && strsim::levenshtein(&word, m.as_str()) <= 2)
+}
+
 fn unknown(name: &str) -> CellError {
     let closest = MAGICS
         .iter()

@@ -1,5 +1,4 @@
 use vramlab::cli::{parse, OomcheckModuleArgs, OomcheckOfArgs, UsageError};
-use vramlab::models::ModelName;
 use vramlab::render::Bundle;
 
 use super::{Context, Invocation, Kind, Magic};
@@ -50,7 +49,7 @@ fn is_variable(word: &str) -> bool {
     let mut chars = word.chars();
     let identifier =
         chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    identifier && !ModelName::ALL.iter().any(|m| strsim::levenshtein(&word.to_lowercase(), m.as_str()) <= 2)
+    identifier && !super::names_a_zoo_model(word)
 }
 
 const LAST_ERROR: &str = "--last-error";
@@ -115,6 +114,9 @@ mod tests {
         let err =
             (MAGIC.run)(&Context::default(), &["resnet19".into(), "--batch".into(), "8".into(), "--res".into(), "64".into()]).unwrap_err();
         assert!(err.contains("resnet18"), "{err}");
+        let err =
+            (MAGIC.run)(&Context::default(), &["unte".into(), "--batch".into(), "8".into(), "--res".into(), "64".into()]).unwrap_err();
+        assert!(err.contains("unet"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,4 @@
 use vramlab::cli::{parse, SummaryModuleArgs, SummaryOfArgs, UsageError};
-use vramlab::models::ModelName;
 use vramlab::render::Bundle;
 
 use super::{Context, Invocation, Kind, Magic};
@@ -23,8 +22,7 @@ fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
     let Some(target) = args.first().filter(|a| !a.starts_with('-')) else {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     };
-    let zoo_like = ModelName::ALL.iter().any(|m| strsim::levenshtein(&target.to_lowercase(), m.as_str()) <= 2);
-    if zoo_like || !is_identifier(target) {
+    if super::names_a_zoo_model(target) || !is_identifier(target) {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     }
     let rest = &args[1..];
