@@ -69,7 +69,7 @@ def test_notebook_runs_without_error(notebook: pathlib.Path, tmp_path: pathlib.P
     code = [c for c in executed.cells if c.cell_type == "code"]
     expected = [c for c in code if "raises-exception" in c.metadata.get("tags", [])]
     errors = [o for c in code if c not in expected for o in c.outputs if o.output_type == "error"]
-    assert not errors, errors
+    assert not errors, "\n\n".join(f"{e['ename']}: {e['evalue']}" for e in errors)
     unfinished = [c.source for c in code if c.metadata.papermill.get("status") != "completed"]
     assert not unfinished, f"{notebook.name}: papermill stopped before these cells:\n{unfinished}\n{ran.stderr[-4000:]}"
     # A cell tagged raises-exception (nbclient's convention) shows a failure on

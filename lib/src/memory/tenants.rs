@@ -4,10 +4,13 @@
 //! tensors) is not free for this one. The commonest real case is two
 //! notebooks open at once; `vramlab hold` stands in for any other program.
 //!
-//! Each process writes what it holds to a file named by its pid in the card's
-//! folder (`$TMPDIR/vramlab-simulated-cards/<usable bytes>/`) and reads the
-//! others' at most every [`REREAD_MS`], at a budget check; files of processes
-//! that have ended are skipped and removed.
+//! Each process writes what it holds, and when it started, to a file named by
+//! its pid in the card's folder (`$TMPDIR/vramlab-simulated-cards/<usable
+//! bytes>/`) and reads the others' at most every [`REREAD_MS`], at a budget
+//! check. Files of processes that have ended are skipped and removed: a pid
+//! that is gone, a zombie (its parent never reaped it, as in a container
+//! whose first process reaps nothing), or a pid reused by a process that
+//! started at another time.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
@@ -45,16 +48,36 @@ pub fn tenants(usable: u64) -> Vec<Tenant> {
             if pid == me {
                 return None;
             }
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = std::fs::remove_file(&path);
-                return None;
+            let written = std::fs::read_to_string(&path).ok()?;
+            let mut fields = written.split_whitespace().map(str::parse::<u64>);
+            let (bytes, started) = (fields.next().and_then(Result::ok), fields.next().and_then(Result::ok));
+            match (bytes, started) {
+                (Some(bytes), Some(started)) if running_since(pid) == Some(started) => Some(Tenant { pid, bytes }),
+                _ => {
+                    let _ = std::fs::remove_file(&path);
+                    None
+                }
             }
-            let bytes = std::fs::read_to_string(&path).ok()?.trim().parse().ok()?;
-            Some(Tenant { pid, bytes })
         })
         .collect();
     found.sort_by_key(|t| t.pid);
     found
+}
+
+/// When a running process started (clock ticks after boot), or `None` when
+/// `pid` is not a running process: gone, or a zombie.
+fn running_since(pid: u32) -> Option<u64> {
+    let (state, started) = state_and_start(pid)?;
+    (state != "Z" && state != "X").then_some(started)
+}
+
+/// A process's state letter and start time: `/proc/PID/stat`'s 3rd and 22nd fields.
+fn state_and_start(pid: u32) -> Option<(String, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; the fields after it are fixed.
+    let mut after_name = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = after_name.next()?.to_owned();
+    Some((state, after_name.nth(18)?.parse().ok()?))
 }
 
 /// Writes what this process holds on its card (its context, workspace and
@@ -73,14 +96,19 @@ pub(crate) fn refresh(counters: &Counters, now: bool) {
     let held = counters.in_use() + counters.context.load(Relaxed) + counters.workspace.load(Relaxed);
     let dir = card_dir(card);
     if std::fs::create_dir_all(&dir).is_ok() {
-        let _ = std::fs::write(dir.join(std::process::id().to_string()), held.to_string());
+        let me = std::process::id();
+        let started = running_since(me).unwrap_or(0);
+        let _ = std::fs::write(dir.join(me.to_string()), format!("{held} {started}"));
     }
     counters.others.store(tenants(card).iter().map(|t| t.bytes).sum(), Relaxed);
 }
 
-/// Takes this process off the card of `usable` bytes.
+/// Takes this process off the card of `usable` bytes, and the card's folder
+/// off the disk when no other process is on it.
 pub(crate) fn leave(usable: u64) {
-    let _ = std::fs::remove_file(card_dir(usable).join(std::process::id().to_string()));
+    let dir = card_dir(usable);
+    let _ = std::fs::remove_file(dir.join(std::process::id().to_string()));
+    let _ = std::fs::remove_dir(dir);
 }
 
 #[cfg(test)]
@@ -93,14 +121,31 @@ mod tests {
         let dir = card_dir(usable);
         std::fs::create_dir_all(&dir).unwrap();
         let parent = std::os::unix::process::parent_id();
-        std::fs::write(dir.join(parent.to_string()), "4096").unwrap();
-        std::fs::write(dir.join("4194303"), "1").unwrap();
-        std::fs::write(dir.join(std::process::id().to_string()), "7").unwrap();
+        let parent_started = running_since(parent).unwrap();
+        std::fs::write(dir.join(parent.to_string()), format!("4096 {parent_started}")).unwrap();
+        std::fs::write(dir.join("4194303"), "1 1").unwrap();
+        std::fs::write(dir.join(std::process::id().to_string()), "7 1").unwrap();
         assert_eq!(tenants(usable), [Tenant { pid: parent, bytes: 4096 }], "this process and the ended one are not others");
         assert!(!dir.join("4194303").exists(), "an ended process's file is removed");
         assert!(tenants(usable + 1).is_empty(), "another size is another card");
+
+        std::fs::write(dir.join(parent.to_string()), format!("4096 {}", parent_started + 1)).unwrap();
+        assert!(tenants(usable).is_empty(), "a pid now running another process is not the tenant that wrote it");
+        assert!(!dir.join(parent.to_string()).exists());
+
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let zombie = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while running_since(zombie).is_some() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let (state, started) = state_and_start(zombie).expect("the child stays in /proc until it is reaped");
+        assert_eq!(state, "Z");
+        std::fs::write(dir.join(zombie.to_string()), format!("4096 {started}")).unwrap();
+        assert!(tenants(usable).is_empty(), "a process that has ended but was never reaped holds nothing");
+        child.wait().unwrap();
+
         leave(usable);
-        assert!(!dir.join(std::process::id().to_string()).exists());
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(!dir.exists(), "the last process to leave a card takes its folder away");
     }
 }
