@@ -192,7 +192,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="thread counts, each a run of every configuration")
     parser.add_argument("--configs", nargs="+", type=config_spec, metavar="MODEL:BATCH:RES",
-                        help="only these configurations (default: the four of BENCHMARKS.md)")
+                        help="only these configurations (default: " + ", ".join(f"{c['model']}:{c['batch']}:{c['res']}" for c in CONFIGS) + ")")
     parser.add_argument("--settle", type=float, default=60.0, help="seconds to wait for a quiet machine before a pair")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "target" / "bench_train.json")
     args = parser.parse_args()

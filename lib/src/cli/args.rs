@@ -204,14 +204,16 @@ impl OomcheckArgs {
         }
     }
 
-    /// The loader settings, when `--workers` asks for the host-memory report.
-    pub fn loader_shape(&self) -> Option<LoaderShape> {
+    /// The loader settings, when `--workers` asks for the host-memory report;
+    /// `masks` when the model labels each pixel.
+    pub fn loader_shape(&self, masks: bool) -> Option<LoaderShape> {
         self.workers.map(|num_workers| LoaderShape {
             batch_size: self.batch,
             sample: [self.channels, self.res, self.res],
             num_workers,
             prefetch: self.prefetch,
             source: self.source,
+            masks,
         })
     }
 

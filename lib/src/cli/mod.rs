@@ -27,7 +27,7 @@ use clap::error::ErrorKind;
 use clap::Parser;
 
 use crate::ledger::{Checkpointing, Mode, OptimizerKind, StepConfig};
-use crate::models::Summary;
+use crate::models::{analyze, Summary};
 use crate::oom::{check, host_check, sweep};
 use crate::render::{Bundle, Render};
 
@@ -60,7 +60,8 @@ pub fn run_oomcheck(args: &OomcheckArgs) -> Result<Oomcheck, UsageError> {
     let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
     let report = check(&spec, &config, &args.gpu).map_err(usage)?;
     let sweep = args.sweep.as_ref().map(|plan| sweep(&spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
-    let host = args.loader_shape().map(|shape| host_check(shape, args.host_ram));
+    let masks = analyze(&spec, config.input, config.precision, config.layers).is_ok_and(|cost| cost.labels_per_sample() > 1);
+    let host = args.loader_shape(masks).map(|shape| host_check(shape, args.host_ram));
     Ok(Oomcheck { report, sweep, host })
 }
 

@@ -103,6 +103,17 @@ fn oomcheck_reports_the_loaders_host_memory_when_given_workers() {
 }
 
 #[test]
+fn oomcheck_host_counts_a_label_per_pixel_for_a_segmentation_model() {
+    let unet = oomcheck(&words("unet --batch 16 --res 128 --workers 2 --prefetch 2 --source 640x480 --host")).unwrap().text().to_owned();
+    assert!(unet.contains("with a label per pixel") && unet.contains("decoded photos and masks"), "{unet}");
+    let resnet =
+        oomcheck(&words("resnet18 --batch 16 --res 128 --workers 2 --prefetch 2 --source 640x480 --host")).unwrap().text().to_owned();
+    assert!(!resnet.contains("label per pixel"), "{resnet}");
+    let batch = |text: &str| text.lines().find(|l| l.starts_with("batches in flight")).map(str::to_owned);
+    assert_ne!(batch(&unet), batch(&resnet), "a mask's labels add a quarter of the images' bytes to each batch");
+}
+
+#[test]
 fn oomcheck_host_shows_the_loaders_part_alone() {
     let text =
         oomcheck(&words("resnet18 --batch 32 --res 224 --workers 16 --prefetch 4 --host-ram 2GiB --host")).unwrap().text().to_owned();

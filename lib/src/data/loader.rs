@@ -65,6 +65,11 @@ pub trait Dataset: Send + Sync + 'static {
     /// `gauge` is told about large temporary buffers.
     fn load(&self, index: usize, rng: &mut Rng, gauge: &MemoryGauge) -> Result<Example, DataError>;
 
+    /// Whether each sample carries a class per pixel (a segmentation mask).
+    fn has_masks(&self) -> bool {
+        false
+    }
+
     /// What names sample `index` in messages (a path for files).
     fn describe(&self, index: usize) -> String {
         format!("sample {index}")
@@ -349,6 +354,7 @@ impl<D: Dataset> DataLoader<D> {
             num_workers: self.config.num_workers,
             prefetch: self.config.prefetch,
             source,
+            masks: self.dataset.has_masks(),
         }
         .footprint()
     }

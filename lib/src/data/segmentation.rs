@@ -1,6 +1,7 @@
 //! Images paired with masks of their pixels' classes, for segmentation
 //! networks: `root/class/photo.jpg` goes with `masks_root/class/photo.png`.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -58,10 +59,21 @@ impl SegmentationFolder {
         let folder = ImageFolder::open(root, policy)?;
         let mut skipped = folder.skipped;
         let mut items = Vec::with_capacity(folder.items.len());
+        let mut paired: HashMap<PathBuf, PathBuf> = HashMap::new();
         for image in folder.items {
             let relative = image.path.strip_prefix(&folder.root).unwrap_or(&image.path);
             let mask = masks_root.join(relative).with_extension("png");
-            if mask.is_file() {
+            if let Some(first) = paired.get(&mask) {
+                let message = format!(
+                    "it is already the mask of {}: two photos that differ only in their extension would share one mask; rename one",
+                    first.display()
+                );
+                if policy == OnError::Fail {
+                    return Err(DataError::Mask { image: image.path, mask, message });
+                }
+                skipped.push((image.path, message));
+            } else if mask.is_file() {
+                paired.insert(mask.clone(), image.path.clone());
                 items.push(SegmentationItem { image, mask });
             } else if policy == OnError::Fail {
                 return Err(DataError::Mask { image: image.path, mask, message: MISSING.into() });
@@ -175,6 +187,10 @@ impl Dataset for SegmentationDataset {
     /// The photo's class, not a pixel's.
     fn label(&self, index: usize) -> u32 {
         self.items[index].image.label
+    }
+
+    fn has_masks(&self) -> bool {
+        true
     }
 
     fn describe(&self, index: usize) -> String {

@@ -69,8 +69,16 @@ impl HostReport {
         let s = &f.shape;
         let mut table = Table::new(["host memory of the loader", "count", "each", "total"])
             .title(format!(
-                "data loader: {} workers x prefetch {}, batch {} of {}x{}x{}, photos up to {}x{}",
-                s.num_workers, s.prefetch, s.batch_size, s.sample[0], s.sample[1], s.sample[2], s.source.0, s.source.1
+                "data loader: {} workers x prefetch {}, batch {} of {}x{}x{}{}, photos up to {}x{}",
+                s.num_workers,
+                s.prefetch,
+                s.batch_size,
+                s.sample[0],
+                s.sample[1],
+                s.sample[2],
+                if s.masks { " with a label per pixel" } else { "" },
+                s.source.0,
+                s.source.1
             ))
             .right_align(&[1, 2, 3]);
         table.push_row([
@@ -81,7 +89,7 @@ impl HostReport {
         ]);
         let builders = s.num_workers.max(1) as u64;
         table.push_row([
-            "decoded photos (one per worker)".to_owned(),
+            if s.masks { "decoded photos and masks (one per worker)" } else { "decoded photos (one per worker)" }.to_owned(),
             builders.to_string(),
             human(f.decode_bytes_per_worker),
             human(builders * f.decode_bytes_per_worker),
@@ -109,7 +117,7 @@ mod tests {
     use super::*;
 
     fn shape(workers: usize, prefetch: usize) -> LoaderShape {
-        LoaderShape { batch_size: 32, sample: [3, 224, 224], num_workers: workers, prefetch, source: (4000, 3000) }
+        LoaderShape { batch_size: 32, sample: [3, 224, 224], num_workers: workers, prefetch, source: (4000, 3000), masks: false }
     }
 
     #[test]

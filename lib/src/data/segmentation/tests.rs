@@ -95,6 +95,23 @@ fn a_missing_mask_is_named_with_its_image_or_skipped_by_policy() {
 }
 
 #[test]
+fn two_photos_that_would_share_one_mask_are_named_or_one_is_skipped_by_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (photos, masks) = generated(dir.path(), &LeafDiseaseSynth::new(24, 2).with_size(64, 48));
+    let original = open(&photos, &masks).unwrap().items[3].image.path.clone();
+    let twin = original.with_extension(if original.extension().is_some_and(|e| e == "png") { "jpg" } else { "png" });
+    std::fs::copy(&original, &twin).unwrap();
+    let err = open(&photos, &masks).unwrap_err().to_string();
+    for path in [&original, &twin] {
+        assert!(err.contains(&path.display().to_string()), "{err}");
+    }
+    assert!(err.contains("rename one"), "{err}");
+    let kept = SegmentationFolder::open(&photos, &masks, 2, OnError::Skip).unwrap();
+    assert_eq!(kept.items.len(), 24);
+    assert_eq!(kept.skipped.len(), 1, "{:?}", kept.skipped);
+}
+
+#[test]
 fn a_mask_of_another_size_or_with_unknown_classes_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     let (photos, masks) = generated(dir.path(), &LeafDiseaseSynth::new(24, 2).with_size(64, 48));
