@@ -33,8 +33,8 @@ pub struct FitArgs {
     /// Square input side in pixels
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(8..))]
     pub res: u32,
-    /// Passes over the training split (12 reach about 70% validation accuracy on the synthetic
-    /// leaf set; 6 only tie the colour-histogram baseline)
+    /// Passes over the training split (for small-cnn, 12 reach about 70% validation accuracy on
+    /// 3,000 synthetic leaf photos and about 52% on 2,000; 6 only tie the colour-histogram baseline)
     #[arg(long, default_value_t = 12, value_parser = positive)]
     pub epochs: usize,
     /// Images per forward pass (the micro-batch when accumulating)

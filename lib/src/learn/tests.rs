@@ -54,6 +54,25 @@ fn the_trainer_learns_through_the_loader() {
 }
 
 #[test]
+fn a_vision_transformer_learns_through_the_loader() {
+    let dir = tempfile::tempdir().unwrap();
+    two_colours(dir.path(), 48);
+    let (folder, split) = open_and_split(dir.path());
+    let config = LearnConfig {
+        model: ModelName::VitTiny,
+        res: 32,
+        epochs: 3,
+        batch_size: 8,
+        optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::AdamW, 3e-4),
+        ..quick()
+    };
+    let report = fit_folder(&folder, &split, &config, &Device::Cpu, &mut |_| ()).unwrap();
+    assert!(report.epochs[2].train_loss < report.epochs[0].train_loss, "{:?}", report.epochs);
+    assert!(report.val_accuracy >= 0.9, "chance is 0.5: {report:?}");
+    assert!(report.table().to_string().contains("vit-tiny at 32x32, 3 epochs"));
+}
+
+#[test]
 fn the_loader_as_a_batch_source_gives_its_batches_and_names_a_broken_file() {
     let dir = tempfile::tempdir().unwrap();
     two_colours(dir.path(), 5);
