@@ -15,11 +15,12 @@
 //! sum_n X_n G'_n^T` by gemm, `db` as the sums of the gradient's planes.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use half::{bf16, f16};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
+use super::biased::{Biased, Operand, WithBias};
 use super::conv::matmul;
 use super::floats::{f32_view, storage_from_f32, zeros};
 use super::gemm_packing::{packing_bytes, Strides};
@@ -49,8 +50,8 @@ pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, kern
     }
     let (x, weight) = (x.contiguous()?, weight.contiguous()?);
     match bias {
-        Some(bias) => x.apply_op3(&weight, &bias.contiguous()?, ConvTranspose2d(geometry)),
-        None => x.apply_op2(&weight, ConvTranspose2d(geometry)),
+        Some(bias) => x.apply_op3(&weight, &bias.contiguous()?, Biased(ConvTranspose2d(geometry))),
+        None => x.apply_op2(&weight, Biased(ConvTranspose2d(geometry))),
     }
 }
 
@@ -282,14 +283,12 @@ impl<'a> Bias<'a> {
     }
 }
 
-/// A CPU operand: its storage and layout.
-type Operand<'a> = (&'a CpuStorage, &'a Layout);
-
-/// The up-convolution as a candle op: `(x, weight)` without a bias
-/// ([`CustomOp2`]), `(x, weight, bias)` with one ([`CustomOp3`]).
+/// The up-convolution, a candle op through [`Biased`].
 struct ConvTranspose2d(Geometry);
 
-impl ConvTranspose2d {
+impl WithBias for ConvTranspose2d {
+    const NAME: &'static str = OP;
+
     fn forward(&self, x: Operand, weight: Operand, bias: Option<Operand>) -> Result<(CpuStorage, Shape)> {
         let g = &self.0;
         let y = {
@@ -310,68 +309,16 @@ impl ConvTranspose2d {
         Ok((storage_from_f32(OP, y, x.0.dtype())?, g.output_shape()))
     }
 
-    /// The gradients of `x`, `weight` and `bias` from that of the output,
-    /// each `None` for an operand that needs none.
-    fn gradients(
-        &self,
-        x: &Tensor,
-        weight: &Tensor,
-        bias: Option<&Tensor>,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let grad = grad.contiguous()?;
-        let g = self.0;
-        let input = if x.track_op() { Some(grad.apply_op2_no_bwd(weight, &InputGradient(g))?) } else { None };
-        let weight = if weight.track_op() { Some(grad.apply_op2_no_bwd(x, &WeightGradient(g))?) } else { None };
-        let bias = match bias {
-            Some(bias) if bias.track_op() => Some(grad.apply_op1_no_bwd(&BiasGradient(g))?),
-            _ => None,
-        };
-        Ok((input, weight, bias))
-    }
-}
-
-impl CustomOp2 for ConvTranspose2d {
-    fn name(&self) -> &'static str {
-        OP
+    fn input_gradient(&self, grad: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        grad.apply_op2_no_bwd(weight, &InputGradient(self.0))
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.forward((s1, l1), (s2, l2), None)
+    fn weight_gradient(&self, grad: &Tensor, x: &Tensor) -> Result<Tensor> {
+        grad.apply_op2_no_bwd(x, &WeightGradient(self.0))
     }
 
-    fn bwd(&self, x: &Tensor, weight: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (input, weight, _) = self.gradients(x, weight, None, grad)?;
-        Ok((input, weight))
-    }
-}
-
-impl CustomOp3 for ConvTranspose2d {
-    fn name(&self) -> &'static str {
-        OP
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.forward((s1, l1), (s2, l2), Some((s3, l3)))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        _out: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        self.gradients(x, weight, Some(bias), grad)
+    fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor> {
+        grad.apply_op1_no_bwd(&BiasGradient(self.0))
     }
 }
 

@@ -11,11 +11,12 @@
 //! (g read transposed in place) by gemm, `db` as the column sums of `g`.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
 use gemm::Parallelism;
 use multiversion::multiversion;
 use rayon::prelude::*;
 
+use super::biased::{Biased, Operand, WithBias};
 use super::conv::{matmul, Mat};
 use super::floats::{f32_view, rows_of, storage_from_f32, zeros};
 use super::gemm_packing::{packing_bytes, Strides};
@@ -43,8 +44,8 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
     }
     let (x, weight) = (x.contiguous()?, weight.contiguous()?);
     match bias {
-        Some(bias) => x.apply_op3(&weight, &bias.contiguous()?, Linear(geometry)),
-        None => x.apply_op2(&weight, Linear(geometry)),
+        Some(bias) => x.apply_op3(&weight, &bias.contiguous()?, Biased(Linear(geometry))),
+        None => x.apply_op2(&weight, Biased(Linear(geometry))),
     }
 }
 
@@ -196,14 +197,12 @@ pub(super) fn transposed(data: &[f32], width: usize) -> Mat<'_> {
     Mat { data, row_stride: 1, col_stride: width }
 }
 
-/// A CPU operand: its storage and layout.
-type Operand<'a> = (&'a CpuStorage, &'a Layout);
-
-/// The linear layer as a candle op: `(x, weight)` without a bias
-/// ([`CustomOp2`]), `(x, weight, bias)` with one ([`CustomOp3`]).
+/// The linear layer, a candle op through [`Biased`].
 struct Linear(Geometry);
 
-impl Linear {
+impl WithBias for Linear {
+    const NAME: &'static str = OP;
+
     fn forward(&self, x: Operand, weight: Operand, bias: Option<Operand>) -> Result<(CpuStorage, Shape)> {
         let g = &self.0;
         let y = {
@@ -231,68 +230,16 @@ impl Linear {
         Ok((storage_from_f32(OP, y, x.0.dtype())?, with_last(x.1.dims(), g.outputs)))
     }
 
-    /// The gradients of `x`, `weight` and `bias` from that of the output,
-    /// each `None` for an operand that needs none.
-    fn gradients(
-        &self,
-        x: &Tensor,
-        weight: &Tensor,
-        bias: Option<&Tensor>,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let grad = grad.contiguous()?;
-        let g = self.0;
-        let input = if x.track_op() { Some(grad.apply_op2_no_bwd(weight, &InputGradient(g))?) } else { None };
-        let weight = if weight.track_op() { Some(grad.apply_op2_no_bwd(x, &WeightGradient(g))?) } else { None };
-        let bias = match bias {
-            Some(bias) if bias.track_op() => Some(grad.apply_op1_no_bwd(&BiasGradient(g))?),
-            _ => None,
-        };
-        Ok((input, weight, bias))
-    }
-}
-
-impl CustomOp2 for Linear {
-    fn name(&self) -> &'static str {
-        OP
+    fn input_gradient(&self, grad: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        grad.apply_op2_no_bwd(weight, &InputGradient(self.0))
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
-        self.forward((s1, l1), (s2, l2), None)
+    fn weight_gradient(&self, grad: &Tensor, x: &Tensor) -> Result<Tensor> {
+        grad.apply_op2_no_bwd(x, &WeightGradient(self.0))
     }
 
-    fn bwd(&self, x: &Tensor, weight: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (input, weight, _) = self.gradients(x, weight, None, grad)?;
-        Ok((input, weight))
-    }
-}
-
-impl CustomOp3 for Linear {
-    fn name(&self) -> &'static str {
-        OP
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-        s3: &CpuStorage,
-        l3: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        self.forward((s1, l1), (s2, l2), Some((s3, l3)))
-    }
-
-    fn bwd(
-        &self,
-        x: &Tensor,
-        weight: &Tensor,
-        bias: &Tensor,
-        _out: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        self.gradients(x, weight, Some(bias), grad)
+    fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor> {
+        grad.apply_op1_no_bwd(&BiasGradient(self.0))
     }
 }
 

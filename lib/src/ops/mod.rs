@@ -10,6 +10,7 @@
 //! use candle's operations.
 
 mod attention;
+mod biased;
 pub mod check;
 mod conv;
 mod conv_geometry;

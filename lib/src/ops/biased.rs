@@ -1,0 +1,86 @@
+//! An op of `(x, weight)` with an optional bias as one candle op: `(x,
+//! weight)` is a [`CustomOp2`], `(x, weight, bias)` a [`CustomOp3`], and
+//! backward makes only the gradients of the operands that need one.
+
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+
+/// A CPU operand: its storage and layout.
+pub(super) type Operand<'a> = (&'a CpuStorage, &'a Layout);
+
+/// What an op with an optional bias computes: its forward on the CPU, and
+/// each operand's gradient from the output's (contiguous).
+pub(super) trait WithBias: Send + Sync {
+    const NAME: &'static str;
+
+    fn forward(&self, x: Operand, weight: Operand, bias: Option<Operand>) -> Result<(CpuStorage, Shape)>;
+    fn input_gradient(&self, grad: &Tensor, weight: &Tensor) -> Result<Tensor>;
+    fn weight_gradient(&self, grad: &Tensor, x: &Tensor) -> Result<Tensor>;
+    fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor>;
+}
+
+/// `x.apply_op2(&weight, Biased(op))` or `x.apply_op3(&weight, &bias, Biased(op))`.
+pub(super) struct Biased<T>(pub T);
+
+impl<T: WithBias> Biased<T> {
+    /// The gradients of `x`, `weight` and `bias`, each `None` for an operand that needs none.
+    fn gradients(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let input = if x.track_op() { Some(self.0.input_gradient(&grad, weight)?) } else { None };
+        let weight = if weight.track_op() { Some(self.0.weight_gradient(&grad, x)?) } else { None };
+        let bias = match bias {
+            Some(bias) if bias.track_op() => Some(self.0.bias_gradient(&grad)?),
+            _ => None,
+        };
+        Ok((input, weight, bias))
+    }
+}
+
+impl<T: WithBias> CustomOp2 for Biased<T> {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        self.0.forward((s1, l1), (s2, l2), None)
+    }
+
+    fn bwd(&self, x: &Tensor, weight: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (input, weight, _) = self.gradients(x, weight, None, grad)?;
+        Ok((input, weight))
+    }
+}
+
+impl<T: WithBias> CustomOp3 for Biased<T> {
+    fn name(&self) -> &'static str {
+        T::NAME
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        self.0.forward((s1, l1), (s2, l2), Some((s3, l3)))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        self.gradients(x, weight, Some(bias), grad)
+    }
+}
