@@ -3,13 +3,13 @@
 
 use std::time::Instant;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use serde::Serialize;
 
 use super::{train_on, LearnConfig, LearnEpoch, LearnError};
 use crate::data::{DataError, SegmentationFolder, Split, MASK_CLASSES};
 use crate::render::{Bundle, Render, Table};
-use crate::train::{BatchSource, TrainEvent};
+use crate::train::TrainEvent;
 use crate::units::percent_of_one;
 
 /// What training from a folder with masks reached on the validation photos.
@@ -137,23 +137,10 @@ pub fn fit_segmentation(
     }
     let started = Instant::now();
     let classes = folder.mask_classes as usize;
-    let (_, mut val, epochs) =
+    let (trainer, _, epochs) =
         train_on("fit_segmentation", |indices, transforms| folder.dataset(indices, transforms), classes, split, config, device, watch)?;
     let last = epochs.last().cloned();
-    let mut counts = vec![0u64; classes];
-    for batch in val.epoch(0) {
-        let (_, labels) = batch.map_err(|source| DataError::Tensor { op: "loading a validation batch", shape: Vec::new(), source })?;
-        let labels = labels
-            .to_dtype(DType::U32)
-            .and_then(|l| l.flatten_all())
-            .and_then(|l| l.to_vec1::<u32>())
-            .map_err(|source| DataError::Tensor { op: "validation masks", shape: Vec::new(), source })?;
-        for l in labels {
-            if let Some(count) = counts.get_mut(l as usize) {
-                *count += 1;
-            }
-        }
-    }
+    let counts = trainer.history().evals().last().map(|eval| eval.labelled.clone()).unwrap_or_default();
     let total = counts.iter().sum::<u64>().max(1) as f64;
     let commonest_class = commonest(folder, split, classes)?;
     Ok(SegmentReport {

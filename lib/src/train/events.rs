@@ -59,6 +59,8 @@ pub struct EvalReport {
     /// Segmentation only: each class's intersection over union across the
     /// whole set (`None` for a class neither predicted nor labelled anywhere).
     pub iou: Vec<Option<f64>>,
+    /// Segmentation only: the pixels each class labels across the set.
+    pub labelled: Vec<u64>,
 }
 
 impl EvalReport {

@@ -314,4 +314,6 @@ fn a_unet_learns_to_segment_the_striped_bands() {
     assert!(eval.iou.iter().all(|iou| iou.unwrap() > trivial + 0.2), "IoU {:?}, one class for every pixel {trivial:.3}", eval.iou);
     assert!(eval.accuracy > 0.9, "pixel accuracy {}", eval.accuracy);
     assert_eq!(eval.samples, 64);
+    let ones = vy.sum_all().unwrap().to_scalar::<u32>().unwrap() as u64;
+    assert_eq!(eval.labelled, [64 * 32 * 32 - ones, ones], "the pixels each class labels");
 }

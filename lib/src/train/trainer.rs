@@ -374,6 +374,7 @@ impl Trainer {
             accuracy: correct_sum as f64 / scored as f64,
             samples,
             iou: overlap.iou(),
+            labelled: overlap.labelled,
         };
         self.history.events.push(TrainEvent::Eval(report.clone()));
         Ok(report)
@@ -429,11 +430,13 @@ impl Trainer {
     }
 }
 
-/// Each class's intersection and union of predicted and labelled pixels, summed over batches.
+/// Each class's intersection and union of predicted and labelled pixels,
+/// and its labelled pixels, summed over batches.
 #[derive(Debug, Default)]
 struct Overlap {
     intersection: Vec<u64>,
     union: Vec<u64>,
+    labelled: Vec<u64>,
 }
 
 impl Overlap {
@@ -442,8 +445,12 @@ impl Overlap {
         let labels = labels.flatten_all()?.to_vec1::<u32>()?;
         self.intersection.resize(classes, 0);
         self.union.resize(classes, 0);
+        self.labelled.resize(classes, 0);
         for (&p, &l) in predicted.iter().zip(&labels) {
             let (p, l) = (p as usize, l as usize);
+            if let Some(labelled) = self.labelled.get_mut(l) {
+                *labelled += 1;
+            }
             if p == l {
                 self.intersection[p] += 1;
                 self.union[p] += 1;
