@@ -29,8 +29,7 @@ impl Stripes {
     /// the same for the same seed; labels cycle through the classes.
     pub fn generate(&self, count: usize, seed: u64, device: &Device) -> Result<(Tensor, Tensor)> {
         let labels: Vec<u32> = (0..count).map(|i| (i % self.classes.max(1)) as u32).collect();
-        let pixel_classes = |i: usize, _: &mut StdRng| vec![labels[i]; self.res * self.res];
-        let (images, _) = self.draw(count, seed, pixel_classes)?;
+        let (images, _) = self.draw(count, seed, |i, _| Classes::Whole(labels[i]))?;
         Ok((Tensor::from_vec(images, (count, 3, self.res, self.res), device)?, Tensor::from_vec(labels, count, device)?))
     }
 
@@ -51,37 +50,55 @@ impl Stripes {
                     pixel.push(band.rem_euclid(classes as f32) as u32 % classes as u32);
                 }
             }
-            pixel
+            Classes::PerPixel(pixel)
         };
         let (images, labels) = self.draw(count, seed, pixel_classes)?;
         Ok((Tensor::from_vec(images, (count, 3, res, res), device)?, Tensor::from_vec(labels, (count, res, res), device)?))
     }
 
     /// The pixels of `count` images, each pixel striped in the orientation of
-    /// the class `pixel_classes` gives it, and those classes.
-    fn draw(&self, count: usize, seed: u64, mut pixel_classes: impl FnMut(usize, &mut StdRng) -> Vec<u32>) -> Result<(Vec<f32>, Vec<u32>)> {
+    /// the class `classes_of` gives it, and the per-pixel classes where it
+    /// gives them pixel by pixel.
+    fn draw(&self, count: usize, seed: u64, mut classes_of: impl FnMut(usize, &mut StdRng) -> Classes) -> Result<(Vec<f32>, Vec<u32>)> {
         let mut rng = StdRng::seed_from_u64(seed);
         let noise = Normal::new(0.0f32, self.noise.max(f32::MIN_POSITIVE)).map_err(candle_core::Error::wrap)?;
         let plane = self.res * self.res;
         let classes = self.classes.max(1) as f32;
         let mut pixels = Vec::with_capacity(count * 3 * plane);
-        let mut labels = Vec::with_capacity(count * plane);
+        let mut labels = Vec::new();
         for i in 0..count {
-            let classes_here = pixel_classes(i, &mut rng);
+            let classes_here = classes_of(i, &mut rng);
             let freq = rng.random_range(0.25..0.45f32);
             let phase = rng.random_range(0.0..2.0 * PI);
             let tint: [f32; 3] = [rng.random_range(0.5..1.0), rng.random_range(0.5..1.0), rng.random_range(0.5..1.0)];
             for tint in tint {
                 for y in 0..self.res {
                     for x in 0..self.res {
-                        let angle = PI * classes_here[y * self.res + x] as f32 / classes;
+                        let angle = PI * classes_here.at(y * self.res + x) as f32 / classes;
                         let t = (x as f32 * angle.cos() + y as f32 * angle.sin()) * freq + phase;
                         pixels.push(tint * t.sin() + noise.sample(&mut rng));
                     }
                 }
             }
-            labels.extend(classes_here);
+            if let Classes::PerPixel(classes_here) = classes_here {
+                labels.extend(classes_here);
+            }
         }
         Ok((pixels, labels))
+    }
+}
+
+/// One image's classes: one for the whole image, or one per pixel.
+enum Classes {
+    Whole(u32),
+    PerPixel(Vec<u32>),
+}
+
+impl Classes {
+    fn at(&self, pixel: usize) -> u32 {
+        match self {
+            Classes::Whole(class) => *class,
+            Classes::PerPixel(classes) => classes[pixel],
+        }
     }
 }
