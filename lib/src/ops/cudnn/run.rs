@@ -456,7 +456,10 @@ pub fn norm_act_backward(
             })
         })
     })?;
-    Ok([dz.filter(|_| z.track_op()), dparams.filter(|_| packed.track_op()), dweight])
+    // The parameters' gradient comes out flat, `[2C]`; the operand is the
+    // stacked `(2, C)`, and candle refuses a gradient of another shape.
+    let dparams = dparams.filter(|_| packed.track_op()).map(|d| d.reshape(packed.shape())).transpose()?;
+    Ok([dz.filter(|_| z.track_op()), dparams, dweight])
 }
 
 /// `act(bn(z) + residual)`, the residual `x` or `bn'(x)` where `projected`.
@@ -558,5 +561,6 @@ pub fn norm_add_act_backward(
             })
         })
     })?;
-    Ok([dz, dx.unwrap_or_else(|| dy.clone()), dparams])
+    // Flat, `[2C]` or `[4C]`, as cuDNN wrote it; the operand is the stacked `(2, C)` or `(4, C)`.
+    Ok([dz, dx.unwrap_or_else(|| dy.clone()), dparams.reshape(packed.shape())?])
 }
