@@ -1,19 +1,27 @@
-"""vramlab's CUDA build on a GPU machine: the smoke test, the ledger against
-the device pool, and step time and copy bandwidth against PyTorch, in one
-time-boxed run that writes a handful of JSON files.
+"""vramlab's CUDA build on a GPU machine: check-ops, the smoke test, the ledger
+against the device pool, and step time and copy bandwidth against PyTorch, in
+one time-boxed run that writes a handful of JSON files.
 
-    bash scripts/gpu_check.sh [--out DIR] [--budget SECONDS] [--only PART ...]
+    bash scripts/gpu_check.sh [--out DIR] [--budget SECONDS] [--only PART ...] [--small]
 
 Run by scripts/gpu_check.sh with the python that has PyTorch (on the device
 machine, /opt/torch/.venv's). The binary comes from scripts/build_cuda.sh
-(.gpu/vramlab); the CUDA libraries it links are found in that python's
-site-packages/nvidia folders. The parts, in order, each with its own time
-limit inside the overall budget (a part that would start past the budget is
-skipped and the report says so):
+($GPU_DIST/vramlab, .gpu/vramlab by default); the CUDA libraries it links are
+found in that python's site-packages/nvidia folders. The parts, in order, each
+with its own time limit inside the overall budget (a part that would start past
+the budget is skipped, and skipped.json says so):
 
-  env      the GPU, the driver, torch, and the libraries the binary resolves
-  ops      vramlab check-ops --device cuda: every op on the GPU against our CPU
-           implementation; a mismatch stops the run here
+  env      the GPU, the driver, torch, the binary (its size and sha256, to tell
+           which build ran) and the libraries it resolves
+  ops      vramlab check-ops --device cuda, with TF32 off (NVIDIA_TF32_OVERRIDE=0):
+           every op on the GPU against our CPU implementation (the same passes
+           on the reference primitives are checked by the test command, so a
+           mismatch here is cuDNN's arithmetic or a call the reference reads
+           differently from cuDNN). A mismatch, or check-ops not running, does not stop
+           the run: ops.json's "mismatch" says what went wrong, the log says so
+           at every later part, and every result written after it (smoke.json,
+           each row of measure.json and of bench.json's results, h2d.json)
+           carries "after_ops_mismatch": true
   smoke    vramlab smoke --device cuda
   measure  vramlab measure --device cuda for the twelve configurations of the
            measure matrix (tests/tests/measure.rs) and ResNet-18, ResNet-50 and
@@ -27,13 +35,25 @@ skipped and the report says so):
            was made after the warm-up
   h2d      vramlab bench h2d, and PyTorch's pageable and pinned copies
 
-`--device cpu --binary target/release/vramlab` rehearses the whole run on a
-machine without a GPU (PyTorch on the CPU, no pool figures, no h2d).
+A lease can end at any moment, so the run loses nothing it has done: each JSON
+file is rewritten whole (a temporary file, then a rename) after every row, a
+row is written as unfinished before it starts so that a killed run names what
+was running, and every request, vramlab's or PyTorch's, is limited by both its
+part's time and the time left in the run (Run.limit). log.txt ends with
+"done in" only when the run finished.
+
+--small gives every part tiny sizes (the whole run well under a minute on two
+CPU cores). `--device cpu --small --binary target/release/vramlab` rehearses
+the run on a machine without a GPU (the test command does, in
+tests/python/test_gpu.py): PyTorch on the CPU where this python has it, and
+where it has not, the reason in place of each PyTorch figure; no pool figures,
+no h2d.
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import json
 import os
 import pathlib
@@ -44,14 +64,21 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PARTS = ["env", "ops", "smoke", "measure", "bench", "h2d"]
 # Seconds each part may take at most (it also stops at the overall budget).
 PART_LIMITS = {"env": 30, "ops": 90, "smoke": 120, "measure": 240, "bench": 200, "h2d": 60}
 STEP_LIMIT = 90
+TF32_OFF = {"NVIDIA_TF32_OVERRIDE": "0"}
+# What a row says until its request answers: the run was stopped while it ran.
+UNFINISHED = "unfinished: the run stopped while this ran"
+NO_TORCH = "no PyTorch in this python (a rehearsal)"
 
-MEASURE_MATRIX = [
+Config = tuple[str, int, int, list[str]]  # model, batch, input side, further flags
+
+MEASURE_MATRIX: list[Config] = [
     ("small-cnn", 32, 32, []),
     ("small-cnn", 32, 32, ["--amp", "f16", "--opt", "adam"]),
     ("resnet18", 16, 64, []),
@@ -65,22 +92,58 @@ MEASURE_MATRIX = [
     ("efficientnet-b0", 8, 64, ["--opt", "adam"]),
     ("efficientnet-b0", 8, 64, ["--amp", "f16", "--ckpt", "stages"]),
 ]
-LARGE = [(model, 32, 224, amp) for model in ("resnet18", "resnet50", "efficientnet-b0") for amp in ([], ["--amp", "f16"])]
-LARGE_PLAIN = [(model, batch, res, [*extra, "--layers", "plain"]) for model, batch, res, extra in LARGE]
+LARGE: list[Config] = [(model, 32, 224, amp) for model in ("resnet18", "resnet50", "efficientnet-b0") for amp in ([], ["--amp", "f16"])]
+LARGE_PLAIN: list[Config] = [(model, batch, res, [*extra, "--layers", "plain"]) for model, batch, res, extra in LARGE]
 TORCH_MODELS = {"resnet18": "resnet18", "resnet34": "resnet34", "resnet50": "resnet50", "efficientnet-b0": "efficientnet_b0"}
 CLASSES = 10
 
 
-class Run:
-    """The overall clock, the log, and what was skipped and why."""
+class Sizes(NamedTuple):
+    """What each part runs: the GPU's matrices, or --small's tiny ones."""
 
-    def __init__(self, out: pathlib.Path, budget: float):
+    ops: list[str]  # check-ops' size flags
+    measure: list[Config]
+    bench: list[Config]
+    steps: int  # bench's defaults for --steps, --warmup and --rounds
+    warmup: int
+    rounds: int
+    h2d_mib: int
+    h2d_repeats: int
+
+
+FULL = Sizes(ops=[], measure=MEASURE_MATRIX + LARGE + LARGE_PLAIN, bench=LARGE, steps=5, warmup=2, rounds=2, h2d_mib=256, h2d_repeats=20)
+# check-ops' smallest sizes; a step of each kind measured (f32 and mixed precision) and one bench
+# configuration PyTorch has a counterpart for, each small enough for seconds on two CPU cores.
+SMALL = Sizes(ops=["--batch", "2", "--res", "32"], measure=[("small-cnn", 4, 32, []), ("resnet18", 2, 32, ["--amp", "f16"])],
+              bench=[("resnet18", 2, 32, [])], steps=1, warmup=0, rounds=1, h2d_mib=16, h2d_repeats=5)
+
+
+class Run:
+    """The overall clock, the log, what was skipped and why, and check-ops' mismatch once it has run."""
+
+    def __init__(self, out: pathlib.Path, budget: float, no_torch: str | None):
         self.out, self.budget, self.started = out, budget, time.monotonic()
+        self.no_torch = no_torch  # why this python has no PyTorch worker, or None
+        self.mismatch: str | None = None  # what check-ops found wrong; every later result is marked
         self.skipped: list[str] = []
+        self.written: set[str] = set()
         self.log = (out / "log.txt").open("w")
 
     def left(self) -> float:
         return self.budget - (time.monotonic() - self.started)
+
+    def deadline(self, part: str) -> float:
+        return time.monotonic() + PART_LIMITS[part]
+
+    def spent(self, deadline: float) -> bool:
+        """No time to start another row: the part's is over, or the run's nearly."""
+        return time.monotonic() > deadline or self.left() < 5
+
+    def limit(self, deadline: float, most: float = STEP_LIMIT) -> float:
+        """The seconds one request may take: at most `most`, and within both its part's deadline
+        and the time left in the run. At least a second, so that a request at the edge still
+        ends with an answer or a timeout on record."""
+        return max(min(most, deadline - time.monotonic(), self.left()), 1)
 
     def say(self, text: str) -> None:
         print(text, flush=True)
@@ -90,36 +153,88 @@ class Run:
     def skip(self, what: str, why: str) -> None:
         self.skipped.append(f"{what}: {why}")
         self.say(f"skipped {what}: {why}")
+        self.write("skipped.json", self.skipped)
+
+    def mark(self, result: dict) -> dict:
+        """`result`, marked as following a check-ops mismatch when one was found."""
+        if self.mismatch is not None:
+            result["after_ops_mismatch"] = True
+        return result
 
     def write(self, name: str, value) -> None:
-        (self.out / name).write_text(json.dumps(value, indent=1))
-        self.say(f"wrote {self.out / name}")
+        """`name` whole or not at all: written beside it, then renamed over it, so that a run
+        killed at any moment leaves valid JSON."""
+        path = self.out / name
+        temporary = path.with_name(f".{name}.partial")
+        temporary.write_text(json.dumps(value, indent=1))
+        os.replace(temporary, path)
+        if name not in self.written:
+            self.written.add(name)
+            self.say(f"wrote {path}")
 
 
 class TorchWorker:
     """PyTorch in a process of its own, asked one JSON line at a time. The
     driver never touches CUDA itself, and no PyTorch process is alive while
     `vramlab measure` reads the driver's in-use bytes (they count every
-    process on the device)."""
+    process on the device). A worker that failed, timed out or died is
+    started again by the next request."""
 
-    def __init__(self, device: str):
-        self.process = subprocess.Popen([sys.executable, __file__, "--torch-worker", "--device", device],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    def __init__(self, run: Run, device: str):
+        self.run, self.device = run, device
+        self.process: subprocess.Popen | None = None
 
-    def ask(self, request: dict, limit: float) -> dict:
-        self.process.stdin.write(json.dumps(request) + "\n")
-        self.process.stdin.flush()
-        ready, _, _ = select.select([self.process.stdout], [], [], max(limit, 1))
+    def ask(self, request: dict, deadline: float, most: float = STEP_LIMIT) -> dict:
+        limit = self.run.limit(deadline, most)
+        if self.process is None or self.process.poll() is not None:
+            self.process = subprocess.Popen([sys.executable, __file__, "--torch-worker", "--device", self.device],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+        except OSError as error:
+            self.close()
+            return {"error": f"the PyTorch process took no request: {error}"}
+        ready, _, _ = select.select([self.process.stdout], [], [], limit)
         if not ready:
             self.close()
             return {"error": f"PyTorch took over {limit:.0f} s"}
         line = self.process.stdout.readline()
-        return json.loads(line) if line else {"error": f"the PyTorch process ended (exit {self.process.wait()})"}
+        if not line:
+            ended = self.process.wait()
+            self.process = None
+            return {"error": f"the PyTorch process ended (exit {ended})"}
+        try:
+            answer = json.loads(line)
+        except json.JSONDecodeError:
+            answer = {"error": f"PyTorch answered {line[:300]!r}"}
+        if "error" in answer:  # a failed step may leave the process's CUDA state broken: the next request starts afresh
+            self.close()
+        return answer
 
     def close(self) -> None:
-        if self.process.poll() is None:
+        if self.process is not None and self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        self.process = None
+
+
+class NoTorch:
+    """TorchWorker's stand-in where this python has no PyTorch (a rehearsal on
+    the CPU): every figure PyTorch would give is the reason there is none."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+    def ask(self, request: dict, deadline: float, most: float = STEP_LIMIT) -> dict:
+        return {"none": self.why}
+
+    def close(self) -> None:
+        pass
+
+
+def torch_worker(run: Run, device: str) -> TorchWorker | NoTorch:
+    return NoTorch(run.no_torch) if run.no_torch else TorchWorker(run, device)
 
 
 # Where a container's NVIDIA driver (libcuda.so.1) is mounted when it is not in the loader's cache.
@@ -140,10 +255,11 @@ def library_path() -> str:
     return ":".join(folders + [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p])
 
 
-def vramlab(run: Run, binary: pathlib.Path, args: list[str], limit: float) -> dict:
+def vramlab(run: Run, binary: pathlib.Path, args: list[str], deadline: float, most: float = STEP_LIMIT,
+            extra_env: dict | None = None) -> dict:
     """One command's JSON, or what went wrong; never raises."""
-    limit = min(limit, max(run.left(), 1))
-    env = dict(os.environ, LD_LIBRARY_PATH=library_path())
+    limit = run.limit(deadline, most)
+    env = dict(os.environ, LD_LIBRARY_PATH=library_path(), **(extra_env or {}))
     started = time.monotonic()
     try:
         done = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=limit, env=env)
@@ -158,6 +274,25 @@ def vramlab(run: Run, binary: pathlib.Path, args: list[str], limit: float) -> di
     except json.JSONDecodeError:
         result["stdout"] = done.stdout[-4000:]
     return result
+
+
+def output(args: list[str], limit: float, env: dict | None = None) -> str:
+    """A helper command's output (stdout, else stderr), or why there is none; never raises."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=limit, env=env)
+    except subprocess.TimeoutExpired:
+        return f"{args[0]} timed out after {limit:.0f} s"
+    except OSError as error:
+        return f"{args[0]}: {error}"
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        for block in iter(lambda: file.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def step_flags(model: str, batch: int, res: int, extra: list[str], device: str) -> list[str]:
@@ -333,7 +468,17 @@ def release_torch() -> None:
         torch.cuda.empty_cache()
 
 
+def label(model: str, batch: int, res: int, extra: list[str]) -> str:
+    return " ".join([model, f"b{batch}@{res}", *extra])
+
+
+def last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def part_env(run: Run, binary: pathlib.Path, device: str) -> None:
+    deadline = run.deadline("env")
     env = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": platform.platform(),
@@ -341,41 +486,61 @@ def part_env(run: Run, binary: pathlib.Path, device: str) -> None:
         "python": sys.version.split()[0],
         "binary": str(binary),
         "binary_bytes": binary.stat().st_size,
+        "binary_sha256": sha256(binary),
         "library_path": library_path(),
     }
-    worker = TorchWorker(device)
-    env |= worker.ask({"ask": "env"}, PART_LIMITS["env"])
+    worker = torch_worker(run, device)
+    answer = worker.ask({"ask": "env"}, deadline, PART_LIMITS["env"])
     worker.close()
+    if "none" in answer:
+        env |= {"torch": None, "torch_absent": answer["none"]}
+    elif "error" in answer:
+        env |= {"torch": None, "torch_error": answer["error"]}
+    else:
+        env |= answer
     if shutil.which("nvidia-smi"):
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used", "--format=csv"],
-                             capture_output=True, text=True)
-        env["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
-    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, env=dict(os.environ, LD_LIBRARY_PATH=library_path()))
-    env["ldd"] = ldd.stdout.strip().splitlines()
+        env["nvidia_smi"] = output(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,memory.used", "--format=csv"],
+                                   run.limit(deadline))
+    ldd = output(["ldd", str(binary)], run.limit(deadline), env=dict(os.environ, LD_LIBRARY_PATH=library_path()))
+    env["ldd"] = ldd.splitlines()
     env["unresolved"] = [line.split()[0] for line in env["ldd"] if "not found" in line]
     run.write("env.json", env)
-    run.say(f"  {env.get('gpu', 'no GPU')}, torch {env.get('torch')}, binary {env['binary_bytes'] >> 20} MiB")
+    torch = env["torch"] or f"absent: {env.get('torch_absent') or env.get('torch_error')}"
+    run.say(f"  {env.get('gpu', 'no GPU')}; torch {torch}; binary {env['binary_bytes'] >> 20} MiB, sha256 {env['binary_sha256']}")
     if env["unresolved"]:
         run.say(f"  the binary does not find: {', '.join(env['unresolved'])}")
 
 
-def part_ops(run: Run, binary: pathlib.Path, device: str) -> bool:
-    """check-ops on the device; False (the run stops) on a mismatch or when it did not run."""
-    result = vramlab(run, binary, ["check-ops", "--device", device, "--json"], PART_LIMITS["ops"])
-    run.write("ops.json", result)
+def part_ops(run: Run, binary: pathlib.Path, device: str, sizes: Sizes) -> None:
+    """check-ops on the device. A mismatch, or check-ops not running, goes into ops.json's
+    "mismatch" and run.mismatch (which marks every later result); the run goes on, since what
+    the later parts measure is a finding either way."""
+    args = ["check-ops", "--device", device, *sizes.ops, "--json"]
+    run.write("ops.json", {"args": args, "error": UNFINISHED})
+    # f32 convolutions on TF32 tensor cores would be compared at a tolerance loosened for them;
+    # with TF32 off, check-ops holds cuDNN's f32 to the CPU's own tolerance.
+    result = vramlab(run, binary, args, run.deadline("ops"), PART_LIMITS["ops"], extra_env=TF32_OFF)
     report = result.get("json", {})
     failed = [c for c in report.get("checks", []) if not c.get("ok")]
     for check in failed[:20]:
         run.say(f"  MISMATCH {json.dumps(check)}")
     run.say(f"  check-ops: exit {result.get('exit')}, {report.get('passed', '?')} passed, {report.get('failed', '?')} failed")
     if result.get("exit") != 0:
-        run.say(f"  {result.get('error') or result.get('stderr', '')[-500:]}")
-        return False
-    return True
+        if failed:
+            result["mismatch"] = f"{len(failed)} of {len(report['checks'])} checks failed"
+        else:
+            why = result.get("error") or last_line(result.get("stderr", "")) or f"exit {result.get('exit')}"
+            result["mismatch"] = f"check-ops did not finish ({why})"
+            run.say(f"  {result.get('error') or result.get('stderr', '')[-500:]}")
+        run.mismatch = result["mismatch"]
+        run.say(f"  check-ops mismatch: {run.mismatch}; the run goes on, and every later result is marked after_ops_mismatch")
+    run.write("ops.json", result)
 
 
 def part_smoke(run: Run, binary: pathlib.Path, device: str) -> None:
-    result = vramlab(run, binary, ["smoke", "--device", device, "--json"], PART_LIMITS["smoke"])
+    args = ["smoke", "--device", device, "--json"]
+    run.write("smoke.json", run.mark({"args": args, "error": UNFINISHED}))
+    result = run.mark(vramlab(run, binary, args, run.deadline("smoke"), PART_LIMITS["smoke"]))
     run.write("smoke.json", result)
     for check in result.get("json", {}).get("checks", []):
         run.say(f"  {'pass' if check['passed'] else 'FAIL'}  {check['name']}: {check['figure']}")
@@ -383,94 +548,104 @@ def part_smoke(run: Run, binary: pathlib.Path, device: str) -> None:
         run.say(f"  smoke did not run: {result.get('error') or result.get('stderr', '')[-500:]}")
 
 
-def part_measure(run: Run, binary: pathlib.Path, device: str) -> None:
-    deadline = time.monotonic() + PART_LIMITS["measure"]
+def part_measure(run: Run, binary: pathlib.Path, device: str, sizes: Sizes) -> None:
+    deadline = run.deadline("measure")
     rows = []
-    for model, batch, res, extra in MEASURE_MATRIX + LARGE + LARGE_PLAIN:
-        label = " ".join([model, f"b{batch}@{res}", *extra])
-        if time.monotonic() > deadline or run.left() < 5:
-            run.skip(f"measure {label}", "the part's time was spent")
+    for model, batch, res, extra in sizes.measure:
+        name = label(model, batch, res, extra)
+        if run.spent(deadline):
+            run.skip(f"measure {name}", "the part's time was spent")
             continue
-        row = {"label": label, "config": [model, batch, res, extra],
-               **vramlab(run, binary, ["measure", *step_flags(model, batch, res, extra, device), "--json"],
-                         min(STEP_LIMIT, deadline - time.monotonic()))}
-        comparison = row.get("json", {})
+        args = ["measure", *step_flags(model, batch, res, extra, device), "--json"]
+        rows.append(run.mark({"label": name, "config": [model, batch, res, extra], "args": args, "error": UNFINISHED}))
+        run.write("measure.json", rows)
+        rows[-1] = run.mark({"label": name, "config": [model, batch, res, extra], **vramlab(run, binary, args, deadline)})
+        run.write("measure.json", rows)
+        comparison = rows[-1].get("json", {})
         if "measured_peak" in comparison:
             error = (comparison["measured_peak"] - comparison["predicted_peak"]) / comparison["predicted_peak"] * 100
-            run.say(f"  {label}: predicted {comparison['predicted_peak'] / 2**20:.1f} MiB, "
+            run.say(f"  {name}: predicted {comparison['predicted_peak'] / 2**20:.1f} MiB, "
                     f"measured {comparison['measured_peak'] / 2**20:.1f} MiB ({error:+.1f}%)")
         else:
-            run.say(f"  {label}: {row.get('error') or row.get('stderr', '')[-300:]}")
-        rows.append(row)
-    worker = TorchWorker(device)
+            run.say(f"  {name}: {rows[-1].get('error') or rows[-1].get('stderr', '')[-300:]}")
+    worker = torch_worker(run, device)
     for row in rows:
-        if time.monotonic() > deadline or run.left() < 5:
+        if run.spent(deadline):
             run.skip(f"PyTorch's peak for {row['label']}", "the part's time was spent")
             continue
         model, batch, res, extra = row["config"]
-        row["torch"] = worker.ask({"ask": "peak", "model": model, "batch": batch, "res": res, "extra": extra},
-                                  min(STEP_LIMIT, deadline - time.monotonic()))
+        row["torch"] = {"error": UNFINISHED}
+        run.write("measure.json", rows)
+        row["torch"] = worker.ask({"ask": "peak", "model": model, "batch": batch, "res": res, "extra": extra}, deadline)
+        run.write("measure.json", rows)
         if "torch_peak_bytes" in row["torch"]:
             ours = row.get("json", {})
             run.say(f"  {row['label']}: PyTorch's peak {row['torch']['torch_peak_bytes'] / 2**20:.1f} MiB "
                     f"(ours {ours.get('measured_peak', 0) / 2**20:.1f}), saved for backward "
                     f"{row['torch'].get('torch_saved_bytes', 0) / 2**20:.1f} MiB")
     worker.close()
-    run.write("measure.json", rows)
 
 
-def part_bench(run: Run, binary: pathlib.Path, device: str, steps: int, warmup: int, rounds: int) -> None:
-    deadline = time.monotonic() + PART_LIMITS["bench"]
-    worker = TorchWorker(device)
-    rows = []
-    for model, batch, res, extra in LARGE:
-        label = " ".join([model, f"b{batch}@{res}", *extra])
-        if time.monotonic() > deadline or run.left() < 5:
-            run.skip(f"bench {label}", "the part's time was spent")
+def part_bench(run: Run, binary: pathlib.Path, device: str, sizes: Sizes, steps: int, warmup: int, rounds: int) -> None:
+    deadline = run.deadline("bench")
+    worker = torch_worker(run, device)
+    bench = {"steps": steps, "warmup": warmup, "rounds": rounds, "results": []}
+    for model, batch, res, extra in sizes.bench:
+        name = label(model, batch, res, extra)
+        if run.spent(deadline):
+            run.skip(f"bench {name}", "the part's time was spent")
             continue
-        row = {"label": label, "ours_s": [], "torch_s": [], "failures": []}
+        row = run.mark({"label": name, "ours_s": [], "torch_s": [], "failures": [], "unfinished": UNFINISHED})
+        bench["results"].append(row)
+        run.write("bench.json", bench)
         for _ in range(rounds):
             result = vramlab(run, binary, ["bench", "train", *step_flags(model, batch, res, extra, device),
-                                           "--steps", str(steps), "--warmup", str(warmup), "--json"],
-                             min(STEP_LIMIT, deadline - time.monotonic()))
-            if "json" not in result:
+                                           "--steps", str(steps), "--warmup", str(warmup), "--json"], deadline)
+            if "median_seconds" not in result.get("json", {}):
                 row["failures"].append(result.get("error") or result.get("stderr", "")[-300:])
                 break
             row["ours_s"].append(result["json"]["median_seconds"])
             row["cudnn"] = result["json"].get("cudnn")
-            theirs = worker.ask({"ask": "times", "model": model, "batch": batch, "res": res, "extra": extra,
-                                 "steps": steps, "warmup": warmup}, min(STEP_LIMIT, deadline - time.monotonic()))
-            if "times" not in theirs:
-                row["torch"] = theirs
-                if "error" in theirs:
-                    worker.close()
-                    worker = TorchWorker(device)
-                break
-            row["torch_s"].append(statistics.median(theirs["times"]))
+            run.write("bench.json", bench)
+            # Once PyTorch has no figure for this configuration (or failed), our rounds go on alone.
+            if "torch" not in row:
+                theirs = worker.ask({"ask": "times", "model": model, "batch": batch, "res": res, "extra": extra,
+                                     "steps": steps, "warmup": warmup}, deadline)
+                if "times" in theirs:
+                    row["torch_s"].append(statistics.median(theirs["times"]))
+                else:
+                    row["torch"] = theirs
+                run.write("bench.json", bench)
+        del row["unfinished"]
         if row["ours_s"] and row["torch_s"]:
             ours, torch_s = statistics.median(row["ours_s"]), statistics.median(row["torch_s"])
             row["ratio"] = ours / torch_s
-            run.say(f"  {label}: vramlab {ours * 1000:.1f} ms, PyTorch {torch_s * 1000:.1f} ms, ratio {row['ratio']:.2f}x")
+            run.say(f"  {name}: vramlab {ours * 1000:.1f} ms, PyTorch {torch_s * 1000:.1f} ms, ratio {row['ratio']:.2f}x")
             if row.get("cudnn"):
                 plans = row["cudnn"]
                 off_first = [a for a in plans["algorithms"] if a["rank"] > 0]
-                run.say(f"  {label}: {len(plans['algorithms'])} cuDNN plans, {plans['made_while_timed']} made while timed, "
+                run.say(f"  {name}: {len(plans['algorithms'])} cuDNN plans, {plans['made_while_timed']} made while timed, "
                         f"largest workspace {max((a['workspace_bytes'] for a in plans['algorithms']), default=0) / 2**20:.1f} MiB, "
                         f"{len(off_first)} not the heuristics' first choice")
         else:
-            run.say(f"  {label}: vramlab {row['ours_s'] or row['failures']}, PyTorch {row['torch_s'] or row.get('torch')}")
-        rows.append(row)
+            ours = f"{statistics.median(row['ours_s']) * 1000:.1f} ms" if row["ours_s"] else row["failures"]
+            run.say(f"  {name}: vramlab {ours}, PyTorch {row['torch_s'] or row.get('torch')}")
+        run.write("bench.json", bench)
     worker.close()
-    run.write("bench.json", {"steps": steps, "warmup": warmup, "rounds": rounds, "results": rows})
 
 
-def part_h2d(run: Run, binary: pathlib.Path, device: str) -> None:
+def part_h2d(run: Run, binary: pathlib.Path, device: str, sizes: Sizes) -> None:
     if device != "cuda":
         run.skip("h2d", "there is no device to copy to")
         return
-    result = {"vramlab": vramlab(run, binary, ["bench", "h2d", "--mib", "256", "--repeats", "20", "--json"], PART_LIMITS["h2d"])}
-    worker = TorchWorker(device)
-    result["torch"] = worker.ask({"ask": "h2d", "mib": 256, "repeats": 20}, PART_LIMITS["h2d"])
+    deadline = run.deadline("h2d")
+    args = ["bench", "h2d", "--mib", str(sizes.h2d_mib), "--repeats", str(sizes.h2d_repeats), "--json"]
+    result = run.mark({"mib": sizes.h2d_mib, "vramlab": {"args": args, "error": UNFINISHED}, "torch": {"error": UNFINISHED}})
+    run.write("h2d.json", result)
+    result["vramlab"] = vramlab(run, binary, args, deadline, PART_LIMITS["h2d"])
+    run.write("h2d.json", result)
+    worker = torch_worker(run, device)
+    result["torch"] = worker.ask({"ask": "h2d", "mib": sizes.h2d_mib, "repeats": sizes.h2d_repeats}, deadline, PART_LIMITS["h2d"])
     worker.close()
     run.write("h2d.json", result)
     ours, theirs = result["vramlab"].get("json", {}), result["torch"]
@@ -481,26 +656,37 @@ def part_h2d(run: Run, binary: pathlib.Path, device: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(os.environ.get("OUT", ROOT / "target" / "gpu-check")))
-    parser.add_argument("--binary", type=pathlib.Path, default=ROOT / ".gpu" / "vramlab")
+    parser.add_argument("--binary", type=pathlib.Path, default=pathlib.Path(os.environ.get("GPU_DIST", ROOT / ".gpu")) / "vramlab")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--budget", type=float, default=480, help="seconds for everything; parts past it are skipped")
     parser.add_argument("--only", nargs="+", choices=PARTS, default=PARTS, help="run these parts alone")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per bench run")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2, help="alternations of vramlab and PyTorch per bench configuration")
+    parser.add_argument("--small", action="store_true", help="tiny sizes in every part: a rehearsal, or a quick look")
+    parser.add_argument("--steps", type=int, help=f"timed steps per bench run ({FULL.steps}; {SMALL.steps} with --small)")
+    parser.add_argument("--warmup", type=int, help=f"untimed steps before them ({FULL.warmup}; {SMALL.warmup} with --small)")
+    parser.add_argument("--rounds", type=int,
+                        help=f"alternations of vramlab and PyTorch per bench configuration ({FULL.rounds}; {SMALL.rounds} with --small)")
     parser.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.torch_worker:
         return serve(args.device)
-    if args.budget <= 0 or args.steps <= 0 or args.rounds <= 0 or args.warmup < 0:
+    sizes = SMALL if args.small else FULL
+    steps = sizes.steps if args.steps is None else args.steps
+    warmup = sizes.warmup if args.warmup is None else args.warmup
+    rounds = sizes.rounds if args.rounds is None else args.rounds
+    if args.budget <= 0 or steps <= 0 or rounds <= 0 or warmup < 0:
         parser.error("--budget, --steps and --rounds must be positive and --warmup not negative")
     if not args.binary.is_file():
         parser.error(f"no vramlab binary at {args.binary}: build it with scripts/build_cuda.sh (or name one with --binary)")
+    no_torch = None
     if subprocess.run([sys.executable, "-c", "import torch, torchvision"], capture_output=True).returncode != 0:
-        parser.error(f"{sys.executable} has no PyTorch and torchvision: run this with the python that has them")
+        if args.device == "cuda":
+            parser.error(f"{sys.executable} has no PyTorch and torchvision: run this with the python that has them")
+        no_torch = NO_TORCH
     args.out.mkdir(parents=True, exist_ok=True)
-    run = Run(args.out, args.budget)
-    run.say(f"gpu_check: device {args.device}, binary {args.binary}, budget {args.budget:.0f} s, out {args.out}")
+    run = Run(args.out, args.budget, no_torch)
+    run.say(f"gpu_check: device {args.device}, binary {args.binary}, budget {args.budget:.0f} s, out {args.out}"
+            f"{', small sizes' if args.small else ''}{f'; {no_torch}' if no_torch else ''}")
+    run.write("skipped.json", run.skipped)
     for part in PARTS:
         if part not in args.only:
             continue
@@ -508,27 +694,25 @@ def main() -> int:
             run.skip(part, f"the {args.budget:.0f} s budget was spent")
             continue
         run.say(f"== {part} ({run.left():.0f} s left)")
+        if run.mismatch is not None:
+            run.say(f"   these figures follow a check-ops mismatch: {run.mismatch}")
         started = time.monotonic()
         if part == "env":
             part_env(run, args.binary, args.device)
         elif part == "ops":
-            if not part_ops(run, args.binary, args.device):
-                for rest in PARTS[PARTS.index("ops") + 1:]:
-                    if rest in args.only:
-                        run.skip(rest, "check-ops found a mismatch or did not run")
-                break
+            part_ops(run, args.binary, args.device, sizes)
         elif part == "smoke":
             part_smoke(run, args.binary, args.device)
         elif part == "measure":
-            part_measure(run, args.binary, args.device)
+            part_measure(run, args.binary, args.device, sizes)
         elif part == "bench":
-            part_bench(run, args.binary, args.device, args.steps, args.warmup, args.rounds)
+            part_bench(run, args.binary, args.device, sizes, steps, warmup, rounds)
         elif part == "h2d":
-            part_h2d(run, args.binary, args.device)
+            part_h2d(run, args.binary, args.device, sizes)
         run.say(f"   {part} took {time.monotonic() - started:.0f} s")
     skipped = "nothing" if not run.skipped else f"{len(run.skipped)} (each is in skipped.json)"
-    run.say(f"done in {time.monotonic() - run.started:.0f} s; skipped: {skipped}")
-    (args.out / "skipped.json").write_text(json.dumps(run.skipped, indent=1))
+    after = f"; the figures after ops follow a check-ops mismatch: {run.mismatch}" if run.mismatch else ""
+    run.say(f"done in {time.monotonic() - run.started:.0f} s; skipped: {skipped}{after}")
     return 0
 
 

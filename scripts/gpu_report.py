@@ -2,11 +2,14 @@
 
     python3 scripts/gpu_report.py DIR     # DIR: the run's output folder ($OUT there)
 
-Reads env.json, ops.json, smoke.json, measure.json, bench.json and h2d.json
-(whichever the run wrote) and prints the machine, check-ops' largest error
-per op and dtype against its tolerance, the smoke test's checks, predicted
-against measured peaks and bills beside PyTorch's peak and saved tensors,
-step times against PyTorch's with cuDNN's plans, and copy bandwidth.
+Reads the files of SECTIONS (whichever the run wrote), skipped.json and
+log.txt, and prints the machine, check-ops' largest error per op and dtype
+against its tolerance, the smoke test's checks, predicted against measured
+peaks and bills beside PyTorch's peak and saved tensors, step times against
+PyTorch's with cuDNN's plans, and copy bandwidth. A section whose figures
+follow a check-ops mismatch says so under its title; a run that did not
+finish (no "done in" line in log.txt) is said to be cut short; where PyTorch
+gave no figure (a rehearsal without it), the reason stands in its place.
 """
 from __future__ import annotations
 
@@ -29,8 +32,12 @@ def load(folder: pathlib.Path, name: str):
 
 def env_lines(env: dict) -> list[str]:
     smi = env.get("nvidia_smi", "").splitlines()
-    return [f"- {env.get('date')}: {smi[-1] if smi else env.get('gpu')}; torch {env.get('torch')} (CUDA {env.get('torch_cuda')}); "
-            f"{env.get('cpus')} CPUs; {env.get('machine')}"]
+    if env.get("torch"):
+        torch = f"torch {env['torch']} (CUDA {env.get('torch_cuda')})"
+    else:
+        torch = f"torch absent: {env.get('torch_absent') or env.get('torch_error')}"
+    build = f"; vramlab binary sha256 {env['binary_sha256'][:16]}" if "binary_sha256" in env else ""
+    return [f"- {env.get('date')}: {smi[-1] if smi else env.get('gpu', 'no GPU')}; {torch}; {env.get('cpus')} CPUs; {env.get('machine')}{build}"]
 
 
 def ops_lines(ops: dict) -> list[str]:
@@ -77,15 +84,21 @@ def measure_lines(rows: list) -> list[str]:
     return lines
 
 
+def median_ms(seconds: list[float]) -> str:
+    return f"{statistics.median(seconds) * 1000:.1f} ms"
+
+
 def bench_lines(bench: dict) -> list[str]:
     lines = [f"{bench['rounds']} alternations of {bench['steps']} timed steps after {bench['warmup']} warm-up; medians.", "",
              "| configuration | vramlab | PyTorch | ratio |", "|---|---:|---:|---:|"]
     for row in bench["results"]:
         if "ratio" in row:
-            ours, theirs = statistics.median(row["ours_s"]), statistics.median(row["torch_s"])
-            lines.append(f"| {row['label']} | {ours * 1000:.1f} ms | {theirs * 1000:.1f} ms | {row['ratio']:.1f}x |")
+            lines.append(f"| {row['label']} | {median_ms(row['ours_s'])} | {median_ms(row['torch_s'])} | {row['ratio']:.1f}x |")
         else:
-            lines.append(f"| {row['label']} | {row['failures'] or row['ours_s']} | {row.get('torch', row['torch_s'])} | |")
+            torch = row.get("torch", {})
+            ours = median_ms(row["ours_s"]) if row["ours_s"] else "; ".join(row["failures"]) or row.get("unfinished", "")
+            theirs = median_ms(row["torch_s"]) if row["torch_s"] else torch.get("none") or torch.get("error") or row.get("unfinished", "")
+            lines.append(f"| {row['label']} | {ours} | {theirs} | |")
     plans = [(row["label"], row["cudnn"]) for row in bench["results"] if row.get("cudnn")]
     if plans:
         lines += ["", "| configuration | cuDNN plans | made while timed | not the heuristics' first | largest workspace |",
@@ -100,10 +113,30 @@ def bench_lines(bench: dict) -> list[str]:
 def h2d_lines(h2d: dict) -> list[str]:
     ours, theirs = h2d["vramlab"].get("json", {}), h2d["torch"]
     rate = lambda d, k: f"{d[k] / 1000:.1f} GB/s" if k in d else "n/a"
-    return ["| copy of 256 MiB | vramlab | PyTorch |", "|---|---:|---:|",
+    return [f"| copy of {h2d.get('mib', 256)} MiB | vramlab | PyTorch |", "|---|---:|---:|",
             f"| pageable | {rate(ours, 'pageable_mb_per_s')} | {rate(theirs, 'pageable_mb_per_s')} |",
             f"| pinned | {rate(ours, 'pinned_mb_per_s')} | {rate(theirs, 'pinned_mb_per_s')} |",
             f"| pageable through a pinned staging buffer | {rate(ours, 'staged_mb_per_s')} | |"]
+
+
+def after_mismatch(data) -> bool:
+    """Whether a section's figures follow a check-ops mismatch: the file's result is marked,
+    or any of its rows (measure.json's, bench.json's results)."""
+    results = data if isinstance(data, list) else [data, *data.get("results", [])]
+    return any(isinstance(result, dict) and result.get("after_ops_mismatch") for result in results)
+
+
+def finished(folder: pathlib.Path) -> bool:
+    """Whether the run got to its end: gpu_check.py's last line, "done in ...", is in log.txt
+    (a run without a log is taken as finished)."""
+    log = folder / "log.txt"
+    return not log.exists() or any(line.startswith("done in ") for line in log.read_text().splitlines())
+
+
+# Each section's title, the file it reads, and how it is printed, in gpu_check.py's order.
+SECTIONS = [("Machine", "env.json", env_lines), ("Ops against the CPU", "ops.json", ops_lines), ("Smoke test", "smoke.json", smoke_lines),
+            ("Predicted against measured", "measure.json", measure_lines), ("Step time", "bench.json", bench_lines),
+            ("Host to device", "h2d.json", h2d_lines)]
 
 
 def main() -> int:
@@ -111,13 +144,15 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     folder = pathlib.Path(sys.argv[1])
-    sections = [("Machine", "env.json", env_lines), ("Ops against the CPU", "ops.json", ops_lines), ("Smoke test", "smoke.json", smoke_lines),
-                ("Predicted against measured", "measure.json", measure_lines), ("Step time", "bench.json", bench_lines),
-                ("Host to device", "h2d.json", h2d_lines)]
-    for title, name, render in sections:
+    if not finished(folder):
+        print("This run did not finish (log.txt has no \"done in\" line): the figures are those written before it stopped.\n")
+    mismatch = (load(folder, "ops.json") or {}).get("mismatch", "see ops.json")
+    for title, name, render in SECTIONS:
         data = load(folder, name)
         if data is not None:
             print(f"#### {title}\n")
+            if name != "ops.json" and after_mismatch(data):
+                print(f"These figures follow a check-ops mismatch: {mismatch}.\n")
             print("\n".join(render(data)) + "\n")
     skipped = load(folder, "skipped.json") or []
     print(f"Skipped: {'; '.join(skipped) if skipped else 'nothing'}.")
