@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: formatting and lints, the Rust unit and end-to-end tests (the kernel binary driven
-# over ZeroMQ), the ops' check on the CPU, then jupyter_kernel_test, papermill and the notebooks,
+# over ZeroMQ), the ops' check on the CPU and of their CUDA passes on the
+# reference primitives, then jupyter_kernel_test, papermill and the notebooks,
 # JupyterLab in headless Chromium, jupyter console and the rendered HTML.
 # One build cache for every kernel the tests start, so the library that cells
 # use is compiled once, by set-up (kernel tests run one at a time for the same
@@ -26,6 +27,8 @@ cargo clippy --release --locked --workspace --all-targets -- -D warnings
 say "cargo test"
 cargo test --release --locked --workspace -- --test-threads=1
 "${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab" check-ops --device cpu
+# The ops' CUDA passes on the reference primitives: everything the CUDA path decides, without a card.
+"${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab" check-ops --device reference
 
 say "Jupyter clients: jupyter_kernel_test, kernelspec, notebooks"
 .venv/bin/python -m pytest -q -rs tests/python

@@ -279,15 +279,15 @@ fn check_ops(args: &vramlab::cli::CheckOpsArgs, json: bool) -> ExitCode {
         eprintln!("error: {err}");
         ExitCode::from(2)
     };
-    let device = match args.device.open() {
-        Ok(device) => device,
+    let target = match args.device.target() {
+        Ok(target) => target,
         Err(err) => return usage(&err),
     };
-    let mut report = match vramlab::ops::check::check_ops(&device, &args.options()) {
+    let mut report = match vramlab::ops::check::check_ops(&target, &args.options()) {
         Ok(report) => report,
         Err(err) => return usage(&err),
     };
-    if args.options().dtypes.contains(&vramlab::ops::check::CheckedDtype::F32) {
+    if let (Some(device), true) = (target.updates_device(), args.options().dtypes.contains(&vramlab::ops::check::CheckedDtype::F32)) {
         report.add(vramlab::train::optim::check::check_updates(&device));
     }
     if let Err(err) = emit(json, &report, || report.table().to_string()) {

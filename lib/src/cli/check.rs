@@ -3,7 +3,30 @@
 use clap::{Parser, ValueEnum};
 
 use super::DeviceArg;
-use crate::ops::check::{CheckOptions, CheckedDtype};
+use crate::ops::check::{CheckOptions, CheckTarget, CheckedDtype};
+
+/// Where `check-ops` runs the ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum CheckDevice {
+    /// Our CPU kernels, against candle's composed ops in f32
+    #[default]
+    Cpu,
+    /// The ops' CUDA passes on the reference primitives (cuDNN's calls computed on the host), against our CPU kernels
+    Reference,
+    /// The ops' CUDA passes on cuDNN (a build with the cuda feature), against our CPU kernels
+    Cuda,
+}
+
+impl CheckDevice {
+    /// The check's target, or why it cannot run here.
+    pub fn target(self) -> Result<CheckTarget, String> {
+        match self {
+            CheckDevice::Cpu => Ok(CheckTarget::Cpu),
+            CheckDevice::Reference => Ok(CheckTarget::Reference),
+            CheckDevice::Cuda => DeviceArg::Cuda.open().map(CheckTarget::Device),
+        }
+    }
+}
 
 /// The dtypes `check-ops` runs the ops in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
@@ -29,9 +52,9 @@ impl CheckDtypes {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "check-ops", about = "Check every op at the zoo's shapes, forward and each gradient, against a reference")]
 pub struct CheckOpsArgs {
-    /// Where the ops run: on cpu they are compared with candle's composed ops in f32, on cuda (a build with the cuda feature) with ours on the CPU
-    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
-    pub device: DeviceArg,
+    /// Where the ops run
+    #[arg(long, value_enum, default_value_t = CheckDevice::Cpu)]
+    pub device: CheckDevice,
     /// Images per batch (2 to 8)
     #[arg(long, default_value_t = CheckOptions::DEFAULT_BATCH)]
     pub batch: usize,

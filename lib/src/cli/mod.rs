@@ -12,7 +12,7 @@ mod report;
 mod train;
 
 pub use args::{InputShape, MemArgs, OomcheckArgs, OomcheckOfArgs, SpecFile, SummaryArgs, SummaryOfArgs};
-pub use check::{CheckDtypes, CheckOpsArgs};
+pub use check::{CheckDevice, CheckDtypes, CheckOpsArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs, SynthOutput};

@@ -26,7 +26,7 @@ use super::conv::{matmul, Mat, Plan};
 use super::floats::{f32_view, storage_from_f32};
 use super::gemm_packing::{packing_bytes, Strides};
 use super::silu::exp;
-use super::OpError;
+use super::{checked_gradients, OpError};
 
 const OP: &str = "attention";
 
@@ -597,7 +597,8 @@ impl CustomOp1 for Attention {
     fn bwd(&self, qkv: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let saved = self.saved.get().ok_or(OpError::NothingKept { op: OP })?;
         let grad_op = AttentionGrad { geometry: self.geometry, saved };
-        Ok(Some(qkv.apply_op3_no_bwd(out, &grad.contiguous()?, &grad_op)?))
+        let [dqkv] = checked_gradients(OP, [qkv], [Some(qkv.apply_op3_no_bwd(out, &grad.contiguous()?, &grad_op)?)])?;
+        Ok(dqkv)
     }
 }
 

@@ -4,6 +4,8 @@
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
+use super::checked_gradients;
+
 /// A CPU operand: its storage and layout.
 pub(super) type Operand<'a> = (&'a CpuStorage, &'a Layout);
 
@@ -32,12 +34,16 @@ impl<T: WithBias> Biased<T> {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
         let input = if x.track_op() { Some(self.0.input_gradient(&grad, weight)?) } else { None };
-        let weight = if weight.track_op() { Some(self.0.weight_gradient(&grad, x)?) } else { None };
+        let weight_grad = if weight.track_op() { Some(self.0.weight_gradient(&grad, x)?) } else { None };
+        let [input, weight_grad] = checked_gradients(T::NAME, [x, weight], [input, weight_grad])?;
         let bias = match bias {
-            Some(bias) if bias.track_op() => Some(self.0.bias_gradient(&grad)?),
+            Some(bias) if bias.track_op() => {
+                let [grad] = checked_gradients(T::NAME, [bias], [Some(self.0.bias_gradient(&grad)?)])?;
+                grad
+            }
             _ => None,
         };
-        Ok((input, weight, bias))
+        Ok((input, weight_grad, bias))
     }
 }
 

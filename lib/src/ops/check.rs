@@ -76,13 +76,20 @@ pub fn tolerance(dtype: CheckedDtype) -> f64 {
     }
 }
 
+/// Whether cuDNN may run this process's f32 convolutions on TF32 tensor
+/// cores: unless `NVIDIA_TF32_OVERRIDE=0` turns it off, as it does for
+/// `scripts/gpu_check.sh`'s check-ops.
+fn tf32_allowed() -> bool {
+    std::env::var("NVIDIA_TF32_OVERRIDE").as_deref() != Ok("0")
+}
+
 /// Largest normalised error a check on CUDA passes with, against our CPU
-/// ops. cuDNN's f32 convolutions run on TF32 tensor cores (as PyTorch's do
+/// ops, where f32 convolutions may run on TF32 tensor cores (as PyTorch's do
 /// by default), which round their inputs to a 10-bit mantissa: products
 /// differ from f32's by up to 2^-11 relative, so f32 checks allow 2e-3 there,
 /// still an order of magnitude below what a wrong term costs (the tests
-/// below). f16 keeps its tolerance.
-fn tolerance_on_cuda(dtype: CheckedDtype) -> f64 {
+/// below). f16 keeps its tolerance; with TF32 off, f32 keeps its own.
+fn tolerance_on_tf32(dtype: CheckedDtype) -> f64 {
     match dtype {
         CheckedDtype::F32 => 2e-3,
         CheckedDtype::F16 => tolerance(dtype),
@@ -274,22 +281,59 @@ impl Render for OpsReport {
     }
 }
 
-/// Checks every case on `device` in each of `options.dtypes`; a case that
+/// Where `check-ops` runs the ops.
+#[derive(Debug, Clone)]
+pub enum CheckTarget {
+    /// Our CPU kernels, against candle's composed ops.
+    Cpu,
+    /// The ops' device passes on the reference primitives over CPU tensors
+    /// (cuDNN's calls computed on the host), against our CPU kernels.
+    Reference,
+    /// The ops' device passes on a device, against our CPU kernels.
+    Device(Device),
+}
+
+impl CheckTarget {
+    fn device(&self) -> &Device {
+        match self {
+            CheckTarget::Cpu | CheckTarget::Reference => &Device::Cpu,
+            CheckTarget::Device(device) => device,
+        }
+    }
+
+    /// Where the optimizers' updates are checked: they have no pass on the
+    /// reference primitives yet.
+    pub fn updates_device(&self) -> Option<Device> {
+        match self {
+            CheckTarget::Reference => None,
+            other => Some(other.device().clone()),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            CheckTarget::Reference => "the CUDA passes on the reference primitives (the CPU)".to_owned(),
+            other => device_name(other.device()),
+        }
+    }
+}
+
+/// Checks every case on `target` in each of `options.dtypes`; a case that
 /// fails does not stop the others.
-pub fn check_ops(device: &Device, options: &CheckOptions) -> std::result::Result<OpsReport, CheckError> {
+pub fn check_ops(target: &CheckTarget, options: &CheckOptions) -> std::result::Result<OpsReport, CheckError> {
     options.validate()?;
     let started = Instant::now();
-    let reference = Reference::of(device);
+    let reference = Reference::of(target);
     let mut checks = Vec::new();
     for (index, case) in cases(options.batch, options.res).iter().enumerate() {
         for &dtype in &options.dtypes {
-            checks.extend(check_case(case, index as u64, device, reference, dtype));
+            checks.extend(check_case(case, index as u64, target, reference, dtype));
         }
     }
     let tolerances = options.dtypes.iter().map(|&dtype| Tolerance { dtype, tolerance: reference.tolerance(dtype) }).collect();
     let passed = checks.iter().filter(|c| c.ok).count();
     Ok(OpsReport {
-        device: device_name(device),
+        device: target.describe(),
         reference: reference.describe().to_owned(),
         batch: options.batch,
         res: options.res,
@@ -310,35 +354,39 @@ fn device_name(device: &Device) -> String {
     }
 }
 
-/// What a device's results are compared with.
+/// What a target's results are compared with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Reference {
     /// candle's composition of each op, in f32 from the inputs rounded to the checked dtype.
     Composed,
-    /// Our ops on the CPU, on the same inputs in the same dtype.
-    OursOnCpu,
+    /// Our ops on the CPU, on the same inputs in the same dtype, for results
+    /// whose f32 convolutions may have run on TF32.
+    OursOnCpu { tf32: bool },
 }
 
 impl Reference {
-    fn of(device: &Device) -> Self {
-        if device.is_cpu() {
-            Reference::Composed
-        } else {
-            Reference::OursOnCpu
+    fn of(target: &CheckTarget) -> Self {
+        match target {
+            CheckTarget::Cpu => Reference::Composed,
+            CheckTarget::Reference => Reference::OursOnCpu { tf32: false },
+            CheckTarget::Device(_) => Reference::OursOnCpu { tf32: tf32_allowed() },
         }
     }
 
     fn tolerance(self, dtype: CheckedDtype) -> f64 {
         match self {
-            Reference::Composed => tolerance(dtype),
-            Reference::OursOnCpu => tolerance_on_cuda(dtype),
+            Reference::OursOnCpu { tf32: true } => tolerance_on_tf32(dtype),
+            _ => tolerance(dtype),
         }
     }
 
     fn describe(self) -> &'static str {
         match self {
             Reference::Composed => "candle's composed ops in f32 on the same inputs",
-            Reference::OursOnCpu => "our CPU ops on the same inputs in the same dtype",
+            Reference::OursOnCpu { tf32: false } => "our CPU ops on the same inputs in the same dtype",
+            Reference::OursOnCpu { tf32: true } => {
+                "our CPU ops on the same inputs in the same dtype (f32 convolutions allowed TF32: NVIDIA_TF32_OVERRIDE=0 turns it off)"
+            }
         }
     }
 
@@ -347,12 +395,14 @@ impl Reference {
             Reference::Composed => {
                 Run { implementation: Implementation::Composed, device: &Device::Cpu, rounded: dtype, compute: DType::F32 }
             }
-            Reference::OursOnCpu => Run { implementation: Implementation::Ours, device: &Device::Cpu, rounded: dtype, compute: dtype },
+            Reference::OursOnCpu { .. } => {
+                Run { implementation: Implementation::Ours, device: &Device::Cpu, rounded: dtype, compute: dtype }
+            }
         }
     }
 }
 
-fn check_case(case: &Case, seed: u64, device: &Device, reference: Reference, dtype: CheckedDtype) -> Vec<Check> {
+fn check_case(case: &Case, seed: u64, target: &CheckTarget, reference: Reference, dtype: CheckedDtype) -> Vec<Check> {
     let tolerance = reference.tolerance(dtype);
     let check = |pass, error: Option<f64>, failure: Option<String>| Check {
         op: case.op.name(),
@@ -365,9 +415,13 @@ fn check_case(case: &Case, seed: u64, device: &Device, reference: Reference, dty
         ok: failure.is_none() && error.is_some_and(|e| e <= tolerance),
         failure,
     };
-    let ours = Run { implementation: Implementation::Ours, device, rounded: dtype.dtype(), compute: dtype.dtype() };
-    let results = Inputs::new(case, seed)
-        .and_then(|inputs| Ok((evaluate(case, &inputs, ours)?, evaluate(case, &inputs, reference.run(dtype.dtype()))?)));
+    let ours = Run { implementation: Implementation::Ours, device: target.device(), rounded: dtype.dtype(), compute: dtype.dtype() };
+    let run_ours = |inputs: &Inputs| match target {
+        CheckTarget::Reference => super::on_reference(|| evaluate(case, inputs, ours)),
+        _ => evaluate(case, inputs, ours),
+    };
+    let results =
+        Inputs::new(case, seed).and_then(|inputs| Ok((run_ours(&inputs)?, evaluate(case, &inputs, reference.run(dtype.dtype()))?)));
     match results {
         Err(e) => vec![check(Pass::Run, None, Some(e.to_string().lines().next().unwrap_or_default().to_owned()))],
         Ok((ours, reference)) => ours
@@ -992,7 +1046,7 @@ mod tests {
     /// of a mistake misses it by more than the loosest tolerance.
     fn assert_caught(what: &str, ours: &Tensor, wrong: &Tensor, reference: &Tensor) {
         assert_eq!(tolerance(CheckedDtype::F16), F16, "the loosest tolerance");
-        assert!(tolerance_on_cuda(CheckedDtype::F32) <= F16 && tolerance_on_cuda(CheckedDtype::F16) == F16);
+        assert!(tolerance_on_tf32(CheckedDtype::F32) <= F16 && tolerance_on_tf32(CheckedDtype::F16) == F16);
         let (ours, wrong) = (error(ours, reference), error(wrong, reference));
         assert!(ours <= tolerance(CheckedDtype::F32), "{what}: our op is {ours:.1e} off");
         assert!(wrong > 10.0 * F16, "{what}: the mistake is only {wrong:.1e} off");
@@ -1073,7 +1127,7 @@ mod tests {
     #[test]
     fn every_op_and_pass_is_checked_and_passes_here() {
         let options = CheckOptions { batch: 2, res: CheckOptions::MIN_RES, dtypes: CheckedDtype::ALL.to_vec() };
-        let report = check_ops(&Device::Cpu, &options).unwrap();
+        let report = check_ops(&CheckTarget::Cpu, &options).unwrap();
         let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.ok).collect();
         assert!(failed.is_empty(), "{failed:#?}");
         assert_eq!((report.passed, report.failed), (report.checks.len(), 0));
@@ -1086,6 +1140,26 @@ mod tests {
             assert!(report.checks.iter().any(|c| c.pass == pass), "no {pass:?}");
         }
         assert!(report.table().to_string().ends_with(&format!("{} passed, 0 failed\n", report.passed)));
+    }
+
+    /// The CUDA passes, run on the reference primitives, against our CPU
+    /// ops: every op and pass, every gradient in its operand's shape.
+    #[test]
+    fn every_op_and_pass_is_checked_on_the_reference_primitives_and_passes() {
+        let options = CheckOptions { batch: 2, res: CheckOptions::MIN_RES, dtypes: CheckedDtype::ALL.to_vec() };
+        let report = check_ops(&CheckTarget::Reference, &options).unwrap();
+        let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.ok).collect();
+        assert!(failed.is_empty(), "{failed:#?}");
+        let on_cpu = check_ops(&CheckTarget::Cpu, &options).unwrap();
+        assert_eq!(report.checks.len(), on_cpu.checks.len(), "the same cases and passes as on the CPU");
+        assert!(report.checks.iter().all(|c| c.tolerance == tolerance(c.dtype)), "no TF32 on the reference");
+        assert!(
+            report.device.contains("reference") && report.reference.starts_with("our CPU ops"),
+            "{} / {}",
+            report.device,
+            report.reference
+        );
+        assert!(report.checks.iter().any(|c| c.error.is_some_and(|e| e > 0.0)), "the passes computed apart from the CPU kernels");
     }
 
     #[test]
@@ -1124,7 +1198,7 @@ mod tests {
     fn sizes_outside_the_checked_range_are_refused() {
         for (batch, res) in [(1, 96), (9, 96), (2, 31), (2, 225)] {
             let options = CheckOptions { batch, res, ..CheckOptions::default() };
-            let err = check_ops(&Device::Cpu, &options).unwrap_err();
+            let err = check_ops(&CheckTarget::Cpu, &options).unwrap_err();
             assert!(matches!(err, CheckError::OutOfRange { .. }), "{batch} {res}: {err}");
         }
     }

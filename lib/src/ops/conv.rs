@@ -14,11 +14,10 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 use super::conv_geometry::Geometry;
-#[cfg(feature = "cuda")]
-use super::cudnn::run::{self, Arg};
+use super::cuda::{self, Primitives, Reference};
 use super::floats::{f32_view, init_with, storage_from_f32};
 use super::gemm_packing::{self, Strides};
-use super::ConvScratch;
+use super::{checked_gradients, ConvScratch};
 use super::{depthwise, taps, winograd};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -646,6 +645,9 @@ impl CustomOp2 for Conv2d {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return cuda::forward::<Reference, 2>(self.name(), [(s1, l1), (s2, l2)], |p, [x, w]| cuda::conv_forward(p, &self.0, x, w));
+        }
         let g = &self.0;
         let x = f32_view(self.name(), s1, l1)?;
         let w = f32_view(self.name(), s2, l2)?;
@@ -655,13 +657,14 @@ impl CustomOp2 for Conv2d {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
-        run::conv_forward(&self.0, Arg::new(self.name(), s1, l1)?, Arg::new(self.name(), s2, l2)?)
+        cuda::forward::<cuda::Cudnn, 2>(self.name(), [(s1, l1), (s2, l2)], |p, [x, w]| cuda::conv_forward(p, &self.0, x, w))
     }
 
     fn bwd(&self, x: &Tensor, weight: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
         let grad_x = if x.track_op() { Some(grad.apply_op2_no_bwd(weight, &Conv2dGradInput(self.0))?) } else { None };
         let grad_w = if weight.track_op() { Some(x.apply_op2_no_bwd(&grad, &Conv2dGradWeight(self.0))?) } else { None };
+        let [grad_x, grad_w] = checked_gradients(self.name(), [x, weight], [grad_x, grad_w])?;
         Ok((grad_x, grad_w))
     }
 }
@@ -669,12 +672,21 @@ impl CustomOp2 for Conv2d {
 /// `(grad_out, weight) -> grad_x`.
 pub(super) struct Conv2dGradInput(pub Geometry);
 
+impl Conv2dGradInput {
+    fn on_device<P: Primitives>(&self, operands: [(&P::Storage, &Layout); 2]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, 2>("conv2d-grad-input", operands, |p, [dy, w]| cuda::conv_input_gradient(p, &self.0, dy, w))
+    }
+}
+
 impl CustomOp2 for Conv2dGradInput {
     fn name(&self) -> &'static str {
         "conv2d-grad-input"
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(s1, l1), (s2, l2)]);
+        }
         let g = &self.0;
         let dy = f32_view(self.name(), s1, l1)?;
         let w = f32_view(self.name(), s2, l2)?;
@@ -684,12 +696,18 @@ impl CustomOp2 for Conv2dGradInput {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
-        run::conv_input_gradient(&self.0, Arg::new(self.name(), s1, l1)?, Arg::new(self.name(), s2, l2)?)
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2)])
     }
 }
 
 /// `(x, grad_out) -> grad_weight`.
 pub(super) struct Conv2dGradWeight(pub Geometry);
+
+impl Conv2dGradWeight {
+    fn on_device<P: Primitives>(&self, operands: [(&P::Storage, &Layout); 2]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, 2>("conv2d-grad-weight", operands, |p, [x, dy]| cuda::conv_weight_gradient(p, &self.0, x, dy))
+    }
+}
 
 impl CustomOp2 for Conv2dGradWeight {
     fn name(&self) -> &'static str {
@@ -697,6 +715,9 @@ impl CustomOp2 for Conv2dGradWeight {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(s1, l1), (s2, l2)]);
+        }
         let g = &self.0;
         let x = f32_view(self.name(), s1, l1)?;
         let dy = f32_view(self.name(), s2, l2)?;
@@ -706,6 +727,6 @@ impl CustomOp2 for Conv2dGradWeight {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
-        run::conv_weight_gradient(&self.0, Arg::new(self.name(), s1, l1)?, Arg::new(self.name(), s2, l2)?)
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2)])
     }
 }

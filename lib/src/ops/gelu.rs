@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::floats::{f32_view, storage_from_f32};
 use super::lean::CHUNK;
 use super::silu::exp;
-use super::OpError;
+use super::{checked_gradients, OpError};
 
 /// On the CPU in f32, f16 and bf16 our op (computed in f32, rounded once);
 /// elsewhere candle's `gelu_erf`.
@@ -37,7 +37,8 @@ impl CustomOp1 for Gelu {
     }
 
     fn bwd(&self, x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(x.apply_op2_no_bwd(&grad.contiguous()?, &GeluGrad)?))
+        let [dx] = checked_gradients(self.name(), [x], [Some(x.apply_op2_no_bwd(&grad.contiguous()?, &GeluGrad)?)])?;
+        Ok(dx)
     }
 }
 

@@ -10,7 +10,7 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, 
 use rayon::prelude::*;
 
 use super::floats::{f32_view, storage_from_f32};
-use super::OpError;
+use super::{checked_gradients, OpError};
 
 const OP: &str = "layer_norm";
 
@@ -94,7 +94,7 @@ impl CustomOp3 for LayerNorm {
         &self,
         x: &Tensor,
         weight: &Tensor,
-        _bias: &Tensor,
+        bias: &Tensor,
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
@@ -113,7 +113,8 @@ impl CustomOp3 for LayerNorm {
         let dx = Tensor::from_vec(dx, x.shape(), x.device())?.to_dtype(x.dtype())?;
         let dweight = Tensor::from_vec(dweight, weight.shape(), weight.device())?.to_dtype(weight.dtype())?;
         let dbias = Tensor::from_vec(dbias, weight.shape(), weight.device())?.to_dtype(weight.dtype())?;
-        Ok((Some(dx), Some(dweight), Some(dbias)))
+        let [dx, dweight, dbias] = checked_gradients(OP, [x, weight, bias], [Some(dx), Some(dweight), Some(dbias)])?;
+        Ok((dx, dweight, dbias))
     }
 }
 

@@ -47,13 +47,12 @@ use rayon::prelude::*;
 
 use super::conv::{convolve, convolve_grad_input, convolve_grad_weight};
 use super::conv_geometry::Geometry as ConvGeometry;
-#[cfg(feature = "cuda")]
-use super::cudnn::run as cuda;
+use super::cuda::{self, norm_act_backward, norm_add_act_backward, on_body, saved_statistics, Body, DeviceSaves};
 use super::floats::{f32_view, par_chunks_from, par_filled, storage_from_f32};
 use super::norm::{self, cpu_f32, BatchStatistics, Statistics};
 use super::pool::Geometry as PoolGeometry;
 use super::silu;
-use super::{uses_own_kernels, ConvParams, OpError};
+use super::{checked_gradients, uses_own_kernels, ConvParams, OpError};
 
 /// The activation after a batch-norm.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,27 +151,16 @@ pub fn norm_act(z: &Tensor, norm: Norm<'_>, act: Activation, then: Then<'_>) -> 
         Then::MaxPool { kernel, stride, padding } => Consumer::MaxPool(PoolGeometry::new(z, kernel, stride, padding)?),
     };
     let stats = Arc::new(OnceLock::new());
-    let op = NormActOp {
-        norm: geometry,
-        eps: norm.eps,
-        act,
-        consumer,
-        dtype: z.dtype(),
-        stats: Arc::clone(&stats),
-        #[cfg(feature = "cuda")]
-        on_device: Default::default(),
-    };
-    #[cfg(feature = "cuda")]
-    let on_device = Arc::clone(&op.on_device);
+    let saves = DeviceSaves::default();
+    let op = NormActOp { norm: geometry, eps: norm.eps, act, consumer, dtype: z.dtype(), stats: Arc::clone(&stats), saves: saves.clone() };
     let z = z.contiguous()?;
     let params = Tensor::stack(&[norm.weight, norm.bias], 0)?;
     let y = match then {
         Then::Conv { weight, .. } => z.apply_op3(&params, &weight.contiguous()?, op)?,
         _ => z.apply_op2(&params, op)?,
     };
-    #[cfg(feature = "cuda")]
-    if let candle_core::Device::Cuda(dev) = z.device() {
-        return Ok(Lean { y, stats: device_statistics(&geometry, &on_device, dev)? });
+    if let Some(body) = Body::of(&z) {
+        return Ok(Lean { y, stats: on_body!(body, saved_statistics(OP, &geometry, &z, &saves))? });
     }
     let stats = stats.get().ok_or(OpError::MissingStatistics)?;
     Ok(Lean { y, stats: vec![BatchStatistics::from_kernel(stats, &geometry, z.device())?] })
@@ -194,19 +182,10 @@ pub fn norm_add_act(z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Act
         return plain_norm_add_act(&OwnOps, z, norm, residual, act);
     }
     let stats = Arc::new(OnceLock::new());
+    let saves = DeviceSaves::default();
     let projected = matches!(residual, Residual::Norm(..));
-    let op = NormAddActOp {
-        norm: geometry,
-        eps: norm.eps,
-        act,
-        projected,
-        dtype: z.dtype(),
-        stats: Arc::clone(&stats),
-        #[cfg(feature = "cuda")]
-        on_device: Default::default(),
-    };
-    #[cfg(feature = "cuda")]
-    let on_device = Arc::clone(&op.on_device);
+    let op =
+        NormAddActOp { norm: geometry, eps: norm.eps, act, projected, dtype: z.dtype(), stats: Arc::clone(&stats), saves: saves.clone() };
     let z = z.contiguous()?;
     let y = match residual {
         Residual::Identity(x) => z.apply_op3(&Tensor::stack(&[norm.weight, norm.bias], 0)?, &x.contiguous()?, op)?,
@@ -216,20 +195,12 @@ pub fn norm_add_act(z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Act
             z.apply_op3(&x.contiguous()?, &params, op)?
         }
     };
-    #[cfg(feature = "cuda")]
-    if let candle_core::Device::Cuda(dev) = z.device() {
-        return Ok(Lean { y, stats: device_statistics(&geometry, &on_device, dev)? });
+    if let Some(body) = Body::of(&z) {
+        return Ok(Lean { y, stats: on_body!(body, saved_statistics(MERGE, &geometry, &z, &saves))? });
     }
     let stats = stats.get().ok_or(OpError::MissingStatistics)?;
     let stats = stats.iter().map(|s| BatchStatistics::from_kernel(s, &geometry, z.device())).collect::<Result<_>>()?;
     Ok(Lean { y, stats })
-}
-
-/// The statistics of each batch-norm of a lean op that ran on CUDA.
-#[cfg(feature = "cuda")]
-fn device_statistics(g: &norm::Geometry, saved: &cuda::Saved, dev: &candle_core::CudaDevice) -> Result<Vec<BatchStatistics>> {
-    let saved = saved.get().ok_or(OpError::MissingStatistics)?;
-    saved.iter().map(|s| cuda::batch_statistics(g, s, dev)).collect()
 }
 
 /// The ops a lean op is made of, which the plain layers run one after
@@ -386,8 +357,7 @@ struct NormActOp {
     consumer: Consumer,
     dtype: DType,
     stats: Arc<OnceLock<Statistics>>,
-    #[cfg(feature = "cuda")]
-    on_device: cuda::Saved,
+    saves: DeviceSaves,
 }
 
 /// What [`NormActOp`]'s backward returns, each `None` where no gradient is wanted.
@@ -448,13 +418,11 @@ impl NormActOp {
         Ok(NormActGrads { z: grads.dx, params, weight: dweight })
     }
 
-    #[cfg(feature = "cuda")]
     fn lean(&self) -> cuda::Lean<'_> {
         cuda::Lean { norm: cuda::BatchNorm { op: OP, geometry: &self.norm, eps: self.eps }, act: self.act }
     }
 
-    #[cfg(feature = "cuda")]
-    fn on_cuda(&self) -> cuda::Consumer<'_> {
+    fn on_device(&self) -> cuda::Consumer<'_> {
         match &self.consumer {
             Consumer::Nothing => cuda::Consumer::Nothing,
             Consumer::Conv(g) => cuda::Consumer::Conv(g),
@@ -462,32 +430,23 @@ impl NormActOp {
         }
     }
 
-    #[cfg(feature = "cuda")]
-    fn cuda_forward(
-        &self,
-        z: (&candle_core::CudaStorage, &Layout),
-        params: (&candle_core::CudaStorage, &Layout),
-        weight: Option<(&candle_core::CudaStorage, &Layout)>,
-    ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let arg = |(s, l)| cuda::Arg::new(OP, s, l);
-        let weight = weight.map(arg).transpose()?;
-        cuda::norm_act_forward(self.lean(), self.on_cuda(), [arg(z)?, arg(params)?], weight, &self.on_device)
+    /// The forward on a device body, from `z`, the packed parameters and the consumer's weight.
+    fn device_forward<P: cuda::Primitives, const N: usize>(&self, operands: [(&P::Storage, &Layout); N]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, N>(OP, operands, |p, args| {
+            let (z, params, weight) = match args.as_slice() {
+                [z, params] => (*z, *params, None),
+                [z, params, weight] => (*z, *params, Some(*weight)),
+                _ => Err(OpError::MissingOperand { op: OP, what: "packed parameters" })?,
+            };
+            cuda::norm_act_forward(p, self.lean(), self.on_device(), [z, params], weight, &self.saves)
+        })
     }
 
-    /// The gradients from the op's inputs, its output `_y` (which cuDNN's
-    /// max-pool backward reads; the CPU finds the maxima again) and `grad`.
-    fn tensor_backward(
-        &self,
-        z: &Tensor,
-        params: &Tensor,
-        weight: Option<&Tensor>,
-        _y: &Tensor,
-        grad: &Tensor,
-    ) -> Result<[Option<Tensor>; 3]> {
+    /// The gradients from the op's inputs and the output's gradient.
+    fn tensor_backward(&self, z: &Tensor, params: &Tensor, weight: Option<&Tensor>, grad: &Tensor) -> Result<[Option<Tensor>; 3]> {
         let grad = grad.contiguous()?;
-        #[cfg(feature = "cuda")]
-        if z.device().is_cuda() {
-            return cuda::norm_act_backward(self.lean(), self.on_cuda(), [z, params], weight, [_y, &grad], &self.on_device);
+        if let Some(body) = Body::of(z) {
+            return on_body!(body, norm_act_backward(self.lean(), self.on_device(), [z, params], weight, &grad, &self.saves));
         }
         let want = [z.track_op(), params.track_op(), weight.is_some_and(|w| w.track_op())];
         let grads = {
@@ -526,6 +485,9 @@ impl CustomOp2 for NormActOp {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.device_forward::<cuda::Reference, 2>([(s1, l1), (s2, l2)]);
+        }
         let (out, shape) = self.forward(&f32_view(OP, s1, l1)?, &f32_view(OP, s2, l2)?, None)?;
         Ok((storage_from_f32(OP, out, s1.dtype())?, shape))
     }
@@ -538,11 +500,12 @@ impl CustomOp2 for NormActOp {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        self.cuda_forward((s1, l1), (s2, l2), None)
+        self.device_forward::<cuda::Cudnn, 2>([(s1, l1), (s2, l2)])
     }
 
-    fn bwd(&self, z: &Tensor, params: &Tensor, y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let [dz, dparams, _] = self.tensor_backward(z, params, None, y, grad)?;
+    fn bwd(&self, z: &Tensor, params: &Tensor, _y: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let [dz, dparams, _] = self.tensor_backward(z, params, None, grad)?;
+        let [dz, dparams] = checked_gradients(OP, [z, params], [dz, dparams])?;
         Ok((dz, dparams))
     }
 }
@@ -561,6 +524,9 @@ impl CustomOp3 for NormActOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.device_forward::<cuda::Reference, 3>([(s1, l1), (s2, l2), (s3, l3)]);
+        }
         let weight = f32_view(OP, s3, l3)?;
         let (out, shape) = self.forward(&f32_view(OP, s1, l1)?, &f32_view(OP, s2, l2)?, Some(&weight))?;
         Ok((storage_from_f32(OP, out, s1.dtype())?, shape))
@@ -576,7 +542,7 @@ impl CustomOp3 for NormActOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        self.cuda_forward((s1, l1), (s2, l2), Some((s3, l3)))
+        self.device_forward::<cuda::Cudnn, 3>([(s1, l1), (s2, l2), (s3, l3)])
     }
 
     fn bwd(
@@ -584,10 +550,11 @@ impl CustomOp3 for NormActOp {
         z: &Tensor,
         params: &Tensor,
         weight: &Tensor,
-        y: &Tensor,
+        _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let [dz, dparams, dweight] = self.tensor_backward(z, params, Some(weight), y, grad)?;
+        let [dz, dparams, dweight] = self.tensor_backward(z, params, Some(weight), grad)?;
+        let [dz, dparams, dweight] = checked_gradients(OP, [z, params, weight], [dz, dparams, dweight])?;
         Ok((dz, dparams, dweight))
     }
 }
@@ -602,8 +569,7 @@ struct NormAddActOp {
     projected: bool,
     dtype: DType,
     stats: Arc<OnceLock<Vec<Statistics>>>,
-    #[cfg(feature = "cuda")]
-    on_device: cuda::Saved,
+    saves: DeviceSaves,
 }
 
 impl NormAddActOp {
@@ -663,10 +629,17 @@ impl NormAddActOp {
     }
 }
 
-#[cfg(feature = "cuda")]
 impl NormAddActOp {
     fn lean(&self) -> cuda::Lean<'_> {
         cuda::Lean { norm: cuda::BatchNorm { op: MERGE, geometry: &self.norm, eps: self.eps }, act: self.act }
+    }
+
+    /// The forward on a device body, from the op's three inputs in its order.
+    fn device_forward<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 3]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, 3>(MERGE, operands, |p, [z, second, third]| {
+            let (x, params) = if self.projected { (second, third) } else { (third, second) };
+            cuda::norm_add_act_forward(p, self.lean(), self.projected, [z, x, params], &self.saves)
+        })
     }
 }
 
@@ -684,6 +657,9 @@ impl CustomOp3 for NormAddActOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.device_forward::<cuda::Reference>([(s1, l1), (s2, l2), (s3, l3)]);
+        }
         let z = f32_view(MERGE, s1, l1)?;
         let ((x, xl), (params, pl)) = if self.projected { ((s2, l2), (s3, l3)) } else { ((s3, l3), (s2, l2)) };
         let out = self.forward(&z, &f32_view(MERGE, x, xl)?, &f32_view(MERGE, params, pl)?);
@@ -700,10 +676,7 @@ impl CustomOp3 for NormAddActOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        let arg = |s, l| cuda::Arg::new(MERGE, s, l);
-        let (z, second, third) = (arg(s1, l1)?, arg(s2, l2)?, arg(s3, l3)?);
-        let (x, params) = if self.projected { (second, third) } else { (third, second) };
-        cuda::norm_add_act_forward(self.lean(), self.projected, [z, x, params], &self.on_device)
+        self.device_forward::<cuda::Cudnn>([(s1, l1), (s2, l2), (s3, l3)])
     }
 
     fn bwd(
@@ -711,16 +684,24 @@ impl CustomOp3 for NormAddActOp {
         z: &Tensor,
         second: &Tensor,
         third: &Tensor,
-        _y: &Tensor,
+        y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (x, params) = if self.projected { (second, third) } else { (third, second) };
+        let [dz, dx, dparams] = checked_gradients(MERGE, [z, x, params], self.gradients([z, x, params], y, grad)?)?;
+        Ok(if self.projected { (dz, dx, dparams) } else { (dz, dparams, dx) })
+    }
+}
+
+impl NormAddActOp {
+    /// The gradients of `z`, the residual's input `x` and the packed
+    /// parameters, each `None` where its operand needs none.
+    fn gradients(&self, [z, x, params]: [&Tensor; 3], y: &Tensor, grad: &Tensor) -> Result<[Option<Tensor>; 3]> {
         let grad = grad.contiguous()?;
-        #[cfg(feature = "cuda")]
-        if z.device().is_cuda() {
-            let [dz, dx, dparams] = cuda::norm_add_act_backward(self.lean(), self.projected, [z, x, params], [_y, &grad], &self.on_device)?;
-            let (dz, dx, dparams) = (z.track_op().then_some(dz), x.track_op().then_some(dx), params.track_op().then_some(dparams));
-            return Ok(if self.projected { (dz, dx, dparams) } else { (dz, dparams, dx) });
+        if let Some(body) = Body::of(z) {
+            let [dz, dx, dparams] =
+                on_body!(body, norm_add_act_backward(self.lean(), self.projected, [z, x, params], [y, &grad], &self.saves))?;
+            return Ok([z.track_op().then_some(dz), x.track_op().then_some(dx), params.track_op().then_some(dparams)]);
         }
         let [dz, dx, dparams] = {
             let (zs, zl) = z.storage_and_layout();
@@ -730,7 +711,6 @@ impl CustomOp3 for NormAddActOp {
             let want = [z.track_op(), x.track_op(), params.track_op()];
             self.backward(&cpu_f32(MERGE, &zs, zl)?, &cpu_f32(MERGE, &xs, xl)?, &cpu_f32(MERGE, &ps, pl)?, &cpu_f32(MERGE, &gs, gl)?, want)?
         };
-        let (dz, dx, dparams) = (tensor_like(dz, z)?, tensor_like(dx, x)?, tensor_like(dparams, params)?);
-        Ok(if self.projected { (dz, dx, dparams) } else { (dz, dparams, dx) })
+        Ok([tensor_like(dz, z)?, tensor_like(dx, x)?, tensor_like(dparams, params)?])
     }
 }

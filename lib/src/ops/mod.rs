@@ -15,7 +15,7 @@ pub mod check;
 mod conv;
 mod conv_geometry;
 mod conv_transpose;
-mod cudnn;
+mod cuda;
 mod depthwise;
 mod floats;
 mod gelu;
@@ -45,8 +45,8 @@ use candle_core::{DType, Result, Tensor};
 pub use attention::{attention, attention_scratch, AttentionKeeps, AttentionScratch};
 pub use conv_transpose::{conv_transpose2d, conv_transpose2d_scratch, ConvTransposeScratch};
 #[cfg(feature = "cuda")]
-pub use cudnn::conv_algorithms;
-pub use cudnn::{ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
+pub use cuda::conv_algorithms;
+pub use cuda::{on_reference, ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
 pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, Residual, Then};
@@ -106,6 +106,14 @@ pub enum OpError {
     NothingKept { op: &'static str },
     #[error("{op}: a tensor of {dims:?} has 2^31 elements or more, more than cuDNN's int dimensions take")]
     TooLargeForCudnn { op: &'static str, dims: Vec<usize> },
+    #[error("{op}: the {what} is {got:?}, where the op's geometry gives {expected:?}")]
+    OperandShape { op: &'static str, what: &'static str, expected: Vec<usize>, got: Vec<usize> },
+    #[error("{op}: a descriptor reaches element {end} of a buffer of {len}")]
+    PastBuffer { op: &'static str, end: usize, len: usize },
+    #[error("{op}: a descriptor cuDNN would refuse: {why}")]
+    Descriptor { op: &'static str, why: String },
+    #[error("{op}: the backward made a {got_dtype:?} gradient of {got:?} for operand {operand}, a {dtype:?} tensor of {dims:?}")]
+    GradientMismatch { op: &'static str, operand: usize, dims: Vec<usize>, dtype: DType, got: Vec<usize>, got_dtype: DType },
     #[error("{op}: cuDNN failed with {status}")]
     Cudnn { op: &'static str, status: String },
     #[error("conv2d: no cuDNN algorithm for the {pass} of input {dims:?} by filter {filter:?} fits the {workspace}-byte workspace")]
@@ -130,6 +138,29 @@ impl From<OpError> for candle_core::Error {
     fn from(e: OpError) -> Self {
         candle_core::Error::wrap(e)
     }
+}
+
+/// The gradients a backward returns, each refused unless it has its
+/// operand's shape and dtype. candle adds them into the operands'
+/// gradients; a body that makes one in another layout (a device pass
+/// writing a flat per-channel buffer) fails here by the op's name, on every
+/// device alike.
+fn checked_gradients<const N: usize>(op: &'static str, operands: [&Tensor; N], grads: [Option<Tensor>; N]) -> Result<[Option<Tensor>; N]> {
+    for (operand, (t, grad)) in operands.iter().zip(&grads).enumerate() {
+        if let Some(g) = grad {
+            if g.dims() != t.dims() || g.dtype() != t.dtype() {
+                Err(OpError::GradientMismatch {
+                    op,
+                    operand,
+                    dims: t.dims().to_vec(),
+                    dtype: t.dtype(),
+                    got: g.dims().to_vec(),
+                    got_dtype: g.dtype(),
+                })?
+            }
+        }
+    }
+    Ok(grads)
 }
 
 /// Output size of a window of `kernel` sliding with `stride` over `size`

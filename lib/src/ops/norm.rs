@@ -10,8 +10,9 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
+use super::cuda::{self, batch_norm_backward, on_body, saved_statistics, Body, DeviceSaves};
 use super::floats::{f32_view, par_filled, storage_from_f32};
-use super::{dims4, uses_own_kernels, OpError};
+use super::{checked_gradients, dims4, uses_own_kernels, OpError};
 
 const OP: &str = "batch_norm_train";
 
@@ -53,20 +54,13 @@ pub fn batch_norm_train(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) ->
         return composed(x, weight, bias, eps, geometry.count());
     }
     let stats = Arc::new(OnceLock::new());
-    let op = BatchNormOp {
-        geometry,
-        eps,
-        stats: Arc::clone(&stats),
-        #[cfg(feature = "cuda")]
-        on_device: Default::default(),
-    };
-    #[cfg(feature = "cuda")]
-    let on_device = Arc::clone(&op.on_device);
+    let saves = DeviceSaves::default();
+    let op = BatchNormOp { geometry, eps, stats: Arc::clone(&stats), saves: saves.clone() };
     let y = x.contiguous()?.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)?;
-    #[cfg(feature = "cuda")]
-    if let candle_core::Device::Cuda(dev) = x.device() {
-        let saved = on_device.get().and_then(|s| s.first()).ok_or(OpError::MissingStatistics)?;
-        return Ok(BatchNormTrain { y, stats: super::cudnn::run::batch_statistics(&geometry, saved, dev)? });
+    if let Some(body) = Body::of(x) {
+        let saved = on_body!(body, saved_statistics(OP, &geometry, x, &saves))?;
+        let stats = saved.into_iter().next().ok_or(OpError::MissingStatistics)?;
+        return Ok(BatchNormTrain { y, stats });
     }
     let stats = stats.get().ok_or(OpError::MissingStatistics)?;
     Ok(BatchNormTrain { y, stats: BatchStatistics::from_kernel(stats, &geometry, x.device())? })
@@ -223,14 +217,54 @@ struct BatchNormOp {
     geometry: Geometry,
     eps: f64,
     stats: Arc<OnceLock<Statistics>>,
-    #[cfg(feature = "cuda")]
-    on_device: super::cudnn::run::Saved,
+    saves: DeviceSaves,
 }
 
-#[cfg(feature = "cuda")]
 impl BatchNormOp {
-    fn on_cuda(&self) -> super::cudnn::run::BatchNorm<'_> {
-        super::cudnn::run::BatchNorm { op: OP, geometry: &self.geometry, eps: self.eps }
+    /// The gradients of input, weight and bias, each `None` where its operand needs none.
+    fn gradients(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let g = &self.geometry;
+        let grad = grad.contiguous()?;
+        if let Some(body) = Body::of(x) {
+            let [dx, dweight, dbias] = on_body!(body, batch_norm_backward(self.on_device(), x, weight, &grad, &self.saves))?;
+            let wanted = |t: Tensor, like: &Tensor| like.track_op().then_some(t);
+            return Ok((wanted(dx, x), wanted(dweight, weight), wanted(dbias, bias)));
+        }
+        let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
+        let gradients = {
+            let (xs, xl) = x.storage_and_layout();
+            let (gs, gl) = grad.storage_and_layout();
+            let (ws, wl) = weight.storage_and_layout();
+            let (xv, dy, wv) = (cpu_f32(OP, &xs, xl)?, cpu_f32(OP, &gs, gl)?, cpu_f32(OP, &ws, wl)?);
+            backward(g, stats, &xv, &dy, &wv, x.track_op())
+        };
+        let Gradients { dx, dweight: sum_dy_xhat, dbias: sum_dy } = gradients;
+        let device = x.device();
+        let grad_x = match dx {
+            Some(dx) => Some(Tensor::from_vec(dx, x.shape(), device)?.to_dtype(x.dtype())?),
+            None => None,
+        };
+        let per_channel = |values: Vec<f32>, like: &Tensor| -> Result<Option<Tensor>> {
+            if !like.track_op() {
+                return Ok(None);
+            }
+            Ok(Some(Tensor::from_vec(values, g.channels, device)?.to_dtype(like.dtype())?))
+        };
+        Ok((grad_x, per_channel(sum_dy_xhat, weight)?, per_channel(sum_dy, bias)?))
+    }
+
+    fn on_device(&self) -> cuda::BatchNorm<'_> {
+        cuda::BatchNorm { op: OP, geometry: &self.geometry, eps: self.eps }
+    }
+
+    fn device_forward<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 3]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, 3>(OP, operands, |p, args| cuda::batch_norm_forward(p, self.on_device(), args, &self.saves))
     }
 }
 
@@ -256,6 +290,9 @@ impl CustomOp3 for BatchNormOp {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.device_forward::<cuda::Reference>([(s1, l1), (s2, l2), (s3, l3)]);
+        }
         let g = &self.geometry;
         let x = f32_view(OP, s1, l1)?;
         let (weight, bias) = (f32_view(OP, s2, l2)?, f32_view(OP, s3, l3)?);
@@ -275,9 +312,7 @@ impl CustomOp3 for BatchNormOp {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        use super::cudnn::run::{batch_norm_forward, Arg};
-        let arg = |s, l| Arg::new(OP, s, l);
-        batch_norm_forward(self.on_cuda(), arg(s1, l1)?, arg(s2, l2)?, arg(s3, l3)?, &self.on_device)
+        self.device_forward::<cuda::Cudnn>([(s1, l1), (s2, l2), (s3, l3)])
     }
 
     fn bwd(
@@ -288,34 +323,8 @@ impl CustomOp3 for BatchNormOp {
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let g = &self.geometry;
-        let grad = grad.contiguous()?;
-        #[cfg(feature = "cuda")]
-        if x.device().is_cuda() {
-            let [dx, dweight, dbias] = super::cudnn::run::batch_norm_backward(self.on_cuda(), x, weight, &grad, &self.on_device)?;
-            let wanted = |t: Tensor, like: &Tensor| like.track_op().then_some(t);
-            return Ok((wanted(dx, x), wanted(dweight, weight), wanted(dbias, bias)));
-        }
-        let stats = self.stats.get().ok_or(OpError::MissingStatistics)?;
-        let gradients = {
-            let (xs, xl) = x.storage_and_layout();
-            let (gs, gl) = grad.storage_and_layout();
-            let (ws, wl) = weight.storage_and_layout();
-            let (xv, dy, wv) = (cpu_f32(OP, &xs, xl)?, cpu_f32(OP, &gs, gl)?, cpu_f32(OP, &ws, wl)?);
-            backward(g, stats, &xv, &dy, &wv, x.track_op())
-        };
-        let Gradients { dx, dweight: sum_dy_xhat, dbias: sum_dy } = gradients;
-        let device = x.device();
-        let grad_x = match dx {
-            Some(dx) => Some(Tensor::from_vec(dx, x.shape(), device)?.to_dtype(x.dtype())?),
-            None => None,
-        };
-        let per_channel = |values: Vec<f32>, like: &Tensor| -> Result<Option<Tensor>> {
-            if !like.track_op() {
-                return Ok(None);
-            }
-            Ok(Some(Tensor::from_vec(values, g.channels, device)?.to_dtype(like.dtype())?))
-        };
-        Ok((grad_x, per_channel(sum_dy_xhat, weight)?, per_channel(sum_dy, bias)?))
+        let (dx, dweight, dbias) = self.gradients(x, weight, bias, grad)?;
+        let [dx, dweight, dbias] = checked_gradients(OP, [x, weight, bias], [dx, dweight, dbias])?;
+        Ok((dx, dweight, dbias))
     }
 }

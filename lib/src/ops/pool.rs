@@ -10,10 +10,9 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tenso
 
 use multiversion::multiversion;
 
-#[cfg(feature = "cuda")]
-use super::cudnn::run::{self, Arg};
+use super::cuda::{self, Reference};
 use super::floats::{par_chunks_from, par_filled};
-use super::{dims4, window_count, OpError};
+use super::{checked_gradients, dims4, window_count, OpError};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Geometry {
@@ -168,6 +167,9 @@ impl CustomOp1 for MaxPool2d {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() && !matches!(storage, CpuStorage::F64(_)) {
+            return cuda::forward::<Reference, 1>(self.name(), [(storage, layout)], |p, [x]| cuda::max_pool_forward(p, &self.0, x));
+        }
         let g = &self.0;
         let out = match storage {
             CpuStorage::F32(x) => CpuStorage::F32(g.forward(contiguous(x, layout)?)),
@@ -181,17 +183,25 @@ impl CustomOp1 for MaxPool2d {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        run::max_pool_forward(&self.0, Arg::new(self.name(), storage, layout)?)
+        cuda::forward::<cuda::Cudnn, 1>(self.name(), [(storage, layout)], |p, [x]| cuda::max_pool_forward(p, &self.0, x))
     }
 
     fn bwd(&self, x: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(x.apply_op3_no_bwd(&out.contiguous()?, &grad.contiguous()?, &MaxPool2dGrad(self.0))?))
+        let dx = x.apply_op3_no_bwd(&out.contiguous()?, &grad.contiguous()?, &MaxPool2dGrad(self.0))?;
+        let [dx] = checked_gradients(self.name(), [x], [Some(dx)])?;
+        Ok(dx)
     }
 }
 
 /// `(x, out, grad_out) -> grad_x`. The CPU finds each window's first
 /// maximum again in `x`; cuDNN reads the output as well.
 struct MaxPool2dGrad(Geometry);
+
+impl MaxPool2dGrad {
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 3]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, 3>("max_pool2d-grad", operands, |p, [x, y, dy]| cuda::max_pool_backward(p, &self.0, x, y, dy))
+    }
+}
 
 impl CustomOp3 for MaxPool2dGrad {
     fn name(&self) -> &'static str {
@@ -208,19 +218,21 @@ impl CustomOp3 for MaxPool2dGrad {
         s3: &CudaStorage,
         l3: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let arg = |s, l| Arg::new(self.name(), s, l);
-        run::max_pool_backward(&self.0, arg(s1, l1)?, arg(s2, l2)?, arg(s3, l3)?)
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2), (s3, l3)])
     }
 
     fn cpu_fwd(
         &self,
         s1: &CpuStorage,
         l1: &Layout,
-        _out: &CpuStorage,
-        _out_layout: &Layout,
+        out: &CpuStorage,
+        out_layout: &Layout,
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() && !matches!(s1, CpuStorage::F64(_)) {
+            return self.on_device::<Reference>([(s1, l1), (out, out_layout), (s2, l2)]);
+        }
         let g = &self.0;
         let dx = match (s1, s2) {
             (CpuStorage::F32(x), CpuStorage::F32(dy)) => CpuStorage::F32(g.grad_input(contiguous(x, l1)?, contiguous(dy, l2)?)),

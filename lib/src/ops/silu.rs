@@ -11,11 +11,10 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tenso
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-#[cfg(feature = "cuda")]
-use super::cudnn::run::{self, Arg};
+use super::cuda::{self, Reference};
 use super::floats::{f32_view, storage_from_f32};
 use super::lean::CHUNK;
-use super::OpError;
+use super::{checked_gradients, OpError};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 
@@ -30,6 +29,9 @@ impl CustomOp1 for Silu {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return cuda::forward::<Reference, 1>(self.name(), [(storage, layout)], |p, [x]| cuda::silu_forward(p, x));
+        }
         let mut values = f32_view(self.name(), storage, layout)?.into_owned();
         values.par_chunks_mut(CHUNK).for_each(silu_in_place);
         Ok((storage_from_f32(self.name(), values, storage.dtype())?, layout.shape().clone()))
@@ -37,16 +39,23 @@ impl CustomOp1 for Silu {
 
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
-        run::silu_forward(Arg::new(self.name(), storage, layout)?)
+        cuda::forward::<cuda::Cudnn, 1>(self.name(), [(storage, layout)], |p, [x]| cuda::silu_forward(p, x))
     }
 
     fn bwd(&self, x: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(x.apply_op3_no_bwd(out, &grad.contiguous()?, &SiluGrad)?))
+        let [dx] = checked_gradients(self.name(), [x], [Some(x.apply_op3_no_bwd(out, &grad.contiguous()?, &SiluGrad)?)])?;
+        Ok(dx)
     }
 }
 
 /// `(x, silu(x), grad_out) -> grad_x`.
 struct SiluGrad;
+
+impl SiluGrad {
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 3]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, 3>("silu-grad", operands, |p, [x, y, dy]| cuda::silu_backward(p, x, y, dy))
+    }
+}
 
 impl CustomOp3 for SiluGrad {
     fn name(&self) -> &'static str {
@@ -62,6 +71,9 @@ impl CustomOp3 for SiluGrad {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(s1, l1), (s2, l2), (s3, l3)]);
+        }
         if s1.dtype() != s3.dtype() {
             Err(OpError::DTypeMismatch { op: self.name(), input: s1.dtype(), other: s3.dtype() })?
         }
@@ -85,7 +97,7 @@ impl CustomOp3 for SiluGrad {
         s3: &CudaStorage,
         l3: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        run::silu_backward(Arg::new(self.name(), s1, l1)?, Arg::new(self.name(), s2, l2)?, Arg::new(self.name(), s3, l3)?)
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2), (s3, l3)])
     }
 }
 

@@ -350,3 +350,15 @@ fn batch_norm_rejects_bad_shapes_by_name() {
     let text = error_text(batch_norm_train(&randn(&[1, 3, 1, 1]), &randn(&[3]), &randn(&[3]), 1e-5).map(|o| o.y));
     assert!(text.contains("fewer than 2 values per channel"), "{text}");
 }
+
+#[test]
+fn a_gradient_in_another_shape_or_dtype_than_its_operand_is_refused_by_name() {
+    let (x, w) = (randn(&[2, 3]), randn(&[3]));
+    let ok = checked_gradients("test_op", [&x, &w], [Some(randn(&[2, 3])), None]).unwrap();
+    assert!(ok[0].is_some() && ok[1].is_none());
+    let err = checked_gradients("norm_act", [&x, &w], [None, Some(randn(&[1, 3]))]).unwrap_err().to_string();
+    assert!(err.contains("norm_act: the backward made a F32 gradient of [1, 3] for operand 1, a F32 tensor of [3]"), "{err}");
+    let half = randn(&[3]).to_dtype(DType::F16).unwrap();
+    let err = checked_gradients("conv2d", [&w], [Some(half)]).unwrap_err().to_string();
+    assert!(err.contains("F16 gradient of [3] for operand 0, a F32 tensor"), "{err}");
+}

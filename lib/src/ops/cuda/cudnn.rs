@@ -1,5 +1,5 @@
-//! cuDNN on a candle CUDA device: one handle, one workspace and the plan
-//! caches per device, kept on the thread that uses them (a cuDNN handle is
+//! The device primitives on a card: cuDNN on a candle CUDA device, one
+//! handle, one workspace and the plan caches per device, kept on the thread that uses them (a cuDNN handle is
 //! not thread-safe, and the training step runs on the thread its CUDA context
 //! is current on). Every call is queued on candle's stream: nothing here
 //! synchronises the device.
@@ -14,11 +14,15 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cudnn::{result, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice, DeviceId};
-use candle_core::{CudaStorage, Layout, Result};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 use super::super::OpError;
-use super::plan::{choose, Candidate, Choice, ConvDims, ConvKey, ConvPass, Element, Math, NormDims, PlanCache, PoolDims, TensorDims};
-use super::{ConvAlgorithm, WORKSPACE_BYTES};
+use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
+use super::passes;
+use super::plan::{choose, Candidate, Choice, ConvKey, ConvPass, Math, PlanCache};
+use super::primitives::{Arg, At, ConvCall, DeviceActivation, Held, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives};
+use super::{ConvAlgorithm, DeviceSaves, Saved, WORKSPACE_BYTES};
 
 fn cudnn_error(op: &'static str) -> impl Fn(result::CudnnError) -> candle_core::Error {
     move |e| OpError::Cudnn { op, status: format!("{:?}", e.0) }.into()
@@ -187,13 +191,6 @@ struct PoolPlan {
     pool: PoolDesc,
 }
 
-/// The activations cuDNN runs for our ops.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum CudnnActivation {
-    Relu,
-    Silu,
-}
-
 /// What the device keeps for cuDNN: its handle on candle's stream, the
 /// workspace (allocated whole on the first convolution) and the plans.
 struct DeviceCudnn {
@@ -203,7 +200,7 @@ struct DeviceCudnn {
     convs: PlanCache<ConvKey, ConvPlan>,
     pools: PlanCache<(PoolDims, Element), PoolPlan>,
     tensors: PlanCache<(TensorDims, Element), TensorDesc>,
-    activations: PlanCache<CudnnActivation, ActivationDesc>,
+    activations: PlanCache<DeviceActivation, ActivationDesc>,
 }
 
 thread_local! {
@@ -278,7 +275,7 @@ impl DeviceCudnn {
         Ok(self.tensors.get_or_make((dims, e), |(d, e)| TensorDesc::new(op, d, *e))?.0)
     }
 
-    fn activation(&mut self, act: CudnnActivation) -> Result<sys::cudnnActivationDescriptor_t> {
+    fn activation(&mut self, act: DeviceActivation) -> Result<sys::cudnnActivationDescriptor_t> {
         let err = cudnn_error("activation");
         Ok(self
             .activations
@@ -289,12 +286,12 @@ impl DeviceCudnn {
                 let nan = sys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN;
                 unsafe {
                     match act {
-                        CudnnActivation::Relu => {
+                        DeviceActivation::Relu => {
                             sys::cudnnSetActivationDescriptor(desc.0, sys::cudnnActivationMode_t::CUDNN_ACTIVATION_RELU, nan, 0.0)
                                 .result()
                                 .map_err(&err)?
                         }
-                        CudnnActivation::Silu => {
+                        DeviceActivation::Silu => {
                             sys::cudnnSetActivationDescriptor(desc.0, sys::cudnnActivationMode_t::CUDNN_ACTIVATION_SWISH, nan, 0.0)
                                 .result()
                                 .map_err(&err)?;
@@ -316,22 +313,23 @@ fn scalar(v: &f32) -> *const c_void {
     v as *const f32 as *const c_void
 }
 
-/// The address of an operand's first element (its layout's offset applied),
-/// and the guard that records its use on the stream.
-pub struct Operand<'a> {
+/// The address of an operand's first element, and the guard that records
+/// its use on the stream.
+struct Operand<'a> {
     address: u64,
     _record: SyncOnDrop<'a>,
 }
 
 impl<'a> Operand<'a> {
-    pub fn of(op: &'static str, storage: &'a CudaStorage, layout: &Layout, stream: &'a CudaStream) -> Result<Self> {
+    fn of(op: &'static str, at: At<'a, CudaStorage>, stream: &'a CudaStream) -> Result<Self> {
+        let storage = at.buffer;
         let (address, record) = match &storage.slice {
             CudaStorageSlice::F32(s) => s.device_ptr(stream),
             CudaStorageSlice::F16(s) => s.device_ptr(stream),
             CudaStorageSlice::BF16(s) => s.device_ptr(stream),
             _ => Err(OpError::UnsupportedDType { op, dtype: storage.dtype() })?,
         };
-        let offset = layout.start_offset() * storage.dtype().size_in_bytes();
+        let offset = at.offset * storage.dtype().size_in_bytes();
         Ok(Operand { address: address + offset as u64, _record: record })
     }
 
@@ -344,364 +342,391 @@ impl<'a> Operand<'a> {
     }
 }
 
-/// A new, uninitialised tensor storage of `len` elements on `dev`.
-pub fn alloc(dev: &CudaDevice, e: Element, len: usize) -> Result<CudaStorage> {
-    Ok(unsafe {
-        match e {
-            Element::F32 => CudaStorage::wrap_cuda_slice(dev.alloc::<f32>(len)?, dev.clone()),
-            Element::F16 => CudaStorage::wrap_cuda_slice(dev.alloc::<half::f16>(len)?, dev.clone()),
-            Element::Bf16 => CudaStorage::wrap_cuda_slice(dev.alloc::<half::bf16>(len)?, dev.clone()),
-        }
-    })
+/// cuDNN and candle's allocator on one CUDA device.
+pub struct Cudnn {
+    dev: CudaDevice,
 }
 
-/// Which of a convolution's three passes runs, on which operands.
-pub enum ConvCall<'a> {
-    /// `y = conv(x, w)`.
-    Forward { x: &'a Operand<'a>, w: &'a Operand<'a>, y: &'a Operand<'a> },
-    /// `dx = conv_transpose(dy, w)`.
-    InputGradient { dy: &'a Operand<'a>, w: &'a Operand<'a>, dx: &'a Operand<'a> },
-    /// `dw = correlate(x, dy)`.
-    WeightGradient { x: &'a Operand<'a>, dy: &'a Operand<'a>, dw: &'a Operand<'a> },
+impl Cudnn {
+    /// `f` with the operands' addresses on candle's stream.
+    fn with_operands<const N: usize, R>(
+        &self,
+        op: &'static str,
+        at: [At<'_, CudaStorage>; N],
+        f: impl FnOnce(&mut DeviceCudnn, [&Operand<'_>; N]) -> Result<R>,
+    ) -> Result<R> {
+        let stream = self.dev.cuda_stream();
+        let operands = at.iter().map(|a| Operand::of(op, *a, &stream)).collect::<Result<Vec<_>>>()?;
+        let refs: [&Operand<'_>; N] = std::array::from_fn(|i| &operands[i]);
+        with_cudnn(&self.dev, |c| f(c, refs))
+    }
 }
 
-/// Runs one convolution pass with its cached plan.
-pub fn convolve(dev: &CudaDevice, dims: ConvDims, e: Element, call: ConvCall<'_>) -> Result<()> {
-    let pass = match call {
-        ConvCall::Forward { .. } => ConvPass::Forward,
-        ConvCall::InputGradient { .. } => ConvPass::InputGradient,
-        ConvCall::WeightGradient { .. } => ConvPass::WeightGradient,
-    };
-    let err = cudnn_error("conv2d");
-    with_cudnn(dev, |c| {
-        let (workspace, workspace_bytes) = c.workspace(dev)?;
-        let handle = &c.handle;
-        let plan = c.convs.get_or_make(ConvKey { pass, dims, element: e }, |key| ConvPlan::new(handle, key))?;
-        let ws = workspace as *mut c_void;
-        unsafe {
-            match (call, plan.choice.algo.0) {
-                (ConvCall::Forward { x, w, y }, Algo::Forward(algo)) => result::convolution_forward(
-                    handle.0,
-                    scalar(&ONE),
-                    plan.x.0,
-                    x.ptr(),
-                    plan.filter.0,
-                    w.ptr(),
-                    plan.conv.0,
-                    algo,
-                    ws,
-                    workspace_bytes,
-                    scalar(&ZERO),
-                    plan.y.0,
-                    y.mut_ptr(),
-                ),
-                (ConvCall::InputGradient { dy, w, dx }, Algo::InputGradient(algo)) => result::convolution_backward_data(
-                    handle.0,
-                    scalar(&ONE),
-                    plan.filter.0,
-                    w.ptr(),
-                    plan.y.0,
-                    dy.ptr(),
-                    plan.conv.0,
-                    algo,
-                    ws,
-                    workspace_bytes,
-                    scalar(&ZERO),
-                    plan.x.0,
-                    dx.mut_ptr(),
-                ),
-                (ConvCall::WeightGradient { x, dy, dw }, Algo::WeightGradient(algo)) => result::convolution_backward_filter(
-                    handle.0,
-                    scalar(&ONE),
-                    plan.x.0,
-                    x.ptr(),
-                    plan.y.0,
-                    dy.ptr(),
-                    plan.conv.0,
-                    algo,
-                    ws,
-                    workspace_bytes,
-                    scalar(&ZERO),
-                    plan.filter.0,
-                    dw.mut_ptr(),
-                ),
-                _ => return Err(OpError::MissingOperand { op: "conv2d", what: "plan of this pass" }.into()),
+impl Primitives for Cudnn {
+    type Buffer = CudaStorage;
+    type Storage = CudaStorage;
+
+    fn of_storage(storage: &CudaStorage) -> Self {
+        Cudnn { dev: storage.device.clone() }
+    }
+
+    fn dtype(buffer: &CudaStorage) -> DType {
+        buffer.dtype()
+    }
+
+    fn alloc(&self, e: Element, len: usize) -> Result<CudaStorage> {
+        let dev = &self.dev;
+        Ok(unsafe {
+            match e {
+                Element::F32 => CudaStorage::wrap_cuda_slice(dev.alloc::<f32>(len)?, dev.clone()),
+                Element::F16 => CudaStorage::wrap_cuda_slice(dev.alloc::<half::f16>(len)?, dev.clone()),
+                Element::Bf16 => CudaStorage::wrap_cuda_slice(dev.alloc::<half::bf16>(len)?, dev.clone()),
             }
-        }
-        .map_err(&err)
-    })
-}
+        })
+    }
 
-/// Max-pooling forward, `y = pool(x)`, or backward, `dx = pool'(x, y, dy)`
-/// (each output's gradient to its window's maximum).
-pub fn max_pool(
-    dev: &CudaDevice,
-    dims: PoolDims,
-    e: Element,
-    x: &Operand<'_>,
-    y: &Operand<'_>,
-    grads: Option<(&Operand<'_>, &Operand<'_>)>,
-) -> Result<()> {
-    let err = cudnn_error("max_pool2d");
-    with_cudnn(dev, |c| {
-        let plan = c.pools.get_or_make((dims, e), |(d, e)| {
-            let mut raw = MaybeUninit::uninit();
-            unsafe { sys::cudnnCreatePoolingDescriptor(raw.as_mut_ptr()) }.result().map_err(&err)?;
-            let pool = PoolDesc(unsafe { raw.assume_init() });
+    fn zeros_f32(&self, len: usize) -> Result<CudaStorage> {
+        Ok(CudaStorage::wrap_cuda_slice(self.dev.alloc_zeros::<f32>(len)?, self.dev.clone()))
+    }
+
+    fn copy(&self, buffer: &CudaStorage) -> Result<CudaStorage> {
+        // candle's clone of a CUDA storage copies its whole slice on the device, whatever the layout.
+        buffer.try_clone(&Layout::contiguous(1))
+    }
+
+    fn convolve(&self, dims: ConvDims, e: Element, call: ConvCall<'_, CudaStorage>) -> Result<()> {
+        let (pass, operands) = match call {
+            ConvCall::Forward { x, w, y } => (ConvPass::Forward, [x, w, y]),
+            ConvCall::InputGradient { dy, w, dx } => (ConvPass::InputGradient, [dy, w, dx]),
+            ConvCall::WeightGradient { x, dy, dw } => (ConvPass::WeightGradient, [x, dy, dw]),
+        };
+        let err = cudnn_error("conv2d");
+        let dev = &self.dev;
+        self.with_operands("conv2d", operands, |c, [a, b, out]| {
+            let (workspace, workspace_bytes) = c.workspace(dev)?;
+            let handle = &c.handle;
+            let plan = c.convs.get_or_make(ConvKey { pass, dims, element: e }, |key| ConvPlan::new(handle, key))?;
+            let ws = workspace as *mut c_void;
             unsafe {
-                sys::cudnnSetPooling2dDescriptor(
-                    pool.0,
-                    sys::cudnnPoolingMode_t::CUDNN_POOLING_MAX_DETERMINISTIC,
-                    sys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN,
-                    d.window[0],
-                    d.window[1],
-                    d.padding[0],
-                    d.padding[1],
-                    d.stride[0],
-                    d.stride[1],
+                match plan.choice.algo.0 {
+                    Algo::Forward(algo) => result::convolution_forward(
+                        handle.0,
+                        scalar(&ONE),
+                        plan.x.0,
+                        a.ptr(),
+                        plan.filter.0,
+                        b.ptr(),
+                        plan.conv.0,
+                        algo,
+                        ws,
+                        workspace_bytes,
+                        scalar(&ZERO),
+                        plan.y.0,
+                        out.mut_ptr(),
+                    ),
+                    Algo::InputGradient(algo) => result::convolution_backward_data(
+                        handle.0,
+                        scalar(&ONE),
+                        plan.filter.0,
+                        b.ptr(),
+                        plan.y.0,
+                        a.ptr(),
+                        plan.conv.0,
+                        algo,
+                        ws,
+                        workspace_bytes,
+                        scalar(&ZERO),
+                        plan.x.0,
+                        out.mut_ptr(),
+                    ),
+                    Algo::WeightGradient(algo) => result::convolution_backward_filter(
+                        handle.0,
+                        scalar(&ONE),
+                        plan.x.0,
+                        a.ptr(),
+                        plan.y.0,
+                        b.ptr(),
+                        plan.conv.0,
+                        algo,
+                        ws,
+                        workspace_bytes,
+                        scalar(&ZERO),
+                        plan.filter.0,
+                        out.mut_ptr(),
+                    ),
+                }
+            }
+            .map_err(&err)
+        })
+    }
+
+    fn max_pool(
+        &self,
+        dims: PoolDims,
+        e: Element,
+        x: At<'_, CudaStorage>,
+        y: At<'_, CudaStorage>,
+        grads: Option<PoolGrads<'_, CudaStorage>>,
+    ) -> Result<()> {
+        let err = cudnn_error("max_pool2d");
+        // The forward has no gradients: its own operands stand in for them, unread.
+        let (dy, dx, backward) = grads.map_or((y, x, false), |g| (g.dy, g.dx, true));
+        self.with_operands("max_pool2d", [x, y, dy, dx], |c, [x, y, dy, dx]| {
+            let plan = c.pools.get_or_make((dims, e), |(d, e)| {
+                let mut raw = MaybeUninit::uninit();
+                unsafe { sys::cudnnCreatePoolingDescriptor(raw.as_mut_ptr()) }.result().map_err(&err)?;
+                let pool = PoolDesc(unsafe { raw.assume_init() });
+                unsafe {
+                    sys::cudnnSetPooling2dDescriptor(
+                        pool.0,
+                        sys::cudnnPoolingMode_t::CUDNN_POOLING_MAX_DETERMINISTIC,
+                        sys::cudnnNanPropagation_t::CUDNN_PROPAGATE_NAN,
+                        d.window[0],
+                        d.window[1],
+                        d.padding[0],
+                        d.padding[1],
+                        d.stride[0],
+                        d.stride[1],
+                    )
+                }
+                .result()
+                .map_err(&err)?;
+                Ok::<_, candle_core::Error>(PoolPlan {
+                    x: TensorDesc::new("max_pool2d", &d.x, *e)?,
+                    y: TensorDesc::new("max_pool2d", &d.y, *e)?,
+                    pool,
+                })
+            })?;
+            unsafe {
+                match backward {
+                    false => sys::cudnnPoolingForward(
+                        c.handle.0,
+                        plan.pool.0,
+                        scalar(&ONE),
+                        plan.x.0,
+                        x.ptr(),
+                        scalar(&ZERO),
+                        plan.y.0,
+                        y.mut_ptr(),
+                    ),
+                    true => sys::cudnnPoolingBackward(
+                        c.handle.0,
+                        plan.pool.0,
+                        scalar(&ONE),
+                        plan.y.0,
+                        y.ptr(),
+                        plan.y.0,
+                        dy.ptr(),
+                        plan.x.0,
+                        x.ptr(),
+                        scalar(&ZERO),
+                        plan.x.0,
+                        dx.mut_ptr(),
+                    ),
+                }
+            }
+            .result()
+            .map_err(&err)
+        })
+    }
+
+    fn activate(&self, act: DeviceActivation, maps: Maps, x: At<'_, CudaStorage>, y: At<'_, CudaStorage>) -> Result<()> {
+        self.with_operands("activation", [x, y], |c, [x, y]| {
+            let (desc, t) = (c.activation(act)?, c.tensor("activation", maps.dims, maps.element)?);
+            unsafe { sys::cudnnActivationForward(c.handle.0, desc, scalar(&ONE), t, x.ptr(), scalar(&ZERO), t, y.mut_ptr()) }
+                .result()
+                .map_err(cudnn_error("activation"))
+        })
+    }
+
+    fn activate_backward(
+        &self,
+        act: DeviceActivation,
+        maps: Maps,
+        x: At<'_, CudaStorage>,
+        y: At<'_, CudaStorage>,
+        dy: At<'_, CudaStorage>,
+        dx: At<'_, CudaStorage>,
+    ) -> Result<()> {
+        self.with_operands("activation", [x, y, dy, dx], |c, [x, y, dy, dx]| {
+            let (desc, t) = (c.activation(act)?, c.tensor("activation", maps.dims, maps.element)?);
+            unsafe {
+                sys::cudnnActivationBackward(
+                    c.handle.0,
+                    desc,
+                    scalar(&ONE),
+                    t,
+                    y.ptr(),
+                    t,
+                    dy.ptr(),
+                    t,
+                    x.ptr(),
+                    scalar(&ZERO),
+                    t,
+                    dx.mut_ptr(),
                 )
             }
             .result()
-            .map_err(&err)?;
-            Ok::<_, candle_core::Error>(PoolPlan {
-                x: TensorDesc::new("max_pool2d", &d.x, *e)?,
-                y: TensorDesc::new("max_pool2d", &d.y, *e)?,
-                pool,
-            })
-        })?;
-        unsafe {
-            match grads {
-                None => {
-                    sys::cudnnPoolingForward(c.handle.0, plan.pool.0, scalar(&ONE), plan.x.0, x.ptr(), scalar(&ZERO), plan.y.0, y.mut_ptr())
-                }
-                Some((dy, dx)) => sys::cudnnPoolingBackward(
-                    c.handle.0,
-                    plan.pool.0,
-                    scalar(&ONE),
-                    plan.y.0,
-                    y.ptr(),
-                    plan.y.0,
-                    dy.ptr(),
-                    plan.x.0,
-                    x.ptr(),
-                    scalar(&ZERO),
-                    plan.x.0,
-                    dx.mut_ptr(),
-                ),
-            }
-        }
-        .result()
-        .map_err(&err)
-    })
-}
-
-/// Maps of one shape and element type, as the elementwise calls take them.
-#[derive(Debug, Clone, Copy)]
-pub struct Maps {
-    pub dims: TensorDims,
-    pub element: Element,
-}
-
-/// `y = act(x)` over `maps` (in place when `y` is `x`).
-pub fn activate(dev: &CudaDevice, act: CudnnActivation, maps: Maps, x: &Operand<'_>, y: &Operand<'_>) -> Result<()> {
-    with_cudnn(dev, |c| {
-        let (desc, t) = (c.activation(act)?, c.tensor("activation", maps.dims, maps.element)?);
-        unsafe { sys::cudnnActivationForward(c.handle.0, desc, scalar(&ONE), t, x.ptr(), scalar(&ZERO), t, y.mut_ptr()) }
-            .result()
             .map_err(cudnn_error("activation"))
-    })
-}
-
-/// `dx = dy * act'(x)`, from the activation's input `x` and output `y` (in
-/// place when `dx` is `dy`).
-pub fn activate_backward(
-    dev: &CudaDevice,
-    act: CudnnActivation,
-    maps: Maps,
-    x: &Operand<'_>,
-    y: &Operand<'_>,
-    dy: &Operand<'_>,
-    dx: &Operand<'_>,
-) -> Result<()> {
-    with_cudnn(dev, |c| {
-        let (desc, t) = (c.activation(act)?, c.tensor("activation", maps.dims, maps.element)?);
-        unsafe {
-            sys::cudnnActivationBackward(
-                c.handle.0,
-                desc,
-                scalar(&ONE),
-                t,
-                y.ptr(),
-                t,
-                dy.ptr(),
-                t,
-                x.ptr(),
-                scalar(&ZERO),
-                t,
-                dx.mut_ptr(),
-            )
-        }
-        .result()
-        .map_err(cudnn_error("activation"))
-    })
-}
-
-/// `y += x` over `maps`.
-pub fn add_into(dev: &CudaDevice, maps: Maps, x: &Operand<'_>, y: &Operand<'_>) -> Result<()> {
-    with_cudnn(dev, |c| {
-        let t = c.tensor("add", maps.dims, maps.element)?;
-        unsafe { sys::cudnnAddTensor(c.handle.0, scalar(&ONE), t, x.ptr(), scalar(&ONE), t, y.mut_ptr()) }
-            .result()
-            .map_err(cudnn_error("add"))
-    })
-}
-
-/// A batch's per-channel statistics as cuDNN's batch-norm gives them (f32,
-/// on the device): the mean and `1 / sqrt(var + eps)` that its backward
-/// reads, and the unbiased variance.
-pub struct NormStatistics {
-    pub mean: CudaSlice<f32>,
-    pub inv_std: CudaSlice<f32>,
-    pub unbiased_var: CudaSlice<f32>,
-}
-
-/// A spatial batch-norm's shapes, element type and epsilon.
-#[derive(Debug, Clone, Copy)]
-pub struct NormCall {
-    pub dims: NormDims,
-    pub element: Element,
-    pub eps: f64,
-}
-
-/// Training-mode batch-norm forward, `y = (x - mean) * inv_std * scale +
-/// bias` with this batch's statistics (f32 `scale` and `bias`, one per
-/// channel). With `keep` it returns the statistics; without, it only
-/// recomputes `y` (a lean op's backward), exactly as the forward did.
-pub fn batch_norm(
-    dev: &CudaDevice,
-    call: NormCall,
-    x: &Operand<'_>,
-    scale: &Operand<'_>,
-    bias: &Operand<'_>,
-    y: &Operand<'_>,
-    keep: bool,
-) -> Result<Option<NormStatistics>> {
-    let NormCall { dims, element: e, eps } = call;
-    let channels = dims.per_channel.elements();
-    // The running outputs are read as well as written (`running * (1 -
-    // factor) + batch * factor`, factor 1): they start as zeros, so that
-    // whatever the memory held (a NaN) cannot leak in.
-    let stats = if keep {
-        Some(NormStatistics {
-            mean: unsafe { dev.alloc::<f32>(channels)? },
-            inv_std: unsafe { dev.alloc::<f32>(channels)? },
-            unbiased_var: dev.alloc_zeros::<f32>(channels)?,
         })
-    } else {
-        None
-    };
-    with_cudnn(dev, |c| {
-        let xt = c.tensor("batch_norm_train", dims.x, e)?;
-        let pt = c.tensor("batch_norm_train", dims.per_channel, Element::F32)?;
-        let stream = c.stream.clone();
-        // cuDNN writes the batch mean into the running mean with an averaging
-        // factor of 1; it is the same as the saved mean, so it goes to scratch.
-        let running_mean = match &stats {
-            Some(_) => Some(dev.alloc_zeros::<f32>(channels)?),
-            None => None,
+    }
+
+    fn add_into(&self, maps: Maps, x: At<'_, CudaStorage>, y: At<'_, CudaStorage>) -> Result<()> {
+        self.with_operands("add", [x, y], |c, [x, y]| {
+            let t = c.tensor("add", maps.dims, maps.element)?;
+            unsafe { sys::cudnnAddTensor(c.handle.0, scalar(&ONE), t, x.ptr(), scalar(&ONE), t, y.mut_ptr()) }
+                .result()
+                .map_err(cudnn_error("add"))
+        })
+    }
+
+    fn batch_norm(
+        &self,
+        call: NormCall,
+        x: At<'_, CudaStorage>,
+        scale: At<'_, CudaStorage>,
+        bias: At<'_, CudaStorage>,
+        y: At<'_, CudaStorage>,
+        keep: bool,
+    ) -> Result<Option<NormStatistics<CudaStorage>>> {
+        let NormCall { dims, element: e, eps } = call;
+        let channels = dims.per_channel.elements();
+        // The running outputs are read as well as written (`running * (1 -
+        // factor) + batch * factor`, factor 1): they start as zeros, so that
+        // whatever the memory held (a NaN) cannot leak in. cuDNN writes the
+        // batch mean into the running mean too; it is the saved mean, so
+        // that goes to scratch.
+        let stats = if keep {
+            Some((
+                NormStatistics {
+                    mean: self.alloc(Element::F32, channels)?,
+                    inv_std: self.alloc(Element::F32, channels)?,
+                    unbiased_var: self.zeros_f32(channels)?,
+                },
+                self.zeros_f32(channels)?,
+            ))
+        } else {
+            None
         };
-        let out = |s| optional_address(s, &stream);
-        let (mean, inv_std, var, run) = (
-            out(stats.as_ref().map(|s| &s.mean)),
-            out(stats.as_ref().map(|s| &s.inv_std)),
-            out(stats.as_ref().map(|s| &s.unbiased_var)),
-            out(running_mean.as_ref()),
-        );
-        let ptr = |p: &Option<(u64, SyncOnDrop<'_>)>| p.as_ref().map_or(std::ptr::null_mut(), |(a, _)| *a as *mut c_void);
-        unsafe {
-            sys::cudnnBatchNormalizationForwardTraining(
-                c.handle.0,
-                sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
-                scalar(&ONE),
-                scalar(&ZERO),
-                xt,
-                x.ptr(),
-                xt,
-                y.mut_ptr(),
-                pt,
-                scale.ptr(),
-                bias.ptr(),
-                1.0,
-                ptr(&run),
-                ptr(&var),
-                eps,
-                ptr(&mean),
-                ptr(&inv_std),
-            )
+        let whole = |b| At { buffer: b, offset: 0 };
+        let err = cudnn_error("batch_norm_train");
+        let run = |c: &mut DeviceCudnn, [x, scale, bias, y]: [&Operand<'_>; 4], saved: Option<[&Operand<'_>; 4]>| -> Result<()> {
+            let xt = c.tensor("batch_norm_train", dims.x, e)?;
+            let pt = c.tensor("batch_norm_train", dims.per_channel, Element::F32)?;
+            let out = |i: usize| saved.map_or(std::ptr::null_mut(), |s| s[i].mut_ptr());
+            unsafe {
+                sys::cudnnBatchNormalizationForwardTraining(
+                    c.handle.0,
+                    sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
+                    scalar(&ONE),
+                    scalar(&ZERO),
+                    xt,
+                    x.ptr(),
+                    xt,
+                    y.mut_ptr(),
+                    pt,
+                    scale.ptr(),
+                    bias.ptr(),
+                    1.0,
+                    out(3),
+                    out(2),
+                    eps,
+                    out(0),
+                    out(1),
+                )
+            }
+            .result()
+            .map_err(&err)
+        };
+        match &stats {
+            Some((s, running_mean)) => {
+                let at = [x, scale, bias, y, whole(&s.mean), whole(&s.inv_std), whole(&s.unbiased_var), whole(running_mean)];
+                self.with_operands("batch_norm_train", at, |c, [x, scale, bias, y, mean, inv_std, var, running]| {
+                    run(c, [x, scale, bias, y], Some([mean, inv_std, var, running]))
+                })?
+            }
+            None => self.with_operands("batch_norm_train", [x, scale, bias, y], |c, operands| run(c, operands, None))?,
         }
-        .result()
-        .map_err(cudnn_error("batch_norm_train"))
-    })?;
-    Ok(stats)
-}
+        Ok(stats.map(|(s, _)| s))
+    }
 
-/// The address of an optional per-channel output, and its guard.
-fn optional_address<'a>(slice: Option<&'a CudaSlice<f32>>, stream: &'a CudaStream) -> Option<(u64, SyncOnDrop<'a>)> {
-    slice.map(|s| s.device_ptr(stream))
-}
+    fn batch_norm_backward(
+        &self,
+        call: NormCall,
+        x: At<'_, CudaStorage>,
+        dy: At<'_, CudaStorage>,
+        scale: At<'_, CudaStorage>,
+        stats: &NormStatistics<CudaStorage>,
+        grads: NormGrads<'_, CudaStorage>,
+    ) -> Result<()> {
+        let NormCall { dims, element: e, eps } = call;
+        let whole = |b| At { buffer: b, offset: 0 };
+        let at = [x, dy, scale, grads.dx, grads.dscale, grads.dbias, whole(&stats.mean), whole(&stats.inv_std)];
+        self.with_operands("batch_norm_train", at, |c, [x, dy, scale, dx, dscale, dbias, mean, inv_std]| {
+            let xt = c.tensor("batch_norm_train", dims.x, e)?;
+            let pt = c.tensor("batch_norm_train", dims.per_channel, Element::F32)?;
+            unsafe {
+                sys::cudnnBatchNormalizationBackward(
+                    c.handle.0,
+                    sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
+                    scalar(&ONE),
+                    scalar(&ZERO),
+                    scalar(&ONE),
+                    scalar(&ZERO),
+                    xt,
+                    x.ptr(),
+                    xt,
+                    dy.ptr(),
+                    xt,
+                    dx.mut_ptr(),
+                    pt,
+                    scale.ptr(),
+                    dscale.mut_ptr(),
+                    dbias.mut_ptr(),
+                    eps,
+                    mean.ptr(),
+                    inv_std.ptr(),
+                )
+            }
+            .result()
+            .map_err(cudnn_error("batch_norm_train"))
+        })
+    }
 
-/// Where batch-norm's backward writes: the input's gradient, and the f32
-/// per-channel gradients of the scale and the bias.
-pub struct NormGrads<'a> {
-    pub dx: &'a Operand<'a>,
-    pub dscale: &'a Operand<'a>,
-    pub dbias: &'a Operand<'a>,
-}
+    fn tensor(&self, buffer: CudaStorage, shape: Shape) -> Result<Tensor> {
+        Ok(Tensor::from_storage(Storage::Cuda(buffer), shape, BackpropOp::none(), false))
+    }
 
-/// Training-mode batch-norm backward from the input `x`, the output gradient
-/// `dy` and the forward's saved statistics: `dx`, and the f32 per-channel
-/// `sum(dy * xhat)` (the scale's gradient) and `sum(dy)` (the bias's).
-pub fn batch_norm_backward(
-    dev: &CudaDevice,
-    call: NormCall,
-    x: &Operand<'_>,
-    dy: &Operand<'_>,
-    scale: &Operand<'_>,
-    stats: &NormStatistics,
-    grads: NormGrads<'_>,
-) -> Result<()> {
-    let NormCall { dims, element: e, eps } = call;
-    let NormGrads { dx, dscale, dbias } = grads;
-    with_cudnn(dev, |c| {
-        let xt = c.tensor("batch_norm_train", dims.x, e)?;
-        let pt = c.tensor("batch_norm_train", dims.per_channel, Element::F32)?;
-        let stream = c.stream.clone();
-        let (mean, _m) = stats.mean.device_ptr(&stream);
-        let (inv_std, _i) = stats.inv_std.device_ptr(&stream);
-        unsafe {
-            sys::cudnnBatchNormalizationBackward(
-                c.handle.0,
-                sys::cudnnBatchNormMode_t::CUDNN_BATCHNORM_SPATIAL,
-                scalar(&ONE),
-                scalar(&ZERO),
-                scalar(&ONE),
-                scalar(&ZERO),
-                xt,
-                x.ptr(),
-                xt,
-                dy.ptr(),
-                xt,
-                dx.mut_ptr(),
-                pt,
-                scale.ptr(),
-                dscale.mut_ptr(),
-                dbias.mut_ptr(),
-                eps,
-                mean as *const c_void,
-                inv_std as *const c_void,
-            )
+    fn into_storage(buffer: CudaStorage) -> Result<CudaStorage> {
+        Ok(buffer)
+    }
+
+    fn hold<'a>(op: &'static str, storage: &'a CudaStorage, layout: &'a Layout) -> Result<Held<'a, CudaStorage>> {
+        borrowed(op, storage, layout)
+    }
+
+    fn of_tensor(op: &'static str, t: &Tensor) -> Result<Self> {
+        match t.device() {
+            candle_core::Device::Cuda(dev) => Ok(Cudnn { dev: dev.clone() }),
+            other => Err(OpError::NotOnCuda { op, device: format!("{:?}", other.location()) }.into()),
         }
-        .result()
-        .map_err(cudnn_error("batch_norm_train"))
-    })
+    }
+
+    fn with_tensor<R>(op: &'static str, t: &Tensor, f: impl FnOnce(Arg<'_, CudaStorage>) -> Result<R>) -> Result<R> {
+        let (storage, layout) = t.storage_and_layout();
+        match &*storage {
+            Storage::Cuda(s) => f(borrowed(op, s, layout)?.arg()),
+            other => Err(OpError::NotOnCuda { op, device: format!("{:?}", other.device().location()) })?,
+        }
+    }
+
+    fn saved(saves: &DeviceSaves) -> &Saved<CudaStorage> {
+        &saves.cuda
+    }
+}
+
+/// A storage held in place, from its layout.
+fn borrowed<'a>(op: &'static str, storage: &'a CudaStorage, layout: &'a Layout) -> Result<Held<'a, CudaStorage>> {
+    passes::contiguous(op, layout)?;
+    Ok(Held::Borrowed { buffer: storage, offset: layout.start_offset(), shape: layout.shape() })
 }

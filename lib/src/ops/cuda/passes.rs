@@ -1,223 +1,187 @@
-//! The ops' CUDA passes on candle's storages and tensors: each keeps for
-//! backward what its CPU pass keeps (the graph's inputs and, for
+//! The ops' device passes, written once against [`Primitives`]: each keeps
+//! for backward what its CPU pass keeps (the graph's inputs and, for
 //! batch-norm, two f32 values per channel), and allocates only its output
-//! and the transients its CPU pass has too.
+//! and the transients its CPU pass has too. On a card they run on cuDNN; in
+//! the test command they run on the reference (`check-ops --device
+//! reference`), so that every decision made here is checked without one.
 
 use std::sync::{Arc, OnceLock};
 
-use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::CudaDevice;
-use candle_core::op::BackpropOp;
-use candle_core::{CudaStorage, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{DType, Layout, Result, Shape, Tensor};
 
 use super::super::conv_geometry::Geometry as ConvGeometry;
 use super::super::lean::Activation;
 use super::super::norm::{BatchStatistics, Geometry as NormGeometry};
 use super::super::pool::Geometry as PoolGeometry;
 use super::super::OpError;
-use super::device::{self, alloc, ConvCall, CudnnActivation, Maps, NormCall, NormGrads, NormStatistics, Operand};
-use super::plan::{biased_from_unbiased, ConvDims, Element, NormDims, PoolDims, TensorDims};
+use super::descriptors::{biased_from_unbiased, ConvDims, Element, NormDims, PoolDims};
+use super::primitives::{Arg, At, ConvCall, DeviceActivation, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives};
+use super::DeviceSaves;
 
-type Stream = candle_core::cuda_backend::cudarc::driver::CudaStream;
-
-/// The statistics a batch-norm's forward saved on the device, one entry per
+/// The statistics a batch-norm's forward saved on a device, one entry per
 /// batch-norm of the op, for its backward.
-pub type Saved = Arc<OnceLock<Vec<NormStatistics>>>;
+pub type Saved<B> = Arc<OnceLock<Vec<NormStatistics<B>>>>;
 
-fn contiguous(op: &'static str, layout: &Layout) -> Result<()> {
-    if layout.is_contiguous() {
-        Ok(())
-    } else {
-        Err(OpError::NotContiguous { op }.into())
-    }
+/// A custom op's forward on device `P`: its operands held as [`Arg`]s,
+/// `pass` run on them, its output handed back as a storage.
+pub fn forward<P: Primitives, const N: usize>(
+    op: &'static str,
+    operands: [(&P::Storage, &Layout); N],
+    pass: impl FnOnce(&P, [Arg<'_, P::Buffer>; N]) -> Result<Made<P::Buffer>>,
+) -> Result<(P::Storage, Shape)> {
+    let device = P::of_storage(operands[0].0);
+    let held = operands.iter().map(|(s, l)| P::hold(op, s, l)).collect::<Result<Vec<_>>>()?;
+    let args: [Arg<'_, P::Buffer>; N] = std::array::from_fn(|i| held[i].arg());
+    let out = pass(&device, args)?;
+    Ok((P::into_storage(out.buffer)?, out.shape))
 }
 
-/// An operand of a pass: a contiguous storage and where in it the tensor starts.
-#[derive(Clone, Copy)]
-pub struct Arg<'a> {
-    pub storage: &'a CudaStorage,
-    pub layout: &'a Layout,
-}
-
-impl<'a> Arg<'a> {
-    pub fn new(op: &'static str, storage: &'a CudaStorage, layout: &'a Layout) -> Result<Self> {
-        contiguous(op, layout)?;
-        Ok(Arg { storage, layout })
-    }
-
-    fn operand(&self, op: &'static str, stream: &'a Stream) -> Result<Operand<'a>> {
-        Operand::of(op, self.storage, self.layout, stream)
-    }
-}
-
-/// A storage made by a pass, with the layout of its whole length.
-struct Made {
-    storage: CudaStorage,
-    layout: Layout,
-}
-
-impl Made {
-    fn new(dev: &CudaDevice, e: Element, shape: Shape) -> Result<Self> {
-        Ok(Made { storage: alloc(dev, e, shape.elem_count())?, layout: Layout::contiguous(shape) })
-    }
-
-    fn arg(&self) -> Arg<'_> {
-        Arg { storage: &self.storage, layout: &self.layout }
-    }
-
-    fn tensor(self) -> Tensor {
-        Tensor::from_storage(Storage::Cuda(self.storage), self.layout.shape().clone(), BackpropOp::none(), false)
-    }
-}
-
-impl From<(CudaStorage, Shape)> for Made {
-    fn from((storage, shape): (CudaStorage, Shape)) -> Self {
-        Made { storage, layout: Layout::contiguous(shape) }
-    }
-}
-
-fn element_of(op: &'static str, args: &[Arg<'_>]) -> Result<Element> {
-    let first = Element::of(op, args[0].storage.dtype())?;
+fn element_of<P: Primitives>(op: &'static str, args: &[Arg<'_, P::Buffer>]) -> Result<Element> {
+    let dtype = P::dtype(args[0].at.buffer);
     for a in &args[1..] {
-        if a.storage.dtype() != args[0].storage.dtype() {
-            Err(OpError::DTypeMismatch { op, input: args[0].storage.dtype(), other: a.storage.dtype() })?
+        if P::dtype(a.at.buffer) != dtype {
+            Err(OpError::DTypeMismatch { op, input: dtype, other: P::dtype(a.at.buffer) })?
         }
     }
-    Ok(first)
+    Ok(Element::of(op, dtype)?)
 }
 
-/// A tensor's CUDA storage, for a backward that reads tensors.
-pub fn with_cuda<R>(op: &'static str, t: &Tensor, f: impl FnOnce(Arg<'_>) -> Result<R>) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cuda(s) => f(Arg::new(op, s, layout)?),
-        other => Err(OpError::NotOnCuda { op, device: format!("{:?}", other.device().location()) })?,
+/// `arg` has the shape the op's geometry expects of `what`.
+fn expect_shape<B>(op: &'static str, what: &'static str, arg: Arg<'_, B>, shape: &Shape) -> Result<()> {
+    if arg.shape == shape {
+        Ok(())
+    } else {
+        Err(OpError::OperandShape { op, what, expected: shape.dims().to_vec(), got: arg.shape.dims().to_vec() }.into())
     }
 }
 
-fn cudnn_activation(act: Activation) -> Option<CudnnActivation> {
+fn made<P: Primitives>(p: &P, e: Element, shape: Shape) -> Result<Made<P::Buffer>> {
+    Ok(Made { buffer: p.alloc(e, shape.elem_count())?, shape })
+}
+
+fn tensor<P: Primitives>(p: &P, made: Made<P::Buffer>) -> Result<Tensor> {
+    p.tensor(made.buffer, made.shape)
+}
+
+fn device_activation(act: Activation) -> Option<DeviceActivation> {
     match act {
         Activation::Identity => None,
-        Activation::Relu => Some(CudnnActivation::Relu),
-        Activation::Silu => Some(CudnnActivation::Silu),
+        Activation::Relu => Some(DeviceActivation::Relu),
+        Activation::Silu => Some(DeviceActivation::Silu),
     }
-}
-
-/// Every element of a tensor of `shape`, as one row of maps for cuDNN's elementwise calls.
-fn flat(op: &'static str, shape: &Shape, element: Element) -> Result<Maps> {
-    Ok(Maps { dims: TensorDims::packed(op, [1, 1, 1, shape.elem_count()])?, element })
 }
 
 /// `y = conv(x, w)`.
-pub fn conv_forward(g: &ConvGeometry, x: Arg<'_>, w: Arg<'_>) -> Result<(CudaStorage, Shape)> {
+pub fn conv_forward<P: Primitives>(p: &P, g: &ConvGeometry, x: Arg<'_, P::Buffer>, w: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
     let op = "conv2d";
-    let (e, dev) = (element_of(op, &[x, w])?, &x.storage.device);
-    let dims = ConvDims::of(g)?;
-    let y = Made::new(dev, e, g.out_shape())?;
-    let stream = dev.cuda_stream();
-    let (xo, wo, yo) = (x.operand(op, &stream)?, w.operand(op, &stream)?, y.arg().operand(op, &stream)?);
-    device::convolve(dev, dims, e, ConvCall::Forward { x: &xo, w: &wo, y: &yo })?;
-    drop((xo, wo, yo));
-    Ok((y.storage, g.out_shape()))
+    let e = element_of::<P>(op, &[x, w])?;
+    expect_shape(op, "input", x, &g.in_shape())?;
+    expect_shape(op, "weight", w, &g.weight_shape())?;
+    let y = made(p, e, g.out_shape())?;
+    p.convolve(ConvDims::of(g)?, e, ConvCall::Forward { x: x.at, w: w.at, y: y.arg().at })?;
+    Ok(y)
 }
 
 /// `dx` from the output gradient and the weight.
-pub fn conv_input_gradient(g: &ConvGeometry, dy: Arg<'_>, w: Arg<'_>) -> Result<(CudaStorage, Shape)> {
+pub fn conv_input_gradient<P: Primitives>(
+    p: &P,
+    g: &ConvGeometry,
+    dy: Arg<'_, P::Buffer>,
+    w: Arg<'_, P::Buffer>,
+) -> Result<Made<P::Buffer>> {
     let op = "conv2d";
-    let (e, dev) = (element_of(op, &[dy, w])?, &dy.storage.device);
-    let dims = ConvDims::of(g)?;
-    let dx = Made::new(dev, e, g.in_shape())?;
-    let stream = dev.cuda_stream();
-    let (dyo, wo, dxo) = (dy.operand(op, &stream)?, w.operand(op, &stream)?, dx.arg().operand(op, &stream)?);
-    device::convolve(dev, dims, e, ConvCall::InputGradient { dy: &dyo, w: &wo, dx: &dxo })?;
-    drop((dyo, wo, dxo));
-    Ok((dx.storage, g.in_shape()))
+    let e = element_of::<P>(op, &[dy, w])?;
+    expect_shape(op, "output gradient", dy, &g.out_shape())?;
+    expect_shape(op, "weight", w, &g.weight_shape())?;
+    let dx = made(p, e, g.in_shape())?;
+    p.convolve(ConvDims::of(g)?, e, ConvCall::InputGradient { dy: dy.at, w: w.at, dx: dx.arg().at })?;
+    Ok(dx)
 }
 
 /// `dw` from the input and the output gradient.
-pub fn conv_weight_gradient(g: &ConvGeometry, x: Arg<'_>, dy: Arg<'_>) -> Result<(CudaStorage, Shape)> {
+pub fn conv_weight_gradient<P: Primitives>(
+    p: &P,
+    g: &ConvGeometry,
+    x: Arg<'_, P::Buffer>,
+    dy: Arg<'_, P::Buffer>,
+) -> Result<Made<P::Buffer>> {
     let op = "conv2d";
-    let (e, dev) = (element_of(op, &[x, dy])?, &x.storage.device);
-    let dims = ConvDims::of(g)?;
-    let dw = Made::new(dev, e, g.weight_shape())?;
-    let stream = dev.cuda_stream();
-    let (xo, dyo, dwo) = (x.operand(op, &stream)?, dy.operand(op, &stream)?, dw.arg().operand(op, &stream)?);
-    device::convolve(dev, dims, e, ConvCall::WeightGradient { x: &xo, dy: &dyo, dw: &dwo })?;
-    drop((xo, dyo, dwo));
-    Ok((dw.storage, g.weight_shape()))
+    let e = element_of::<P>(op, &[x, dy])?;
+    expect_shape(op, "input", x, &g.in_shape())?;
+    expect_shape(op, "output gradient", dy, &g.out_shape())?;
+    let dw = made(p, e, g.weight_shape())?;
+    p.convolve(ConvDims::of(g)?, e, ConvCall::WeightGradient { x: x.at, dy: dy.at, dw: dw.arg().at })?;
+    Ok(dw)
 }
 
 /// `y = max_pool(x)`.
-pub fn max_pool_forward(g: &PoolGeometry, x: Arg<'_>) -> Result<(CudaStorage, Shape)> {
+pub fn max_pool_forward<P: Primitives>(p: &P, g: &PoolGeometry, x: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
     let op = "max_pool2d";
-    let (e, dev) = (element_of(op, &[x])?, &x.storage.device);
-    let y = Made::new(dev, e, g.out_shape())?;
-    let stream = dev.cuda_stream();
-    let (xo, yo) = (x.operand(op, &stream)?, y.arg().operand(op, &stream)?);
-    device::max_pool(dev, PoolDims::of(g)?, e, &xo, &yo, None)?;
-    drop((xo, yo));
-    Ok((y.storage, g.out_shape()))
+    let e = element_of::<P>(op, &[x])?;
+    expect_shape(op, "input", x, &g.in_shape())?;
+    let y = made(p, e, g.out_shape())?;
+    p.max_pool(PoolDims::of(g)?, e, x.at, y.arg().at, None)?;
+    Ok(y)
 }
 
-/// `dx` from the input, the output and the output gradient.
-pub fn max_pool_backward(g: &PoolGeometry, x: Arg<'_>, y: Arg<'_>, dy: Arg<'_>) -> Result<(CudaStorage, Shape)> {
+/// `dx` from the input, the output the forward computed from it, and the output gradient.
+pub fn max_pool_backward<P: Primitives>(
+    p: &P,
+    g: &PoolGeometry,
+    x: Arg<'_, P::Buffer>,
+    y: Arg<'_, P::Buffer>,
+    dy: Arg<'_, P::Buffer>,
+) -> Result<Made<P::Buffer>> {
     let op = "max_pool2d";
-    let (e, dev) = (element_of(op, &[x, y, dy])?, &x.storage.device);
-    let dx = Made::new(dev, e, g.in_shape())?;
-    let stream = dev.cuda_stream();
-    let (xo, yo, dyo, dxo) = (x.operand(op, &stream)?, y.operand(op, &stream)?, dy.operand(op, &stream)?, dx.arg().operand(op, &stream)?);
-    device::max_pool(dev, PoolDims::of(g)?, e, &xo, &yo, Some((&dyo, &dxo)))?;
-    drop((xo, yo, dyo, dxo));
-    Ok((dx.storage, g.in_shape()))
+    let e = element_of::<P>(op, &[x, y, dy])?;
+    expect_shape(op, "input", x, &g.in_shape())?;
+    expect_shape(op, "output", y, &g.out_shape())?;
+    expect_shape(op, "output gradient", dy, &g.out_shape())?;
+    let dx = made(p, e, g.in_shape())?;
+    p.max_pool(PoolDims::of(g)?, e, x.at, y.at, Some(PoolGrads { dy: dy.at, dx: dx.arg().at }))?;
+    Ok(dx)
 }
 
 /// `silu(x)`.
-pub fn silu_forward(x: Arg<'_>) -> Result<(CudaStorage, Shape)> {
+pub fn silu_forward<P: Primitives>(p: &P, x: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
     let op = "silu";
-    let (e, dev) = (element_of(op, &[x])?, &x.storage.device);
-    let shape = x.layout.shape().clone();
-    let y = Made::new(dev, e, shape.clone())?;
-    let stream = dev.cuda_stream();
-    let (xo, yo) = (x.operand(op, &stream)?, y.arg().operand(op, &stream)?);
-    device::activate(dev, CudnnActivation::Silu, flat(op, &shape, e)?, &xo, &yo)?;
-    drop((xo, yo));
-    Ok((y.storage, shape))
+    let e = element_of::<P>(op, &[x])?;
+    let y = made(p, e, x.shape.clone())?;
+    p.activate(DeviceActivation::Silu, Maps::of(op, x.shape, e)?, x.at, y.arg().at)?;
+    Ok(y)
 }
 
 /// `dx = dy * silu'(x)`, from `x`, `y = silu(x)` and `dy`.
-pub fn silu_backward(x: Arg<'_>, y: Arg<'_>, dy: Arg<'_>) -> Result<(CudaStorage, Shape)> {
+pub fn silu_backward<P: Primitives>(
+    p: &P,
+    x: Arg<'_, P::Buffer>,
+    y: Arg<'_, P::Buffer>,
+    dy: Arg<'_, P::Buffer>,
+) -> Result<Made<P::Buffer>> {
     let op = "silu";
-    let (e, dev) = (element_of(op, &[x, y, dy])?, &x.storage.device);
-    let shape = x.layout.shape().clone();
-    let dx = Made::new(dev, e, shape.clone())?;
-    let stream = dev.cuda_stream();
-    let (xo, yo, dyo, dxo) = (x.operand(op, &stream)?, y.operand(op, &stream)?, dy.operand(op, &stream)?, dx.arg().operand(op, &stream)?);
-    device::activate_backward(dev, CudnnActivation::Silu, flat(op, &shape, e)?, &xo, &yo, &dyo, &dxo)?;
-    drop((xo, yo, dyo, dxo));
-    Ok((dx.storage, shape))
-}
-
-/// A batch-norm's f32 scale and bias inside a packed parameter tensor
-/// (`[scale; bias]` or a pair of such), as operands.
-struct Params<'a> {
-    scale: Operand<'a>,
-    bias: Operand<'a>,
+    let e = element_of::<P>(op, &[x, y, dy])?;
+    expect_shape(op, "output", y, x.shape)?;
+    expect_shape(op, "output gradient", dy, x.shape)?;
+    let dx = made(p, e, x.shape.clone())?;
+    p.activate_backward(DeviceActivation::Silu, Maps::of(op, x.shape, e)?, x.at, y.at, dy.at, dx.arg().at)?;
+    Ok(dx)
 }
 
 /// Batch-norm's parameters are f32 whatever the maps' type, as cuDNN takes them.
-fn require_f32(op: &'static str, a: Arg<'_>) -> Result<()> {
-    match a.storage.dtype() {
-        candle_core::DType::F32 => Ok(()),
-        other => Err(OpError::DTypeMismatch { op, input: candle_core::DType::F32, other }.into()),
+fn require_f32<P: Primitives>(op: &'static str, a: Arg<'_, P::Buffer>) -> Result<()> {
+    match P::dtype(a.at.buffer) {
+        DType::F32 => Ok(()),
+        other => Err(OpError::DTypeMismatch { op, input: DType::F32, other }.into()),
     }
 }
 
-fn f32_operand<'a>(op: &'static str, a: Arg<'a>, stream: &'a Stream) -> Result<Operand<'a>> {
-    require_f32(op, a)?;
-    a.operand(op, stream)
+/// A batch-norm's f32 scale and bias.
+struct Params<'a, B> {
+    scale: At<'a, B>,
+    bias: At<'a, B>,
 }
 
-/// One spatial batch-norm on CUDA: its op's name, shapes and epsilon.
+/// One spatial batch-norm on a device: its op's name, shapes and epsilon.
 #[derive(Clone, Copy)]
 pub struct BatchNorm<'a> {
     pub op: &'static str,
@@ -239,108 +203,143 @@ impl BatchNorm<'_> {
     }
 
     fn maps(&self, element: Element) -> Result<Maps> {
-        flat(self.op, &self.shape(), element)
+        Ok(Maps::of(self.op, &self.shape(), element)?)
     }
 
-    /// The `pair`-th `[scale; bias]` of a packed parameter tensor.
-    fn params<'a>(&self, packed: Arg<'a>, pair: usize, stream: &'a Stream) -> Result<Params<'a>> {
+    /// The `pair`-th `[scale; bias]` of a packed parameter tensor, `(2k, C)`.
+    fn params<'a, P: Primitives>(&self, packed: Arg<'a, P::Buffer>, pair: usize) -> Result<Params<'a, P::Buffer>> {
         let channels = self.geometry.channels;
-        require_f32(self.op, packed)?;
-        let at = |index: usize| -> Result<Operand<'a>> {
-            let layout = Layout::contiguous_with_offset(channels, packed.layout.start_offset() + index * channels);
-            Operand::of(self.op, packed.storage, &layout, stream)
-        };
-        Ok(Params { scale: at(2 * pair)?, bias: at(2 * pair + 1)? })
+        require_f32::<P>(self.op, packed)?;
+        if packed.shape.elem_count() < (2 * pair + 2) * channels {
+            Err(OpError::PerChannel { op: self.op, what: "packed parameters", channels, dims: packed.shape.dims().to_vec() })?
+        }
+        let at = |index: usize| At { buffer: packed.at.buffer, offset: packed.at.offset + index * channels };
+        Ok(Params { scale: at(2 * pair), bias: at(2 * pair + 1) })
     }
 
     /// `y = bn(x)` with this batch's statistics, appended to `saved`.
-    fn keeping(&self, x: Arg<'_>, p: &Params<'_>, y: &Made, saved: &mut Vec<NormStatistics>) -> Result<()> {
-        let stats = self.normalise(x, p, y, true)?;
+    fn keeping<P: Primitives>(
+        &self,
+        p: &P,
+        x: Arg<'_, P::Buffer>,
+        params: &Params<'_, P::Buffer>,
+        y: At<'_, P::Buffer>,
+        saved: &mut Vec<NormStatistics<P::Buffer>>,
+    ) -> Result<()> {
+        let stats = self.normalise(p, x, params, y, true)?;
         saved.push(stats.ok_or(OpError::MissingStatistics)?);
         Ok(())
     }
 
     /// `y = bn(x)` again, as the forward computed it.
-    fn again(&self, x: Arg<'_>, p: &Params<'_>, y: &Made) -> Result<()> {
-        self.normalise(x, p, y, false).map(|_| ())
+    fn again<P: Primitives>(&self, p: &P, x: Arg<'_, P::Buffer>, params: &Params<'_, P::Buffer>, y: At<'_, P::Buffer>) -> Result<()> {
+        self.normalise(p, x, params, y, false).map(|_| ())
     }
 
-    fn normalise(&self, x: Arg<'_>, p: &Params<'_>, y: &Made, keep: bool) -> Result<Option<NormStatistics>> {
-        let (e, dev) = (element_of(self.op, &[x])?, &x.storage.device);
-        let stream = dev.cuda_stream();
-        let (xo, yo) = (x.operand(self.op, &stream)?, y.arg().operand(self.op, &stream)?);
-        device::batch_norm(dev, self.call(e)?, &xo, &p.scale, &p.bias, &yo, keep)
+    fn normalise<P: Primitives>(
+        &self,
+        p: &P,
+        x: Arg<'_, P::Buffer>,
+        params: &Params<'_, P::Buffer>,
+        y: At<'_, P::Buffer>,
+        keep: bool,
+    ) -> Result<Option<NormStatistics<P::Buffer>>> {
+        let e = element_of::<P>(self.op, &[x])?;
+        expect_shape(self.op, "input", x, &self.shape())?;
+        p.batch_norm(self.call(e)?, x.at, params.scale, params.bias, y, keep)
     }
 
-    /// `dx`, and the f32 `[sum(dy * xhat); sum(dy)]` per channel (the
-    /// weight's and the bias's gradients) in one tensor.
-    fn backward(&self, x: Arg<'_>, dy: Arg<'_>, scale: &Operand<'_>, stats: &NormStatistics) -> Result<(Made, Made)> {
-        let (op, channels) = (self.op, self.geometry.channels);
-        let (e, dev) = (element_of(op, &[x, dy])?, &x.storage.device);
-        let stream = dev.cuda_stream();
-        let dx = Made::new(dev, e, self.shape())?;
-        let dparams = Made::new(dev, Element::F32, Shape::from(2 * channels))?;
-        {
-            let (xo, dyo, dxo) = (x.operand(op, &stream)?, dy.operand(op, &stream)?, dx.arg().operand(op, &stream)?);
-            let half = |i: usize| Operand::of(op, &dparams.storage, &Layout::contiguous_with_offset(channels, i * channels), &stream);
-            let (dscale, dbias) = (half(0)?, half(1)?);
-            device::batch_norm_backward(
-                dev,
-                self.call(e)?,
-                &xo,
-                &dyo,
-                scale,
-                stats,
-                NormGrads { dx: &dxo, dscale: &dscale, dbias: &dbias },
-            )?;
-        }
-        Ok((dx, dparams))
+    /// `dx`, and into `dparams` the f32 `[sum(dy * xhat); sum(dy)]` per
+    /// channel (the scale's and the bias's gradients).
+    fn backward<P: Primitives>(
+        &self,
+        p: &P,
+        x: Arg<'_, P::Buffer>,
+        dy: Arg<'_, P::Buffer>,
+        scale: At<'_, P::Buffer>,
+        stats: &NormStatistics<P::Buffer>,
+        dparams: At<'_, P::Buffer>,
+    ) -> Result<Made<P::Buffer>> {
+        let channels = self.geometry.channels;
+        let e = element_of::<P>(self.op, &[x, dy])?;
+        expect_shape(self.op, "output gradient", dy, &self.shape())?;
+        let dx = made(p, e, self.shape())?;
+        let dbias = At { buffer: dparams.buffer, offset: dparams.offset + channels };
+        let grads = NormGrads { dx: dx.arg().at, dscale: dparams, dbias };
+        p.batch_norm_backward(self.call(e)?, x.at, dy.at, scale, stats, grads)?;
+        Ok(dx)
+    }
+
+    /// The f32 parameter gradients of `norms` batch-norms, `(2 norms, C)`,
+    /// their operand's shape.
+    fn parameter_gradients<P: Primitives>(&self, p: &P, norms: usize) -> Result<Made<P::Buffer>> {
+        made(p, Element::F32, Shape::from((2 * norms, self.geometry.channels)))
     }
 }
 
 /// The per-channel statistics a caller reads (mean and biased variance, f32
-/// tensors on the device) from what cuDNN saved.
-pub fn batch_statistics(g: &NormGeometry, stats: &NormStatistics, dev: &CudaDevice) -> Result<BatchStatistics> {
-    let stream = dev.cuda_stream();
-    let copy = |s: &candle_core::cuda_backend::cudarc::driver::CudaSlice<f32>| -> Result<Tensor> {
-        let storage = CudaStorage::wrap_cuda_slice(stream.clone_dtod(s).map_err(candle_core::Error::wrap)?, dev.clone());
-        Ok(Tensor::from_storage(Storage::Cuda(storage), g.channels, BackpropOp::none(), false))
-    };
+/// tensors on the device) from what the device saved.
+pub fn batch_statistics<P: Primitives>(p: &P, g: &NormGeometry, stats: &NormStatistics<P::Buffer>) -> Result<BatchStatistics> {
     let count = g.count();
+    let copy = |b: &P::Buffer| -> Result<Tensor> { p.tensor(p.copy(b)?, Shape::from(g.channels)) };
     Ok(BatchStatistics { mean: copy(&stats.mean)?, var: copy(&stats.unbiased_var)?.affine(biased_from_unbiased(count), 0.0)?, count })
 }
 
+/// The statistics of each batch-norm of an op that ran on device `P`, read from `saved`.
+pub fn saved_statistics<P: Primitives>(
+    op: &'static str,
+    g: &NormGeometry,
+    on: &Tensor,
+    saves: &DeviceSaves,
+) -> Result<Vec<BatchStatistics>> {
+    let p = P::of_tensor(op, on)?;
+    let saved = P::saved(saves).get().ok_or(OpError::MissingStatistics)?;
+    saved.iter().map(|s| batch_statistics(&p, g, s)).collect()
+}
+
 /// Training-mode batch-norm forward: `y`, with the statistics saved in `saved`.
-pub fn batch_norm_forward(bn: BatchNorm<'_>, x: Arg<'_>, weight: Arg<'_>, bias: Arg<'_>, saved: &Saved) -> Result<(CudaStorage, Shape)> {
-    let (e, dev) = (element_of(bn.op, &[x])?, &x.storage.device);
-    let stream = dev.cuda_stream();
-    let p = Params { scale: f32_operand(bn.op, weight, &stream)?, bias: f32_operand(bn.op, bias, &stream)? };
-    let y = Made::new(dev, e, bn.shape())?;
+pub fn batch_norm_forward<P: Primitives>(
+    p: &P,
+    bn: BatchNorm<'_>,
+    [x, weight, bias]: [Arg<'_, P::Buffer>; 3],
+    saves: &DeviceSaves,
+) -> Result<Made<P::Buffer>> {
+    let e = element_of::<P>(bn.op, &[x])?;
+    require_f32::<P>(bn.op, weight)?;
+    require_f32::<P>(bn.op, bias)?;
+    let params = Params { scale: weight.at, bias: bias.at };
+    let y = made(p, e, bn.shape())?;
     let mut stats = Vec::with_capacity(1);
-    bn.keeping(x, &p, &y, &mut stats)?;
-    saved.set(stats).map_err(|_| OpError::StatisticsTwice { op: bn.op })?;
-    Ok((y.storage, bn.shape()))
+    bn.keeping(p, x, &params, y.arg().at, &mut stats)?;
+    P::saved(saves).set(stats).map_err(|_| OpError::StatisticsTwice { op: bn.op })?;
+    Ok(y)
 }
 
 /// Gradients of a plain batch-norm: input, weight, bias.
-pub fn batch_norm_backward(bn: BatchNorm<'_>, x: &Tensor, weight: &Tensor, dy: &Tensor, saved: &Saved) -> Result<[Tensor; 3]> {
-    let stats = saved.get().and_then(|s| s.first()).ok_or(OpError::MissingStatistics)?;
-    let (dx, dparams) = with_cuda(bn.op, x, |x| {
-        with_cuda(bn.op, dy, |dy| {
-            with_cuda(bn.op, weight, |w| {
-                let stream = x.storage.device.cuda_stream();
-                let scale = f32_operand(bn.op, w, &stream)?;
-                let grads = bn.backward(x, dy, &scale, stats);
-                drop(scale);
-                grads
+pub fn batch_norm_backward<P: Primitives>(
+    bn: BatchNorm<'_>,
+    x: &Tensor,
+    weight: &Tensor,
+    dy: &Tensor,
+    saves: &DeviceSaves,
+) -> Result<[Tensor; 3]> {
+    let stats = P::saved(saves).get().and_then(|s| s.first()).ok_or(OpError::MissingStatistics)?;
+    let p = P::of_tensor(bn.op, x)?;
+    let (dx, dparams) = P::with_tensor(bn.op, x, |x| {
+        P::with_tensor(bn.op, dy, |dy| {
+            P::with_tensor(bn.op, weight, |w| {
+                require_f32::<P>(bn.op, w)?;
+                let dparams = bn.parameter_gradients(&p, 1)?;
+                let dx = bn.backward(&p, x, dy, w.at, stats, dparams.arg().at)?;
+                Ok((dx, dparams))
             })
         })
     })?;
-    let (channels, dparams) = (bn.geometry.channels, dparams.tensor());
-    Ok([dx.tensor(), dparams.narrow(0, 0, channels)?, dparams.narrow(0, channels, channels)?])
+    let dparams = tensor(&p, dparams)?;
+    Ok([tensor(&p, dx)?, dparams.get(0)?, dparams.get(1)?])
 }
 
-/// What reads a lean op's activation, on CUDA.
+/// What reads a lean op's activation, on a device.
 #[derive(Debug, Clone, Copy)]
 pub enum Consumer<'a> {
     Nothing,
@@ -356,63 +355,60 @@ pub struct Lean<'a> {
 }
 
 /// `then(act(bn(z)))`: the activation is a transient of the forward.
-pub fn norm_act_forward(
+pub fn norm_act_forward<P: Primitives>(
+    p: &P,
     lean: Lean<'_>,
     consumer: Consumer<'_>,
-    [z, packed]: [Arg<'_>; 2],
-    weight: Option<Arg<'_>>,
-    saved: &Saved,
-) -> Result<(CudaStorage, Shape)> {
+    [z, packed]: [Arg<'_, P::Buffer>; 2],
+    weight: Option<Arg<'_, P::Buffer>>,
+    saves: &DeviceSaves,
+) -> Result<Made<P::Buffer>> {
     let (bn, op) = (lean.norm, lean.norm.op);
-    let (e, dev) = (element_of(op, &[z])?, &z.storage.device);
-    let stream = dev.cuda_stream();
-    let a = Made::new(dev, e, bn.shape())?;
+    let e = element_of::<P>(op, &[z])?;
+    let a = made(p, e, bn.shape())?;
     let mut stats = Vec::with_capacity(1);
-    bn.keeping(z, &bn.params(packed, 0, &stream)?, &a, &mut stats)?;
-    saved.set(stats).map_err(|_| OpError::StatisticsTwice { op })?;
-    if let Some(act) = cudnn_activation(lean.act) {
-        let ao = a.arg().operand(op, &stream)?;
-        device::activate(dev, act, bn.maps(e)?, &ao, &ao)?;
+    bn.keeping(p, z, &bn.params::<P>(packed, 0)?, a.arg().at, &mut stats)?;
+    P::saved(saves).set(stats).map_err(|_| OpError::StatisticsTwice { op })?;
+    if let Some(act) = device_activation(lean.act) {
+        p.activate(act, bn.maps(e)?, a.arg().at, a.arg().at)?;
     }
     match (consumer, weight) {
-        (Consumer::Nothing, _) => Ok((a.storage, bn.shape())),
-        (Consumer::Conv(c), Some(w)) => conv_forward(c, a.arg(), w),
-        (Consumer::MaxPool(p), _) => max_pool_forward(p, a.arg()),
+        (Consumer::Nothing, _) => Ok(a),
+        (Consumer::Conv(c), Some(w)) => conv_forward(p, c, a.arg(), w),
+        (Consumer::MaxPool(pool), _) => max_pool_forward(p, pool, a.arg()),
         (Consumer::Conv(_), None) => Err(OpError::MissingOperand { op, what: "convolution weight" }.into()),
     }
 }
 
 /// The gradients of `norm_act` from its inputs `z` and the packed
-/// parameters, the consumer's weight, and its output `y` and gradient `dy`:
-/// `z`'s, the parameters' and the weight's, each `None` where the input
-/// needs none.
-pub fn norm_act_backward(
+/// parameters, the consumer's weight, and its output gradient `dy`: `z`'s,
+/// the parameters' and the weight's, each `None` where the input needs none.
+pub fn norm_act_backward<P: Primitives>(
     lean: Lean<'_>,
     consumer: Consumer<'_>,
     [z, packed]: [&Tensor; 2],
     weight: Option<&Tensor>,
-    [y, dy]: [&Tensor; 2],
-    saved: &Saved,
+    dy: &Tensor,
+    saves: &DeviceSaves,
 ) -> Result<[Option<Tensor>; 3]> {
     let (bn, op) = (lean.norm, lean.norm.op);
-    let stats = saved.get().and_then(|s| s.first()).ok_or(OpError::MissingStatistics)?;
+    let stats = P::saved(saves).get().and_then(|s| s.first()).ok_or(OpError::MissingStatistics)?;
     let want_weight = weight.is_some_and(|w| w.track_op());
-    let [dz, dparams, dweight] = with_cuda(op, z, |z| {
-        with_cuda(op, packed, |packed| {
-            with_cuda(op, dy, |dy| {
-                let (e, dev) = (element_of(op, &[z, dy])?, &z.storage.device);
-                let stream = dev.cuda_stream();
+    let p = P::of_tensor(op, z)?;
+    let p = &p;
+    let [dz, dparams, dweight] = P::with_tensor(op, z, |z| {
+        P::with_tensor(op, packed, |packed| {
+            P::with_tensor(op, dy, |dy| {
+                let e = element_of::<P>(op, &[z, dy])?;
                 let maps = bn.maps(e)?;
-                let p = bn.params(packed, 0, &stream)?;
-                let pre = Made::new(dev, e, bn.shape())?;
-                bn.again(z, &p, &pre)?;
-                let act = cudnn_activation(lean.act);
+                let params = bn.params::<P>(packed, 0)?;
+                let pre = made(p, e, bn.shape())?;
+                bn.again(p, z, &params, pre.arg().at)?;
+                let act = device_activation(lean.act);
                 let activated = match act {
                     Some(act) => {
-                        let a = Made::new(dev, e, bn.shape())?;
-                        let (po, ao) = (pre.arg().operand(op, &stream)?, a.arg().operand(op, &stream)?);
-                        device::activate(dev, act, maps, &po, &ao)?;
-                        drop((po, ao));
+                        let a = made(p, e, bn.shape())?;
+                        p.activate(act, maps, pre.arg().at, a.arg().at)?;
                         Some(a)
                     }
                     None => None,
@@ -420,11 +416,19 @@ pub fn norm_act_backward(
                 let a = activated.as_ref().unwrap_or(&pre).arg();
                 let (da, dweight) = match (consumer, weight) {
                     (Consumer::Nothing, _) => (None, None),
-                    (Consumer::Conv(c), Some(w)) => with_cuda(op, w, |w| {
-                        let dweight = if want_weight { Some(Made::from(conv_weight_gradient(c, a, dy)?)) } else { None };
-                        Ok((Some(Made::from(conv_input_gradient(c, dy, w)?)), dweight))
+                    (Consumer::Conv(c), Some(w)) => P::with_tensor(op, w, |w| {
+                        let dweight = if want_weight { Some(conv_weight_gradient(p, c, a, dy)?) } else { None };
+                        Ok((Some(conv_input_gradient(p, c, dy, w)?), dweight))
                     })?,
-                    (Consumer::MaxPool(pool), _) => with_cuda(op, y, |y| Ok((Some(Made::from(max_pool_backward(pool, a, y, dy)?)), None)))?,
+                    // The pooling backward finds each window's maximum by
+                    // comparing `x` with `y`: `y` is pooled again from the
+                    // recomputed map, so that it is exactly the maximum of
+                    // these values even where the recompute differs from the
+                    // forward by a rounding.
+                    (Consumer::MaxPool(pool), _) => {
+                        let y = max_pool_forward(p, pool, a)?;
+                        (Some(max_pool_backward(p, pool, a, y.arg(), dy)?), None)
+                    }
                     (Consumer::Conv(_), None) => Err(OpError::MissingOperand { op, what: "convolution weight" })?,
                 };
                 // The gradient before the activation: in place in the
@@ -434,75 +438,70 @@ pub fn norm_act_backward(
                     (Some(act), Some(activated)) => {
                         let target = match da {
                             Some(da) => da,
-                            None => Made::new(dev, e, bn.shape())?,
+                            None => made(p, e, bn.shape())?,
                         };
-                        let (po, ao, to) =
-                            (pre.arg().operand(op, &stream)?, activated.arg().operand(op, &stream)?, target.arg().operand(op, &stream)?);
-                        let incoming = if matches!(consumer, Consumer::Nothing) {
-                            dy.operand(op, &stream)?
-                        } else {
-                            target.arg().operand(op, &stream)?
-                        };
-                        device::activate_backward(dev, act, maps, &po, &ao, &incoming, &to)?;
-                        drop((po, ao, to, incoming));
+                        let incoming = if matches!(consumer, Consumer::Nothing) { dy.at } else { target.arg().at };
+                        p.activate_backward(act, maps, pre.arg().at, activated.arg().at, incoming, target.arg().at)?;
                         Some(target)
                     }
                     _ => da,
                 };
                 drop(activated);
                 drop(pre);
-                let (dz, dparams) = bn.backward(z, dpre.as_ref().map_or(dy, |d| d.arg()), &p.scale, stats)?;
-                Ok([Some(dz.tensor()), Some(dparams.tensor()), dweight.map(Made::tensor)])
+                let dparams = bn.parameter_gradients(p, 1)?;
+                let dz = bn.backward(p, z, dpre.as_ref().map_or(dy, |d| d.arg()), params.scale, stats, dparams.arg().at)?;
+                Ok([Some(tensor(p, dz)?), Some(tensor(p, dparams)?), dweight.map(|d| tensor(p, d)).transpose()?])
             })
         })
     })?;
-    // The parameters' gradient comes out flat, `[2C]`; the operand is the
-    // stacked `(2, C)`, and candle refuses a gradient of another shape.
-    let dparams = dparams.filter(|_| packed.track_op()).map(|d| d.reshape(packed.shape())).transpose()?;
-    Ok([dz.filter(|_| z.track_op()), dparams, dweight])
+    Ok([dz.filter(|_| z.track_op()), dparams.filter(|_| packed.track_op()), dweight])
 }
 
 /// `act(bn(z) + residual)`, the residual `x` or `bn'(x)` where `projected`.
-pub fn norm_add_act_forward(lean: Lean<'_>, projected: bool, [z, x, packed]: [Arg<'_>; 3], saved: &Saved) -> Result<(CudaStorage, Shape)> {
-    let (bn, op) = (lean.norm, lean.norm.op);
-    let (e, dev) = (element_of(op, &[z, x])?, &z.storage.device);
-    let s = sum(bn, projected, [z, x, packed], Some(saved))?;
-    if let Some(act) = cudnn_activation(lean.act) {
-        let stream = dev.cuda_stream();
-        let so = s.arg().operand(op, &stream)?;
-        device::activate(dev, act, bn.maps(e)?, &so, &so)?;
+pub fn norm_add_act_forward<P: Primitives>(
+    p: &P,
+    lean: Lean<'_>,
+    projected: bool,
+    [z, x, packed]: [Arg<'_, P::Buffer>; 3],
+    saves: &DeviceSaves,
+) -> Result<Made<P::Buffer>> {
+    let bn = lean.norm;
+    let e = element_of::<P>(bn.op, &[z, x])?;
+    let s = sum(p, bn, projected, [z, x, packed], Some(P::saved(saves)))?;
+    if let Some(act) = device_activation(lean.act) {
+        p.activate(act, bn.maps(e)?, s.arg().at, s.arg().at)?;
     }
-    Ok((s.storage, bn.shape()))
+    Ok(s)
 }
 
 /// `bn(z) + residual`, saving the statistics when `saved` is given, else as
 /// the forward computed it.
-fn sum(bn: BatchNorm<'_>, projected: bool, [z, x, packed]: [Arg<'_>; 3], saved: Option<&Saved>) -> Result<Made> {
+fn sum<P: Primitives>(
+    p: &P,
+    bn: BatchNorm<'_>,
+    projected: bool,
+    [z, x, packed]: [Arg<'_, P::Buffer>; 3],
+    saved: Option<&Saved<P::Buffer>>,
+) -> Result<Made<P::Buffer>> {
     let op = bn.op;
-    let (e, dev) = (element_of(op, &[z, x])?, &z.storage.device);
-    let stream = dev.cuda_stream();
-    let s = Made::new(dev, e, bn.shape())?;
+    let e = element_of::<P>(op, &[z, x])?;
+    expect_shape(op, "residual", x, &bn.shape())?;
+    let s = made(p, e, bn.shape())?;
     let mut stats = Vec::with_capacity(2);
-    let normalise = |x: Arg<'_>, p: &Params<'_>, y: &Made, stats: &mut Vec<NormStatistics>| match saved {
-        Some(_) => bn.keeping(x, p, y, stats),
-        None => bn.again(x, p, y),
+    let normalise = |x: Arg<'_, P::Buffer>, params: &Params<'_, P::Buffer>, y: At<'_, P::Buffer>, stats: &mut Vec<_>| match saved {
+        Some(_) => bn.keeping(p, x, params, y, stats),
+        None => bn.again(p, x, params, y),
     };
-    normalise(z, &bn.params(packed, 0, &stream)?, &s, &mut stats)?;
+    normalise(z, &bn.params::<P>(packed, 0)?, s.arg().at, &mut stats)?;
     let side = if projected {
-        let side = Made::new(dev, e, bn.shape())?;
-        normalise(x, &bn.params(packed, 1, &stream)?, &side, &mut stats)?;
+        let side = made(p, e, bn.shape())?;
+        normalise(x, &bn.params::<P>(packed, 1)?, side.arg().at, &mut stats)?;
         Some(side)
     } else {
         None
     };
-    {
-        let residual = match &side {
-            Some(side) => side.arg().operand(op, &stream)?,
-            None => x.operand(op, &stream)?,
-        };
-        let so = s.arg().operand(op, &stream)?;
-        device::add_into(dev, bn.maps(e)?, &residual, &so)?;
-    }
+    let residual = side.as_ref().map_or(x.at, |side| side.arg().at);
+    p.add_into(bn.maps(e)?, residual, s.arg().at)?;
     if let Some(saved) = saved {
         saved.set(stats).map_err(|_| OpError::StatisticsTwice { op })?;
     }
@@ -512,55 +511,57 @@ fn sum(bn: BatchNorm<'_>, projected: bool, [z, x, packed]: [Arg<'_>; 3], saved: 
 /// The gradients of `norm_add_act` from its inputs `z`, the residual's
 /// input `x` and the packed parameters, and its output `y` and gradient
 /// `dy`: `z`'s, `x`'s and the parameters'.
-pub fn norm_add_act_backward(
+pub fn norm_add_act_backward<P: Primitives>(
     lean: Lean<'_>,
     projected: bool,
     [z, x, packed]: [&Tensor; 3],
     [y, dy]: [&Tensor; 2],
-    saved: &Saved,
+    saves: &DeviceSaves,
 ) -> Result<[Tensor; 3]> {
     let (bn, op) = (lean.norm, lean.norm.op);
-    let stats = saved.get().ok_or(OpError::MissingStatistics)?;
+    let stats = P::saved(saves).get().ok_or(OpError::MissingStatistics)?;
     let body_stats = stats.first().ok_or(OpError::MissingStatistics)?;
-    let (dz, dx, dparams) = with_cuda(op, z, |z| {
-        with_cuda(op, x, |x| {
-            with_cuda(op, packed, |packed| {
-                with_cuda(op, dy, |dy| {
-                    let (e, dev) = (element_of(op, &[z, x, dy])?, &z.storage.device);
-                    let stream = dev.cuda_stream();
+    let p = P::of_tensor(op, z)?;
+    let p = &p;
+    let (dz, dx, dparams) = P::with_tensor(op, z, |z| {
+        P::with_tensor(op, x, |x| {
+            P::with_tensor(op, packed, |packed| {
+                P::with_tensor(op, dy, |dy| {
+                    let e = element_of::<P>(op, &[z, x, dy])?;
                     // The gradient of the sum: through the activation, from
                     // the sum recomputed and the op's output, or `dy` itself.
-                    let ds = match cudnn_activation(lean.act) {
-                        Some(act) => with_cuda(op, y, |y| {
-                            let s = sum(bn, projected, [z, x, packed], None)?;
-                            let ds = Made::new(dev, e, bn.shape())?;
-                            let (so, yo, dyo, dso) = (
-                                s.arg().operand(op, &stream)?,
-                                y.operand(op, &stream)?,
-                                dy.operand(op, &stream)?,
-                                ds.arg().operand(op, &stream)?,
-                            );
-                            device::activate_backward(dev, act, bn.maps(e)?, &so, &yo, &dyo, &dso)?;
-                            drop((so, yo, dyo, dso));
+                    let ds = match device_activation(lean.act) {
+                        Some(act) => P::with_tensor(op, y, |y| {
+                            let s = sum(p, bn, projected, [z, x, packed], None)?;
+                            let ds = made(p, e, bn.shape())?;
+                            p.activate_backward(act, bn.maps(e)?, s.arg().at, y.at, dy.at, ds.arg().at)?;
                             Ok(Some(ds))
                         })?,
                         None => None,
                     };
                     let ds_arg = ds.as_ref().map_or(dy, |d| d.arg());
-                    let (dz, dbody) = bn.backward(z, ds_arg, &bn.params(packed, 0, &stream)?.scale, body_stats)?;
-                    let (dx, dparams) = match (projected, stats.get(1)) {
-                        (true, Some(side)) => {
-                            let (dx, dside) = bn.backward(x, ds_arg, &bn.params(packed, 1, &stream)?.scale, side)?;
-                            (Some(dx.tensor()), Tensor::cat(&[dbody.tensor(), dside.tensor()], 0)?)
-                        }
+                    let norms = if projected { 2 } else { 1 };
+                    let dparams = bn.parameter_gradients(p, norms)?;
+                    let pair = |index: usize| At { buffer: &dparams.buffer, offset: index * 2 * bn.geometry.channels };
+                    let dz = bn.backward(p, z, ds_arg, bn.params::<P>(packed, 0)?.scale, body_stats, pair(0))?;
+                    let dx = match (projected, stats.get(1)) {
+                        (true, Some(side)) => Some(bn.backward(p, x, ds_arg, bn.params::<P>(packed, 1)?.scale, side, pair(1))?),
                         (true, None) => Err(OpError::MissingStatistics)?,
-                        (false, _) => (ds.map(Made::tensor), dbody.tensor()),
+                        (false, _) => ds,
                     };
-                    Ok((dz.tensor(), dx, dparams))
+                    Ok((tensor(p, dz)?, dx.map(|dx| tensor(p, dx)).transpose()?, tensor(p, dparams)?))
                 })
             })
         })
     })?;
-    // Flat, `[2C]` or `[4C]`, as cuDNN wrote it; the operand is the stacked `(2, C)` or `(4, C)`.
-    Ok([dz, dx.unwrap_or_else(|| dy.clone()), dparams.reshape(packed.shape())?])
+    Ok([dz, dx.unwrap_or_else(|| dy.clone()), dparams])
+}
+
+/// A held operand's layout checked contiguous.
+pub fn contiguous(op: &'static str, layout: &Layout) -> Result<()> {
+    if layout.is_contiguous() {
+        Ok(())
+    } else {
+        Err(OpError::NotContiguous { op }.into())
+    }
 }

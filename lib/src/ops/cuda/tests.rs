@@ -1,8 +1,7 @@
 use candle_core::{DType, Device, Tensor};
 
-use super::plan::{
-    biased_from_unbiased, choose, Candidate, ConvDims, ConvKey, ConvPass, Element, Math, NormDims, PlanCache, PoolDims, TensorDims,
-};
+use super::descriptors::{biased_from_unbiased, ConvDims, Element, NormDims, PoolDims, TensorDims};
+use super::plan::{choose, Candidate, ConvKey, ConvPass, Math, PlanCache};
 use super::WORKSPACE_BYTES;
 use crate::ops::conv_geometry::Geometry as ConvGeometry;
 use crate::ops::pool::Geometry as PoolGeometry;
@@ -133,4 +132,146 @@ fn a_failed_plan_is_not_cached() {
     assert_eq!(cache.made(), 0);
     assert_eq!(cache.get_or_make(key, |_| Ok::<u8, &str>(7)), Ok(&7));
     assert_eq!(cache.made(), 1);
+}
+
+mod reference {
+    use candle_core::{Device, Tensor};
+
+    use super::super::descriptors::{Element, NormDims, PoolDims, TensorDims};
+    use super::super::primitives::{At, ConvCall, NormCall, PoolGrads, Primitives};
+    use super::super::reference::{on_reference, HostBuffer, Reference};
+    use super::super::Body;
+    use super::conv;
+    use crate::ops::pool::Geometry as PoolGeometry;
+    use crate::ops::OpError;
+
+    fn at(buffer: &HostBuffer) -> At<'_, HostBuffer> {
+        At { buffer, offset: 0 }
+    }
+
+    fn op_error(e: candle_core::Error) -> String {
+        e.to_string()
+    }
+
+    #[test]
+    fn a_pass_runs_on_the_reference_only_inside_its_scope() {
+        let x = Tensor::zeros((1, 1, 2, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
+        assert_eq!(Body::of(&x), None);
+        assert_eq!(on_reference(|| Body::of(&x)), Some(Body::Reference));
+        assert_eq!(Body::of(&x), None, "the scope ends with the closure");
+        let caught = std::panic::catch_unwind(|| on_reference(|| panic!("a failing check")));
+        assert!(caught.is_err());
+        assert_eq!(Body::of(&x), None, "and with a panic inside it");
+    }
+
+    #[test]
+    fn a_new_buffer_reads_as_nan_until_written() {
+        let buffer = Reference.alloc(Element::F32, 4).unwrap();
+        assert!(buffer.values().iter().all(|v| v.is_nan()));
+        assert_eq!(Reference.zeros_f32(3).unwrap().values(), [0.0; 3]);
+    }
+
+    #[test]
+    fn values_are_stored_rounded_to_the_buffers_element() {
+        let buffer = HostBuffer::of(Element::F16, &[1.0 + 1e-4, 3.0]);
+        assert_eq!(buffer.values(), [1.0, 3.0]);
+    }
+
+    #[test]
+    fn a_descriptor_past_its_buffer_is_refused_by_name() {
+        let d = conv([1, 2, 4, 4], [3, 2, 3, 3], 1, 1, 1);
+        let (x, w, y) = (
+            HostBuffer::of(Element::F32, &[0.0; 31]),
+            HostBuffer::of(Element::F32, &[0.0; 54]),
+            Reference.alloc(Element::F32, 48).unwrap(),
+        );
+        let err = op_error(Reference.convolve(d, Element::F32, ConvCall::Forward { x: at(&x), w: at(&w), y: at(&y) }).unwrap_err());
+        assert!(err.contains("conv2d") && err.contains("element 32 of a buffer of 31"), "{err}");
+        let offset = At { buffer: &y, offset: 1 };
+        let x = HostBuffer::of(Element::F32, &[0.0; 32]);
+        let err = op_error(Reference.convolve(d, Element::F32, ConvCall::Forward { x: at(&x), w: at(&w), y: offset }).unwrap_err());
+        assert!(err.contains("element 49 of a buffer of 48"), "{err}");
+    }
+
+    #[test]
+    fn a_convolution_whose_output_does_not_follow_from_its_input_is_refused() {
+        let mut d = conv([1, 2, 4, 4], [3, 2, 3, 3], 1, 1, 1);
+        d.y = TensorDims::packed("conv2d", [1, 3, 3, 4]).unwrap();
+        let (x, w, y) = (
+            HostBuffer::of(Element::F32, &[0.0; 32]),
+            HostBuffer::of(Element::F32, &[0.0; 54]),
+            Reference.alloc(Element::F32, 36).unwrap(),
+        );
+        let err = Reference.convolve(d, Element::F32, ConvCall::Forward { x: at(&x), w: at(&w), y: at(&y) }).unwrap_err();
+        assert!(err.to_string().contains("a descriptor cuDNN would refuse: output [1, 3, 3, 4]"), "{err}");
+    }
+
+    #[test]
+    fn an_element_type_other_than_the_calls_is_refused() {
+        let d = conv([1, 1, 2, 2], [1, 1, 1, 1], 1, 0, 1);
+        let (x, w, y) =
+            (HostBuffer::of(Element::F16, &[0.0; 4]), HostBuffer::of(Element::F32, &[1.0]), Reference.alloc(Element::F32, 4).unwrap());
+        let err = Reference.convolve(d, Element::F32, ConvCall::Forward { x: at(&x), w: at(&w), y: at(&y) }).unwrap_err();
+        assert!(err.to_string().contains("F16"), "{err}");
+    }
+
+    #[test]
+    fn a_grouped_convolution_reads_only_its_groups_channels() {
+        // Two groups of one channel: each output is its own input times its weight.
+        let d = conv([1, 2, 1, 2], [2, 1, 1, 1], 1, 0, 2);
+        let (x, w, y) = (
+            HostBuffer::of(Element::F32, &[1.0, 2.0, 3.0, 4.0]),
+            HostBuffer::of(Element::F32, &[10.0, 100.0]),
+            Reference.alloc(Element::F32, 4).unwrap(),
+        );
+        Reference.convolve(d, Element::F32, ConvCall::Forward { x: at(&x), w: at(&w), y: at(&y) }).unwrap();
+        assert_eq!(y.values(), [10.0, 20.0, 300.0, 400.0]);
+        let dx = Reference.alloc(Element::F32, 4).unwrap();
+        Reference.convolve(d, Element::F32, ConvCall::InputGradient { dy: at(&y), w: at(&w), dx: at(&dx) }).unwrap();
+        assert_eq!(dx.values(), [100.0, 200.0, 30000.0, 40000.0]);
+        let dw = Reference.alloc(Element::F32, 2).unwrap();
+        Reference.convolve(d, Element::F32, ConvCall::WeightGradient { x: at(&x), dy: at(&y), dw: at(&dw) }).unwrap();
+        assert_eq!(dw.values(), [1.0 * 10.0 + 2.0 * 20.0, 3.0 * 300.0 + 4.0 * 400.0]);
+    }
+
+    /// cuDNN's max-pool backward sends a window's gradient where `x` equals
+    /// `y`: a `y` one rounding away from every `x` of its window loses it.
+    #[test]
+    fn max_pools_backward_loses_a_window_whose_output_is_not_its_inputs_maximum() {
+        let input = Tensor::zeros((1, 1, 2, 2), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let d = PoolDims::of(&PoolGeometry::new(&input, 2, 2, 0).unwrap()).unwrap();
+        let x = HostBuffer::of(Element::F32, &[0.5, 2.0, 1.0, -1.0]);
+        let (y, dy, dx) =
+            (Reference.alloc(Element::F32, 1).unwrap(), HostBuffer::of(Element::F32, &[7.0]), Reference.alloc(Element::F32, 4).unwrap());
+        Reference.max_pool(d, Element::F32, at(&x), at(&y), None).unwrap();
+        assert_eq!(y.values(), [2.0]);
+        Reference.max_pool(d, Element::F32, at(&x), at(&y), Some(PoolGrads { dy: at(&dy), dx: at(&dx) })).unwrap();
+        assert_eq!(dx.values(), [0.0, 7.0, 0.0, 0.0]);
+        let off = HostBuffer::of(Element::F32, &[2.0f32.next_up()]);
+        Reference.max_pool(d, Element::F32, at(&x), at(&off), Some(PoolGrads { dy: at(&dy), dx: at(&dx) })).unwrap();
+        assert_eq!(dx.values(), [0.0; 4], "no x equals y: the gradient is gone");
+    }
+
+    #[test]
+    fn batch_norm_under_cudnns_least_epsilon_is_refused() {
+        let dims = NormDims::of("batch_norm_train", [2, 1, 1, 2]).unwrap();
+        let call = NormCall { dims, element: Element::F32, eps: 1e-6 };
+        let (x, p, y) = (
+            HostBuffer::of(Element::F32, &[1.0, 2.0, 3.0, 4.0]),
+            HostBuffer::of(Element::F32, &[1.0]),
+            Reference.alloc(Element::F32, 4).unwrap(),
+        );
+        let err = Reference.batch_norm(call, at(&x), at(&p), at(&p), at(&y), true).err().unwrap();
+        assert!(err.to_string().contains("epsilon 0.000001 is under cuDNN's least"), "{err}");
+        let stats = Reference.batch_norm(NormCall { eps: 1e-5, ..call }, at(&x), at(&p), at(&p), at(&y), true).unwrap().unwrap();
+        assert_eq!(stats.mean.values(), [2.5]);
+        assert!((stats.unbiased_var.values()[0] - 5.0 / 3.0).abs() < 1e-6, "the running variance is the unbiased one");
+        assert!((stats.inv_std.values()[0] - 1.0 / (1.25f32 + 1e-5).sqrt()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn reference_errors_name_the_op() {
+        let err = OpError::PastBuffer { op: "max_pool2d", end: 9, len: 8 };
+        assert_eq!(err.to_string(), "max_pool2d: a descriptor reaches element 9 of a buffer of 8");
+    }
 }
