@@ -22,10 +22,10 @@ use half::{bf16, f16};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::conv::{matmul, Mat, Plan};
-use super::floats::{f32_view, storage_from_f32};
-use super::gemm_packing::{packing_bytes, Strides};
-use super::silu::exp;
+use super::cpu::floats::{f32_view, storage_from_f32};
+use super::cpu::gemm::{matmul, Mat, Plan};
+use super::cpu::gemm_packing::{packing_bytes, Strides};
+use super::cpu::silu::exp;
 use super::{checked_gradients, OpError};
 
 const OP: &str = "attention";

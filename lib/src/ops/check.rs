@@ -21,9 +21,10 @@ use rand_distr::{Distribution, Normal, Uniform};
 use serde::Serialize;
 
 use super::conv_geometry::Geometry as ConvGeometry;
+use super::cpu::{taps, winograd};
 use super::lean::{plain_norm_act, plain_norm_add_act, OwnOps, PlainOps};
 use super::norm::{self, BatchNormTrain};
-use super::{dims4, pool, taps, winograd, Activation, ConvParams, Norm, OpError, Residual, Then};
+use super::{dims4, pool, Activation, ConvParams, Norm, OpError, Residual, Then};
 use crate::render::{Bundle, Render, Table};
 
 /// The smallest reference scale: a reference of zeros must be matched by zeros.

@@ -112,3 +112,14 @@ impl Geometry {
         (self.out_channels, self.in_per_group(), self.kernel_h, self.kernel_w).into()
     }
 }
+
+/// Outputs `o` in `lo..hi` read inside the input along one axis (`0 <= o *
+/// stride + offset - padding < size`); the others read padding.
+pub(super) fn valid_outputs(offset: usize, size: usize, outputs: usize, padding: usize, stride: usize) -> (usize, usize) {
+    let lo = padding.saturating_sub(offset).div_ceil(stride);
+    let hi = match (size + padding).checked_sub(offset + 1) {
+        Some(last) => (last / stride + 1).min(outputs),
+        None => 0,
+    };
+    (lo.min(hi), hi)
+}

@@ -21,10 +21,9 @@ use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::biased::{Biased, Operand, WithBias};
-use super::conv::matmul;
-use super::floats::{f32_view, storage_from_f32, zeros};
-use super::gemm_packing::{packing_bytes, Strides};
-use super::linear::{parallelism, row_major, transposed};
+use super::cpu::floats::{f32_view, storage_from_f32, zeros};
+use super::cpu::gemm::{matmul, parallelism, row_major, transposed};
+use super::cpu::gemm_packing::{packing_bytes, Strides};
 use super::OpError;
 
 const OP: &str = "conv_transpose2d";

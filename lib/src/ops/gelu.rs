@@ -9,9 +9,9 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::floats::{f32_view, storage_from_f32};
-use super::lean::CHUNK;
-use super::silu::exp;
+use super::cpu::floats::{f32_view, storage_from_f32};
+use super::cpu::silu::exp;
+use super::cpu::CHUNK;
 use super::{checked_gradients, OpError};
 
 /// On the CPU in f32, f16 and bf16 our op (computed in f32, rounded once);

@@ -9,7 +9,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor, D};
 use rayon::prelude::*;
 
-use super::floats::{f32_view, storage_from_f32};
+use super::cpu::floats::{f32_view, storage_from_f32};
 use super::{checked_gradients, OpError};
 
 const OP: &str = "layer_norm";

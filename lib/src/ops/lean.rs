@@ -45,22 +45,15 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::conv::{convolve, convolve_grad_input, convolve_grad_weight};
+pub use super::activation::Activation;
 use super::conv_geometry::Geometry as ConvGeometry;
+use super::cpu::conv::{convolve, convolve_grad_input, convolve_grad_weight};
+use super::cpu::floats::{f32_view, par_chunks_from, par_filled, storage_from_f32};
+use super::cpu::{silu, CHUNK};
 use super::cuda::{self, norm_act_backward, norm_add_act_backward, on_body, saved_statistics, Body, DeviceSaves};
-use super::floats::{f32_view, par_chunks_from, par_filled, storage_from_f32};
 use super::norm::{self, cpu_f32, BatchStatistics, Statistics};
-use super::pool::Geometry as PoolGeometry;
-use super::silu;
+use super::pool_geometry::Geometry as PoolGeometry;
 use super::{checked_gradients, uses_own_kernels, ConvParams, OpError};
-
-/// The activation after a batch-norm.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Activation {
-    Identity,
-    Relu,
-    Silu,
-}
 
 impl Activation {
     /// The activation of every element, in place.
@@ -89,15 +82,6 @@ impl Activation {
                 round_to_serial(dtype, &mut out);
                 silu::silu_backward(grad, &exp_neg, &out);
             }
-        }
-    }
-
-    /// The activation as the plain layers run it: candle's op on a tensor.
-    pub fn forward(self, x: &Tensor) -> Result<Tensor> {
-        match self {
-            Activation::Identity => Ok(x.clone()),
-            Activation::Relu => x.relu(),
-            Activation::Silu => super::silu(x),
         }
     }
 }
@@ -261,9 +245,6 @@ pub(super) fn plain_norm_add_act(ops: &dyn PlainOps, z: &Tensor, norm: Norm<'_>,
 
 const OP: &str = "norm_act";
 const MERGE: &str = "norm_add_act";
-
-/// Elements per task of the elementwise passes.
-pub(super) const CHUNK: usize = 1 << 14;
 
 /// Rounds f32 values to what a tensor of `dtype` stores, as the plain ops do
 /// when they write a half-precision result.

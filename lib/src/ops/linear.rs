@@ -12,14 +12,13 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
-use gemm::Parallelism;
 use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::biased::{Biased, Operand, WithBias};
-use super::conv::{matmul, Mat};
-use super::floats::{f32_view, rows_of, storage_from_f32, zeros};
-use super::gemm_packing::{packing_bytes, Strides};
+use super::cpu::floats::{f32_view, rows_of, storage_from_f32, zeros};
+use super::cpu::gemm::{matmul, parallelism, row_major, transposed};
+use super::cpu::gemm_packing::{packing_bytes, Strides};
 use super::OpError;
 
 const OP: &str = "linear";
@@ -174,27 +173,6 @@ fn with_last(dims: &[usize], last: usize) -> Shape {
         *d = last;
     }
     dims.into()
-}
-
-/// Each product is one gemm threaded inside over rayon's threads. Cutting
-/// the rows across the threads instead ran as fast (6304 rows, 192 -> 768
-/// and back, on 2 threads) but has each thread pack the weight. The
-/// transposed convolution's products are threaded the same way, one
-/// sample's buffer at a time whatever the threads.
-pub(super) fn parallelism() -> Parallelism {
-    match rayon::current_num_threads() {
-        0 | 1 => Parallelism::None,
-        threads => Parallelism::Rayon(threads),
-    }
-}
-
-pub(super) fn row_major(data: &[f32], width: usize) -> Mat<'_> {
-    Mat { data, row_stride: width, col_stride: 1 }
-}
-
-/// The transpose of a row-major matrix of rows `width` long, read in place.
-pub(super) fn transposed(data: &[f32], width: usize) -> Mat<'_> {
-    Mat { data, row_stride: 1, col_stride: width }
 }
 
 /// The linear layer, a candle op through [`Biased`].

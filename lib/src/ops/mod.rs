@@ -9,25 +9,24 @@
 //! are computed in f32 and stored back in their own dtype). Elsewhere they
 //! use candle's operations.
 
+mod activation;
 mod attention;
 mod biased;
 pub mod check;
 mod conv;
 mod conv_geometry;
 mod conv_transpose;
+mod cpu;
 mod cuda;
-mod depthwise;
-mod floats;
 mod gelu;
-mod gemm_packing;
 mod layer_norm;
 mod lean;
 mod linear;
 mod norm;
+mod norm_geometry;
 mod pool;
+mod pool_geometry;
 mod silu;
-mod taps;
-mod winograd;
 
 #[cfg(test)]
 mod attention_tests;
@@ -225,7 +224,7 @@ impl ConvScratch {
 /// [`ConvScratch`] of the convolution of an input of `x` dims (`N x C x H x
 /// W`) by a weight of `weight` dims.
 pub fn conv2d_scratch(x: [usize; 4], weight: [usize; 4], p: ConvParams) -> std::result::Result<ConvScratch, OpError> {
-    Ok(conv::scratch(&conv_geometry::Geometry::of_dims(x, weight, p)?))
+    Ok(cpu::conv::scratch(&conv_geometry::Geometry::of_dims(x, weight, p)?))
 }
 
 /// SiLU, `x / (1 + e^-x)`. On the CPU in f32, f16 and bf16 it is our op

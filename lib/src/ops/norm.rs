@@ -10,9 +10,11 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
+use super::cpu::floats::{f32_view, par_filled, storage_from_f32};
 use super::cuda::{self, batch_norm_backward, on_body, saved_statistics, Body, DeviceSaves};
-use super::floats::{f32_view, par_filled, storage_from_f32};
-use super::{checked_gradients, dims4, uses_own_kernels, OpError};
+pub use super::norm_geometry::BatchStatistics;
+pub(super) use super::norm_geometry::Geometry;
+use super::{checked_gradients, uses_own_kernels, OpError};
 
 const OP: &str = "batch_norm_train";
 
@@ -22,17 +24,6 @@ const OP: &str = "batch_norm_train";
 pub struct BatchNormTrain {
     pub y: Tensor,
     pub stats: BatchStatistics,
-}
-
-/// A batch's statistics per channel (f32, detached), from which the caller
-/// updates its running statistics.
-#[derive(Debug, Clone)]
-pub struct BatchStatistics {
-    pub mean: Tensor,
-    /// Biased (divided by the count): multiply by `count / (count - 1)` for the running variance.
-    pub var: Tensor,
-    /// Values per channel, `N * H * W`.
-    pub count: usize,
 }
 
 impl BatchStatistics {
@@ -77,45 +68,6 @@ pub(super) fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64, cou
     let y = centred.broadcast_div(&(&var + eps)?.sqrt()?)?.broadcast_mul(&per_channel(weight)?)?.broadcast_add(&per_channel(bias)?)?;
     let stats = BatchStatistics { mean: mean.flatten_all()?.detach(), var: var.flatten_all()?.detach(), count };
     Ok(BatchNormTrain { y: y.to_dtype(x.dtype())?, stats })
-}
-
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Geometry {
-    pub batch: usize,
-    pub channels: usize,
-    pub height: usize,
-    pub plane: usize,
-}
-
-impl Geometry {
-    /// The geometry of a batch-norm of `x` (`N x C x H x W`) by `weight` and
-    /// `bias` (`C` values each), refused where it cannot normalise.
-    pub fn checked(op: &'static str, x: &Tensor, weight: &Tensor, bias: &Tensor) -> std::result::Result<Self, OpError> {
-        let [n, c, h, w] = dims4(op, "input", x)?;
-        for (what, t) in [("weight", weight), ("bias", bias)] {
-            if t.dims() != [c] {
-                return Err(OpError::PerChannel { op, what, channels: c, dims: t.dims().to_vec() });
-            }
-        }
-        if n * h * w < 2 {
-            return Err(OpError::TooFewValues { op, dims: x.dims().to_vec() });
-        }
-        Ok(Geometry { batch: n, channels: c, height: h, plane: h * w })
-    }
-
-    pub fn shape(&self) -> Shape {
-        (self.batch, self.channels, self.height, self.plane / self.height).into()
-    }
-
-    pub fn count(&self) -> usize {
-        self.batch * self.plane
-    }
-
-    /// The planes of channel `c`, one per image.
-    fn planes<'a>(&self, data: &'a [f32], c: usize) -> impl Iterator<Item = &'a [f32]> + 'a {
-        let (channels, plane) = (self.channels, self.plane);
-        (0..self.batch).map(move |n| &data[(n * channels + c) * plane..][..plane])
-    }
 }
 
 #[derive(Debug)]

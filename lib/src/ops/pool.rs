@@ -1,158 +1,16 @@
-//! Max-pooling with -inf padding. On the CPU: a direct kernel whose backward
-//! finds each window's first maximum again (no index tensor is kept alive
-//! between forward and backward). Elsewhere: a maximum over the window's
-//! strided taps, whose backward candle already has (ties share the gradient).
+//! Max-pooling with -inf padding as candle ops: on the CPU our kernels
+//! ([`super::cpu::pool`]), on a device body its passes ([`super::cuda`]).
+//! Elsewhere: a maximum over the window's strided taps, whose backward
+//! candle already has (ties share the gradient).
 
 use candle_core::backend::BackendStorage;
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor, WithDType};
-
-use multiversion::multiversion;
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::cuda::{self, Reference};
-use super::floats::{par_chunks_from, par_filled};
-use super::{checked_gradients, dims4, window_count, OpError};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Geometry {
-    pub(super) batch: usize,
-    pub(super) channels: usize,
-    pub(super) height: usize,
-    pub(super) width: usize,
-    pub(super) kernel: usize,
-    pub(super) stride: usize,
-    pub(super) padding: usize,
-    pub(super) out_h: usize,
-    pub(super) out_w: usize,
-}
-
-impl Geometry {
-    pub fn new(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> std::result::Result<Self, OpError> {
-        let op = "max_pool2d";
-        let [batch, channels, height, width] = dims4(op, "input", x)?;
-        for (what, value) in [("kernel size", kernel), ("stride", stride)] {
-            if value == 0 {
-                return Err(OpError::Zero { op, what });
-            }
-        }
-        if padding > kernel / 2 {
-            return Err(OpError::PoolPadding { kernel, padding });
-        }
-        let too_large = || OpError::WindowTooLarge { op, kernel_h: kernel, kernel_w: kernel, height, width, padding };
-        let out_h = window_count(height, kernel, stride, padding).ok_or_else(too_large)?;
-        let out_w = window_count(width, kernel, stride, padding).ok_or_else(too_large)?;
-        Ok(Self { batch, channels, height, width, kernel, stride, padding, out_h, out_w })
-    }
-
-    pub(super) fn in_plane(&self) -> usize {
-        self.height * self.width
-    }
-
-    pub(super) fn out_plane(&self) -> usize {
-        self.out_h * self.out_w
-    }
-
-    pub(super) fn in_shape(&self) -> Shape {
-        (self.batch, self.channels, self.height, self.width).into()
-    }
-
-    pub(super) fn out_shape(&self) -> Shape {
-        (self.batch, self.channels, self.out_h, self.out_w).into()
-    }
-
-    /// Input rows (or columns) of output `o`'s window along an axis of `size`.
-    fn span(&self, o: usize, size: usize) -> std::ops::Range<usize> {
-        let start = o * self.stride;
-        start.saturating_sub(self.padding)..(start + self.kernel).saturating_sub(self.padding).min(size)
-    }
-
-    /// Index in `plane` of the first maximum of output `(oh, ow)`'s window;
-    /// a NaN wins over any number, as in PyTorch.
-    fn argmax<T: WithDType>(&self, plane: &[T], oh: usize, ow: usize) -> Option<usize> {
-        let (rows, cols) = (self.span(oh, self.height), self.span(ow, self.width));
-        if rows.is_empty() || cols.is_empty() {
-            return None;
-        }
-        let mut best_index = rows.start * self.width + cols.start;
-        let mut best = plane[best_index];
-        for ih in rows {
-            let row = ih * self.width;
-            for (i, &v) in plane[row + cols.start..row + cols.end].iter().enumerate() {
-                if v > best {
-                    best = v;
-                    best_index = row + cols.start + i;
-                }
-                #[allow(clippy::eq_op)]
-                if v != v {
-                    return Some(row + cols.start + i);
-                }
-            }
-        }
-        Some(best_index)
-    }
-
-    /// One plane's outputs: each window's rows reduced first, element by
-    /// element over whole input rows (a loop the compiler vectorises), then
-    /// the window's columns of that row.
-    fn forward_plane<T: WithDType>(&self, plane: &[T], out: &mut [T], rows_max: &mut [T]) {
-        let w = self.width;
-        for (oh, out_row) in out.chunks_exact_mut(self.out_w).enumerate() {
-            let rows = self.span(oh, self.height);
-            if rows.is_empty() {
-                out_row.fill(T::from_f64(f64::NEG_INFINITY));
-                continue;
-            }
-            rows_max.copy_from_slice(&plane[rows.start * w..][..w]);
-            for ih in rows.start + 1..rows.end {
-                fold_larger(rows_max, &plane[ih * w..][..w]);
-            }
-            for (ow, o) in out_row.iter_mut().enumerate() {
-                *o = rows_max[self.span(ow, w)].iter().copied().reduce(larger).unwrap_or(T::from_f64(f64::NEG_INFINITY));
-            }
-        }
-    }
-
-    pub(super) fn forward<T: WithDType>(&self, x: &[T]) -> Vec<T> {
-        let planes = self.batch * self.channels;
-        par_chunks_from(
-            planes * self.out_plane(),
-            self.out_plane(),
-            T::zero(),
-            || vec![T::zero(); self.width],
-            |rows_max, i, out| self.forward_plane(&x[i * self.in_plane()..][..self.in_plane()], out, rows_max),
-        )
-    }
-
-    pub(super) fn grad_input<T: WithDType>(&self, x: &[T], dy: &[T]) -> Vec<T> {
-        par_filled(self.batch * self.channels * self.in_plane(), self.in_plane(), T::zero(), |i, dx_plane| {
-            let plane = &x[i * self.in_plane()..][..self.in_plane()];
-            let dy_plane = &dy[i * self.out_plane()..][..self.out_plane()];
-            for (j, g) in dy_plane.iter().enumerate() {
-                if let Some(k) = self.argmax(plane, j / self.out_w, j % self.out_w) {
-                    dx_plane[k] += *g;
-                }
-            }
-        })
-    }
-}
-
-/// `maxima[i] = larger(maxima[i], row[i])`.
-#[multiversion(targets("x86_64+avx512f", "x86_64+avx2+fma"))]
-fn fold_larger<T: WithDType>(maxima: &mut [T], row: &[T]) {
-    maxima.iter_mut().zip(row).for_each(|(m, &v)| *m = larger(*m, v));
-}
-
-/// The larger of `a` and `b`, a NaN in either winning.
-#[allow(clippy::eq_op)]
-#[inline(always)]
-fn larger<T: PartialOrd>(a: T, b: T) -> T {
-    if b > a || b != b {
-        b
-    } else {
-        a
-    }
-}
+pub(super) use super::pool_geometry::Geometry;
+use super::{checked_gradients, OpError};
 
 fn contiguous<'a, T>(data: &'a [T], layout: &Layout) -> Result<&'a [T]> {
     let (start, end) = layout.contiguous_offsets().ok_or(OpError::NotContiguous { op: "max_pool2d" })?;

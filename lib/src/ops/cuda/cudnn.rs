@@ -18,11 +18,11 @@ use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 use super::super::OpError;
+use super::algorithms::{ConvAlgorithm, WORKSPACE_BYTES};
 use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
 use super::passes;
 use super::plan::{choose, Candidate, Choice, ConvKey, ConvPass, Math, PlanCache};
 use super::primitives::{Arg, At, ConvCall, DeviceActivation, Held, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives};
-use super::{ConvAlgorithm, DeviceSaves, Saved, WORKSPACE_BYTES};
 
 fn cudnn_error(op: &'static str) -> impl Fn(result::CudnnError) -> candle_core::Error {
     move |e| OpError::Cudnn { op, status: format!("{:?}", e.0) }.into()
@@ -718,10 +718,6 @@ impl Primitives for Cudnn {
             Storage::Cuda(s) => f(borrowed(op, s, layout)?.arg()),
             other => Err(OpError::NotOnCuda { op, device: format!("{:?}", other.device().location()) })?,
         }
-    }
-
-    fn saved(saves: &DeviceSaves) -> &Saved<CudaStorage> {
-        &saves.cuda
     }
 }
 

@@ -7,7 +7,7 @@
 use candle_core::DType;
 
 use super::super::conv_geometry::Geometry as ConvGeometry;
-use super::super::pool::Geometry as PoolGeometry;
+use super::super::pool_geometry::Geometry as PoolGeometry;
 use super::super::OpError;
 
 /// The element types our cuDNN calls take (f32 parameters and statistics

@@ -5,22 +5,36 @@
 //! the test command they run on the reference (`check-ops --device
 //! reference`), so that every decision made here is checked without one.
 
+use std::any::Any;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Layout, Result, Shape, Tensor};
 
+use super::super::activation::Activation;
 use super::super::conv_geometry::Geometry as ConvGeometry;
-use super::super::lean::Activation;
-use super::super::norm::{BatchStatistics, Geometry as NormGeometry};
-use super::super::pool::Geometry as PoolGeometry;
+use super::super::norm_geometry::{BatchStatistics, Geometry as NormGeometry};
+use super::super::pool_geometry::Geometry as PoolGeometry;
 use super::super::OpError;
 use super::descriptors::{biased_from_unbiased, ConvDims, Element, NormDims, PoolDims};
 use super::primitives::{Arg, At, ConvCall, DeviceActivation, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives};
-use super::DeviceSaves;
 
-/// The statistics a batch-norm's forward saved on a device, one entry per
-/// batch-norm of the op, for its backward.
-pub type Saved<B> = Arc<OnceLock<Vec<NormStatistics<B>>>>;
+/// The statistics the batch-norms of one op saved on the device its forward
+/// ran on, one entry per batch-norm, for its backward: set once, by the
+/// forward, in that device's buffers.
+#[derive(Default, Clone)]
+pub struct DeviceSaves(Arc<OnceLock<Box<dyn Any + Send + Sync>>>);
+
+impl DeviceSaves {
+    fn set<B: Send + Sync + 'static>(&self, op: &'static str, stats: Vec<NormStatistics<B>>) -> Result<()> {
+        self.0.set(Box::new(stats)).map_err(|_| OpError::StatisticsTwice { op }.into())
+    }
+
+    /// The statistics, where the forward ran on a device of buffers `B`.
+    fn get<B: 'static>(&self) -> Result<&[NormStatistics<B>]> {
+        let stats = self.0.get().and_then(|s| s.downcast_ref::<Vec<NormStatistics<B>>>());
+        Ok(stats.ok_or(OpError::MissingStatistics)?)
+    }
+}
 
 /// A custom op's forward on device `P`: its operands held as [`Arg`]s,
 /// `pass` run on them, its output handed back as a storage.
@@ -293,8 +307,7 @@ pub fn saved_statistics<P: Primitives>(
     saves: &DeviceSaves,
 ) -> Result<Vec<BatchStatistics>> {
     let p = P::of_tensor(op, on)?;
-    let saved = P::saved(saves).get().ok_or(OpError::MissingStatistics)?;
-    saved.iter().map(|s| batch_statistics(&p, g, s)).collect()
+    saves.get::<P::Buffer>()?.iter().map(|s| batch_statistics(&p, g, s)).collect()
 }
 
 /// Training-mode batch-norm forward: `y`, with the statistics saved in `saved`.
@@ -311,7 +324,7 @@ pub fn batch_norm_forward<P: Primitives>(
     let y = made(p, e, bn.shape())?;
     let mut stats = Vec::with_capacity(1);
     bn.keeping(p, x, &params, y.arg().at, &mut stats)?;
-    P::saved(saves).set(stats).map_err(|_| OpError::StatisticsTwice { op: bn.op })?;
+    saves.set(bn.op, stats)?;
     Ok(y)
 }
 
@@ -323,7 +336,7 @@ pub fn batch_norm_backward<P: Primitives>(
     dy: &Tensor,
     saves: &DeviceSaves,
 ) -> Result<[Tensor; 3]> {
-    let stats = P::saved(saves).get().and_then(|s| s.first()).ok_or(OpError::MissingStatistics)?;
+    let stats = saves.get::<P::Buffer>()?.first().ok_or(OpError::MissingStatistics)?;
     let p = P::of_tensor(bn.op, x)?;
     let (dx, dparams) = P::with_tensor(bn.op, x, |x| {
         P::with_tensor(bn.op, dy, |dy| {
@@ -368,7 +381,7 @@ pub fn norm_act_forward<P: Primitives>(
     let a = made(p, e, bn.shape())?;
     let mut stats = Vec::with_capacity(1);
     bn.keeping(p, z, &bn.params::<P>(packed, 0)?, a.arg().at, &mut stats)?;
-    P::saved(saves).set(stats).map_err(|_| OpError::StatisticsTwice { op })?;
+    saves.set(op, stats)?;
     if let Some(act) = device_activation(lean.act) {
         p.activate(act, bn.maps(e)?, a.arg().at, a.arg().at)?;
     }
@@ -392,7 +405,7 @@ pub fn norm_act_backward<P: Primitives>(
     saves: &DeviceSaves,
 ) -> Result<[Option<Tensor>; 3]> {
     let (bn, op) = (lean.norm, lean.norm.op);
-    let stats = P::saved(saves).get().and_then(|s| s.first()).ok_or(OpError::MissingStatistics)?;
+    let stats = saves.get::<P::Buffer>()?.first().ok_or(OpError::MissingStatistics)?;
     let want_weight = weight.is_some_and(|w| w.track_op());
     let p = P::of_tensor(op, z)?;
     let p = &p;
@@ -467,7 +480,7 @@ pub fn norm_add_act_forward<P: Primitives>(
 ) -> Result<Made<P::Buffer>> {
     let bn = lean.norm;
     let e = element_of::<P>(bn.op, &[z, x])?;
-    let s = sum(p, bn, projected, [z, x, packed], Some(P::saved(saves)))?;
+    let s = sum(p, bn, projected, [z, x, packed], Some(saves))?;
     if let Some(act) = device_activation(lean.act) {
         p.activate(act, bn.maps(e)?, s.arg().at, s.arg().at)?;
     }
@@ -481,7 +494,7 @@ fn sum<P: Primitives>(
     bn: BatchNorm<'_>,
     projected: bool,
     [z, x, packed]: [Arg<'_, P::Buffer>; 3],
-    saved: Option<&Saved<P::Buffer>>,
+    saved: Option<&DeviceSaves>,
 ) -> Result<Made<P::Buffer>> {
     let op = bn.op;
     let e = element_of::<P>(op, &[z, x])?;
@@ -503,7 +516,7 @@ fn sum<P: Primitives>(
     let residual = side.as_ref().map_or(x.at, |side| side.arg().at);
     p.add_into(bn.maps(e)?, residual, s.arg().at)?;
     if let Some(saved) = saved {
-        saved.set(stats).map_err(|_| OpError::StatisticsTwice { op })?;
+        saved.set(op, stats)?;
     }
     Ok(s)
 }
@@ -519,7 +532,7 @@ pub fn norm_add_act_backward<P: Primitives>(
     saves: &DeviceSaves,
 ) -> Result<[Tensor; 3]> {
     let (bn, op) = (lean.norm, lean.norm.op);
-    let stats = P::saved(saves).get().ok_or(OpError::MissingStatistics)?;
+    let stats = saves.get::<P::Buffer>()?;
     let body_stats = stats.first().ok_or(OpError::MissingStatistics)?;
     let p = P::of_tensor(op, z)?;
     let p = &p;

@@ -151,7 +151,7 @@ pub struct NormGrads<'a, B> {
 /// candle's storages and tensors.
 pub trait Primitives: Sized {
     /// A buffer of elements of one type: device memory, or host memory for the reference.
-    type Buffer: Send + Sync;
+    type Buffer: Send + Sync + 'static;
     /// The candle storage a tensor on this device has.
     type Storage;
 
@@ -248,7 +248,4 @@ pub trait Primitives: Sized {
 
     /// `f` with a tensor on this device as an [`Arg`] (it must be contiguous), for a backward.
     fn with_tensor<R>(op: &'static str, t: &Tensor, f: impl FnOnce(Arg<'_, Self::Buffer>) -> Result<R>) -> Result<R>;
-
-    /// The statistics a batch-norm of an op saved on this device.
-    fn saved(saves: &super::DeviceSaves) -> &super::Saved<Self::Buffer>;
 }

@@ -21,13 +21,13 @@ use candle_core::op::BackpropOp;
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor};
 use rayon::prelude::*;
 
-use super::super::floats::{f32_view, storage_from_f32};
+use super::super::cpu::floats::{f32_view, storage_from_f32};
 use super::super::OpError;
 use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
+use super::passes;
 use super::primitives::{
     At, ConvCall, DeviceActivation, Held, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives, MIN_NORM_EPS,
 };
-use super::{passes, DeviceSaves, Saved};
 
 thread_local! {
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
@@ -662,10 +662,6 @@ impl Primitives for Reference {
             }
         };
         f(held.arg())
-    }
-
-    fn saved(saves: &DeviceSaves) -> &Saved<HostBuffer> {
-        &saves.reference
     }
 }
 

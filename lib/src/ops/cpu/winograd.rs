@@ -20,10 +20,10 @@ use std::ops::Range;
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::conv::{matmul, take, Mat, Plan};
-use super::conv_geometry::Geometry;
+use super::super::conv_geometry::Geometry;
+use super::super::ConvScratch;
+use super::gemm::{matmul, take, Mat, Plan};
 use super::gemm_packing::{self, Strides};
-use super::ConvScratch;
 
 /// Numbers of a transformed tile, and gemms per pass.
 const TILE: usize = 16;
@@ -56,7 +56,7 @@ const MIN_OUTPUT_SIDE: usize = 4;
 
 /// Whether [`forward`], [`grad_input`] and [`grad_weight`] take this convolution.
 /// Padding up to 2 keeps the input gradient's convolution (padded `2 - padding`) of the same kind.
-pub(super) fn applies(g: &Geometry) -> bool {
+pub(in crate::ops) fn applies(g: &Geometry) -> bool {
     g.groups == 1
         && (g.kernel_h, g.kernel_w, g.stride) == (3, 3, 1)
         && g.padding <= 2
@@ -403,7 +403,7 @@ fn plan(g: &Geometry) -> (Tiles, Plan) {
 }
 
 /// The convolution of `x` by `w` (`out x in x 3 x 3`).
-pub(super) fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
+pub(in crate::ops) fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     let (o_n, c_n) = (g.out_channels, g.channels);
     let u = transform_weights(w, o_n * c_n);
     convolve_transformed(g, x, |xi| Mat { data: &u[xi * o_n * c_n..][..o_n * c_n], row_stride: c_n, col_stride: 1 })
@@ -479,7 +479,7 @@ fn transposed(g: &Geometry) -> Geometry {
 /// Rotating a kernel swaps the first and last of its four transformed rows
 /// and columns, so the forward's transformed kernels serve, read
 /// transposed.
-pub(super) fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
+pub(in crate::ops) fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
     const ROTATED: [usize; 4] = [3, 1, 2, 0];
     let (o_n, c_n) = (g.out_channels, g.channels);
     let u = transform_weights(w, o_n * c_n);
@@ -549,7 +549,7 @@ fn sums_strides(g: &Geometry) -> Strides {
 const COLUMN_MAJOR_MAX_OUT: usize = 128;
 
 /// The weight gradient of [`forward`] for the output gradient `dy`.
-pub(super) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+pub(in crate::ops) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let (tiles, plan) = plan(g);
     let (c_n, o_n) = (g.channels, g.out_channels);
     let (x_image, out_image) = (c_n * g.in_plane(), o_n * g.out_plane());
@@ -590,7 +590,7 @@ pub(super) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
 /// [`super::conv::scratch`] counts im2col's): the transformed kernels,
 /// each busy worker's buffers and gemm's packing, and in the weight
 /// gradient every worker's sums.
-pub(super) fn scratch(g: &Geometry) -> ConvScratch {
+pub(in crate::ops) fn scratch(g: &Geometry) -> ConvScratch {
     let (c_n, o_n) = (g.channels, g.out_channels);
     let kernels = (o_n * c_n * size_of::<f32>()) as u64;
     let transformed = TILE as u64 * kernels;
@@ -619,9 +619,9 @@ fn workers(g: &Geometry, gemm: impl Fn(usize) -> ((usize, usize, usize), [Stride
 mod tests {
     use candle_core::Var;
 
-    use super::super::tests::{randn, relative_error, tensor, values};
-    use super::super::ConvParams;
     use super::*;
+    use crate::ops::tests::{randn, relative_error, tensor, values};
+    use crate::ops::ConvParams;
 
     /// `(batch, channels, height, width, out_channels, padding)`.
     const CASES: [(usize, usize, usize, usize, usize, usize); 5] = [

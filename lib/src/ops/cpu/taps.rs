@@ -19,9 +19,10 @@
 
 use gemm::Parallelism;
 
-use super::conv::{matmul, transpose, valid_outputs, Mat};
-use super::conv_geometry::Geometry;
+use super::super::conv_geometry::valid_outputs;
+use super::super::conv_geometry::Geometry;
 use super::floats::par_chunks_from;
+use super::gemm::{matmul, transpose, Mat};
 use super::gemm_packing::{self, Strides};
 
 /// At most this share of the im2col products real (the rest read padding):
@@ -33,7 +34,7 @@ const MAX_REAL_SHARE: f64 = 0.75;
 /// Fewer channels than this on either side make gemms too thin to pay.
 const MIN_CHANNELS: usize = 16;
 
-pub(super) fn applies(g: &Geometry) -> bool {
+pub(in crate::ops) fn applies(g: &Geometry) -> bool {
     g.groups == 1
         && g.stride == 1
         && g.padding > 0
@@ -115,7 +116,7 @@ fn block_rows(g: &Geometry) -> usize {
 }
 
 /// The weight gradient for the output gradient `dy`.
-pub(super) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+pub(in crate::ops) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let (c_n, o_n, taps, b_n) = (g.channels, g.out_channels, g.kernel_h * g.kernel_w, g.batch);
     let xs = by_positions(x, b_n, c_n, g.in_plane());
     let dys = by_positions(dy, b_n, o_n, g.out_plane());
@@ -142,7 +143,7 @@ pub(super) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
 /// input and output gradient in positions layout, and for each busy thread
 /// what gemm packs for one product (the output gradient's run for the
 /// block's channels; the input's run is read in place).
-pub(super) fn weight_gradient_scratch(g: &Geometry) -> u64 {
+pub(in crate::ops) fn weight_gradient_scratch(g: &Geometry) -> u64 {
     let taps = g.kernel_h * g.kernel_w;
     let rows = block_rows(g);
     let busy = g.out_channels.div_ceil(rows).min(rayon::current_num_threads().max(1)) as u64;
@@ -163,9 +164,9 @@ pub(super) fn weight_gradient_scratch(g: &Geometry) -> u64 {
 mod tests {
     use candle_core::Var;
 
-    use super::super::tests::{randn, relative_error, tensor, values};
-    use super::super::ConvParams;
     use super::*;
+    use crate::ops::tests::{randn, relative_error, tensor, values};
+    use crate::ops::ConvParams;
 
     /// `(batch, channels, height, width, out_channels, kernel, padding)`.
     const CASES: [(usize, usize, usize, usize, usize, usize, usize); 6] = [

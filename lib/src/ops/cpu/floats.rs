@@ -8,11 +8,11 @@ use candle_core::{CpuStorage, DType, Layout, Result};
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
-use super::OpError;
+use super::super::OpError;
 
 /// The contiguous elements of `storage` as f32: borrowed for f32, converted
 /// for f16 and bf16.
-pub(super) fn f32_view<'a>(op: &'static str, storage: &'a CpuStorage, layout: &Layout) -> Result<Cow<'a, [f32]>> {
+pub(in crate::ops) fn f32_view<'a>(op: &'static str, storage: &'a CpuStorage, layout: &Layout) -> Result<Cow<'a, [f32]>> {
     let (start, end) = layout.contiguous_offsets().ok_or(OpError::NotContiguous { op })?;
     Ok(match storage {
         CpuStorage::F32(v) => Cow::Borrowed(&v[start..end]),
@@ -26,14 +26,14 @@ pub(super) fn f32_view<'a>(op: &'static str, storage: &'a CpuStorage, layout: &L
 /// pages has them faulted in one at a time wherever they are first written,
 /// inside gemm (an input gradient of 6304 x 768 floats on 2 threads: 19 ms,
 /// 15.5 ms with its pages touched here first).
-pub(super) fn zeros(len: usize) -> Vec<f32> {
+pub(in crate::ops) fn zeros(len: usize) -> Vec<f32> {
     par_filled(len, CONVERT_CHUNK, 0.0, |_, _| {})
 }
 
 /// `rows` copies of the contiguous elements of `storage` one after another,
 /// as f32, written on rayon's threads: a half-precision vector is converted
 /// straight into each copy, without an f32 copy of its own.
-pub(super) fn rows_of(op: &'static str, storage: &CpuStorage, layout: &Layout, rows: usize) -> Result<Vec<f32>> {
+pub(in crate::ops) fn rows_of(op: &'static str, storage: &CpuStorage, layout: &Layout, rows: usize) -> Result<Vec<f32>> {
     let (start, end) = layout.contiguous_offsets().ok_or(OpError::NotContiguous { op })?;
     Ok(match storage {
         CpuStorage::F32(v) => repeated(&v[start..end], rows, |row, dst| dst.copy_from_slice(row)),
@@ -54,7 +54,7 @@ fn repeated<T: Sync>(row: &[T], rows: usize, convert: impl Fn(&[T], &mut [f32]) 
 }
 
 /// `values` stored as `dtype` (one of f32, f16, bf16).
-pub(super) fn storage_from_f32(op: &'static str, values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
+pub(in crate::ops) fn storage_from_f32(op: &'static str, values: Vec<f32>, dtype: DType) -> Result<CpuStorage> {
     Ok(match dtype {
         DType::F32 => CpuStorage::F32(values),
         DType::F16 => CpuStorage::F16(narrowed(&values, half::f16::ZERO)),
@@ -85,7 +85,7 @@ where
 }
 
 /// `part` set to `value`, as the initialised slice it now is.
-pub(super) fn init_with<T: Copy>(part: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
+pub(in crate::ops) fn init_with<T: Copy>(part: &mut [MaybeUninit<T>], value: T) -> &mut [T] {
     part.fill(MaybeUninit::new(value));
     // SAFETY: every element was written just above, and `MaybeUninit<T>` has
     // the layout of `T`.
@@ -97,7 +97,7 @@ pub(super) fn init_with<T: Copy>(part: &mut [MaybeUninit<T>], value: T) -> &mut 
 /// first by the thread that fills it: a zeroed allocation is one more pass
 /// over the whole buffer, on the calling thread alone. `init` makes a
 /// thread's `state`, as in `for_each_init`.
-pub(super) fn par_chunks_from<T: Copy + Send + Sync, S>(
+pub(in crate::ops) fn par_chunks_from<T: Copy + Send + Sync, S>(
     len: usize,
     chunk: usize,
     zero: T,
@@ -115,6 +115,11 @@ pub(super) fn par_chunks_from<T: Copy + Send + Sync, S>(
 }
 
 /// [`par_chunks_from`] for a fill that keeps no state of its own.
-pub(super) fn par_filled<T: Copy + Send + Sync>(len: usize, chunk: usize, zero: T, fill: impl Fn(usize, &mut [T]) + Sync + Send) -> Vec<T> {
+pub(in crate::ops) fn par_filled<T: Copy + Send + Sync>(
+    len: usize,
+    chunk: usize,
+    zero: T,
+    fill: impl Fn(usize, &mut [T]) + Sync + Send,
+) -> Vec<T> {
     par_chunks_from(len, chunk, zero, || (), |_, i, part| fill(i, part))
 }

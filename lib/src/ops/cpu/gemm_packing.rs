@@ -34,7 +34,7 @@ fn microkernel() -> Microkernel {
 
 /// A matrix operand's strides in elements.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct Strides {
+pub(in crate::ops) struct Strides {
     pub row: usize,
     pub col: usize,
 }
@@ -55,7 +55,13 @@ impl Strides {
 
 /// Bytes `gemm::gemm` of f32 allocates for `dst (m x n) = lhs (m x k) *
 /// rhs (k x n)`, with the strides given.
-pub(super) fn packing_bytes((m, n, k): (usize, usize, usize), dst: Strides, lhs: Strides, rhs: Strides, parallelism: Parallelism) -> u64 {
+pub(in crate::ops) fn packing_bytes(
+    (m, n, k): (usize, usize, usize),
+    dst: Strides,
+    lhs: Strides,
+    rhs: Strides,
+    parallelism: Parallelism,
+) -> u64 {
     if m == 0 || n == 0 || k <= 2 {
         return 0;
     }

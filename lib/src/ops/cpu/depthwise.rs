@@ -15,7 +15,7 @@
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::conv_geometry::Geometry;
+use super::super::conv_geometry::Geometry;
 use super::floats::par_chunks_from;
 
 /// The padded plane in phases: `stride * stride` planes of `rows x width`.
@@ -123,7 +123,7 @@ fn grad_weight_taps(offsets: &[usize], padded: &[f32], dgrid: &[f32], run: usize
 /// Positions a weight gradient's running sums cover per tap.
 const SUM_RUN: usize = 512;
 
-pub(super) fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
+pub(in crate::ops) fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     let (op, phases) = (g.out_plane(), Phases::of(g));
     let offsets: Vec<usize> = tap_offsets(g, phases).collect();
     let state = || (Vec::new(), Vec::new());
@@ -140,7 +140,7 @@ pub(super) fn forward(g: &Geometry, x: &[f32], w: &[f32]) -> Vec<f32> {
     })
 }
 
-pub(super) fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
+pub(in crate::ops) fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
     let (op, phases, p) = (g.out_plane(), Phases::of(g), g.padding);
     let offsets: Vec<usize> = tap_offsets(g, phases).collect();
     let mult = multiplier(g);
@@ -166,7 +166,7 @@ pub(super) fn grad_input(g: &Geometry, dy: &[f32], w: &[f32]) -> Vec<f32> {
     })
 }
 
-pub(super) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
+pub(in crate::ops) fn grad_weight(g: &Geometry, x: &[f32], dy: &[f32]) -> Vec<f32> {
     let (op, phases) = (g.out_plane(), Phases::of(g));
     let offsets: Vec<usize> = tap_offsets(g, phases).collect();
     let run = SUM_RUN.min(phases.grid(g)).max(1);
