@@ -1,12 +1,12 @@
 //! With the cuda feature, compiles the hand-written CUDA kernels
-//! (`kernels/*.cu`: the multi-tensor optimizer updates) to PTX for the
+//! (`kernels/*.cu`: the multi-tensor optimizer updates, the transformer's GELU and layer-norm) to PTX for the
 //! compute capability in `CUDA_COMPUTE_CAP`, as candle-kernels compiles its
 //! own; the library embeds the PTX and loads it on the device at first use.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-const KERNELS: &[&str] = &["optim"];
+const KERNELS: &[&str] = &["optim", "transformer"];
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");

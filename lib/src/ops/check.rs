@@ -24,7 +24,7 @@ use super::conv_geometry::Geometry as ConvGeometry;
 use super::cpu::{taps, winograd};
 use super::lean::{plain_norm_act, plain_norm_add_act, OwnOps, PlainOps};
 use super::norm::{self, BatchNormTrain};
-use super::{dims4, pool, Activation, ConvParams, Norm, OpError, Residual, Then};
+use super::{dims4, layer_norm, pool, Activation, ConvParams, Norm, OpError, Residual, Then};
 use crate::render::{Bundle, Render, Table};
 
 /// The smallest reference scale: a reference of zeros must be matched by zeros.
@@ -32,6 +32,9 @@ const TINY: f64 = f32::MIN_POSITIVE as f64;
 
 /// Batch-norm's epsilon, as the zoo's layers use it.
 const EPS: f64 = 1e-5;
+
+/// Layer-norm's epsilon, as the zoo's vision transformers use it.
+const LAYER_NORM_EPS: f64 = 1e-6;
 
 /// Mixed into a case's seed for its `r`, apart from its operands' stream.
 const R_STREAM: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -540,6 +543,9 @@ enum Op {
     Silu,
     NormAct(Activation, Consumer),
     NormAddAct(Activation, Side),
+    /// Over tokens: `batch x tokens x features`.
+    Gelu,
+    LayerNorm,
 }
 
 impl Op {
@@ -549,6 +555,8 @@ impl Op {
             Op::BatchNorm => "batch_norm_train",
             Op::MaxPool(_) => "max_pool2d",
             Op::Silu => "silu",
+            Op::Gelu => "gelu",
+            Op::LayerNorm => "layer_norm",
             Op::NormAct(..) => "norm_act",
             Op::NormAddAct(..) => "norm_add_act",
         }
@@ -567,6 +575,14 @@ impl Op {
             (Op::BatchNorm, [x, g, b]) => Ok(ops.batch_norm(x, norm(g, b))?.y),
             (Op::MaxPool(p), [x]) => ops.max_pool2d(x, p.kernel, p.stride, p.padding),
             (Op::Silu, [x]) => ops.activation(Activation::Silu, x),
+            (Op::Gelu, [x]) => match implementation {
+                Implementation::Ours => super::gelu(x),
+                Implementation::Composed => x.gelu_erf(),
+            },
+            (Op::LayerNorm, [x, w, b]) => match implementation {
+                Implementation::Ours => super::layer_norm(x, w, b, LAYER_NORM_EPS),
+                Implementation::Composed => layer_norm::composed(x, w, b, LAYER_NORM_EPS),
+            },
             (Op::NormAct(act, consumer), [z, g, b, rest @ ..]) => {
                 let then = match (consumer, rest) {
                     (Consumer::Nothing, []) => Then::Nothing,
@@ -712,6 +728,19 @@ impl Case {
         Case { name, op, input }
     }
 
+    /// A case over tokens, `batch x tokens x features` (held as the last dimension 1).
+    fn tokens(name: &'static str, op: Op, [batch, tokens, features]: [usize; 3]) -> Self {
+        Case { name, op, input: [batch, tokens, features, 1] }
+    }
+
+    /// The input's dimensions: three for an op over tokens, else four.
+    fn dims(&self) -> Vec<usize> {
+        match self.op {
+            Op::Gelu | Op::LayerNorm => self.input[..3].to_vec(),
+            _ => self.input.to_vec(),
+        }
+    }
+
     /// The operands in the order [`Op::forward`] takes them.
     fn operands(&self) -> Vec<Operand> {
         let input = &self.input;
@@ -729,6 +758,11 @@ impl Case {
             }
             Op::MaxPool(_) => operands.push(Operand::new(input, Fill::Distinct, Pass::GradInput)),
             Op::Silu => operands.push(Operand::new(input, Fill::Normal { mean: 0.0, std: 3.0 }, Pass::GradInput)),
+            Op::Gelu => operands.push(Operand::new(&self.dims(), Fill::Normal { mean: 0.0, std: 3.0 }, Pass::GradInput)),
+            Op::LayerNorm => {
+                operands.push(Operand::new(&self.dims(), PRE_NORM, Pass::GradInput));
+                operands.extend(Operand::norm(input[2], Pass::GradNorm, BIAS));
+            }
             Op::NormAct(act, consumer) => {
                 let (fill, kink) = match (consumer, act) {
                     (Consumer::MaxPool(_), Activation::Silu) => (Fill::Distinct, BELOW_DISTINCT),
@@ -760,6 +794,7 @@ impl Case {
         match self.op {
             Op::Conv2d(conv) => format!("{input}, {}", conv.describe(self.input)),
             Op::BatchNorm | Op::Silu => input,
+            Op::Gelu | Op::LayerNorm => self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"),
             Op::MaxPool(p) => format!("{input}, {}", window(p)),
             Op::NormAct(act, consumer) => {
                 let then = match consumer {
@@ -792,6 +827,8 @@ fn cases(batch: usize, res: usize) -> Vec<Case> {
     let residual = |name, act, side, input| Case::new(name, Op::NormAddAct(act, side), input);
     let stem_pool = Consumer::MaxPool(STEM_POOL);
     let layer1_conv2 = Consumer::Conv(dense(64, 3, 1, 1));
+    // A ViT's patch embedding gives one token per 16x16 patch and the class token.
+    let tokens = (res / 16).pow(2) + 1;
     vec![
         conv("resnet conv1", dense(64, 7, 2, 3), at(3, 1)),
         conv("resnet18 layer1.0.conv1", dense(64, 3, 1, 1), at(64, 4)),
@@ -836,6 +873,10 @@ fn cases(batch: usize, res: usize) -> Vec<Case> {
         residual("efficientnet-b0 features.3.1 project_bn + x", Identity, Side::Identity, at(40, 8)),
         residual("resnet18 layer1.0 bn2 + x *", Silu, Side::Identity, at(64, 4)),
         residual("resnet18 layer2.0 bn2 + downsample *", Silu, Side::Projected, at(128, 8)),
+        Case::tokens("vit-tiny encoder layer ln_1", Op::LayerNorm, [batch, tokens, 192]),
+        Case::tokens("vit-small encoder ln", Op::LayerNorm, [batch, tokens, 384]),
+        Case::tokens("vit-tiny encoder layer mlp gelu", Op::Gelu, [batch, tokens, 768]),
+        Case::tokens("vit-small encoder layer mlp gelu", Op::Gelu, [batch, tokens, 1536]),
     ]
 }
 
@@ -1132,7 +1173,7 @@ mod tests {
         let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.ok).collect();
         assert!(failed.is_empty(), "{failed:#?}");
         assert_eq!((report.passed, report.failed), (report.checks.len(), 0));
-        for op in ["conv2d", "batch_norm_train", "max_pool2d", "silu", "norm_act", "norm_add_act"] {
+        for op in ["conv2d", "batch_norm_train", "max_pool2d", "silu", "norm_act", "norm_add_act", "gelu", "layer_norm"] {
             for dtype in CheckedDtype::ALL {
                 assert!(report.checks.iter().any(|c| c.op == op && c.dtype == dtype), "no {op} in {dtype:?}");
             }

@@ -5,19 +5,23 @@
 //! records eight full-size intermediates.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::cpu::floats::{f32_view, storage_from_f32};
 use super::cpu::silu::exp;
 use super::cpu::CHUNK;
-use super::{checked_gradients, OpError};
+use super::cuda::{self, Reference};
+use super::{checked_gradients, uses_own_kernels, OpError};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
 
-/// On the CPU in f32, f16 and bf16 our op (computed in f32, rounded once);
-/// elsewhere candle's `gelu_erf`.
+/// In f32, f16 and bf16 our op (computed in f32, rounded once), on the CPU
+/// and on CUDA (our kernel, `lib/kernels/transformer.cu`); elsewhere
+/// candle's `gelu_erf`.
 pub fn gelu(x: &Tensor) -> Result<Tensor> {
-    if !(x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)) {
+    if !uses_own_kernels(x) {
         return x.gelu_erf();
     }
     x.contiguous()?.apply_op1(Gelu)
@@ -31,9 +35,17 @@ impl CustomOp1 for Gelu {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return cuda::forward::<Reference, 1>(self.name(), [(storage, layout)], |p, [x]| cuda::gelu_forward(p, x));
+        }
         let mut values = f32_view(self.name(), storage, layout)?.into_owned();
         values.par_chunks_mut(CHUNK).for_each(gelu_in_place);
         Ok((storage_from_f32(self.name(), values, storage.dtype())?, layout.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        cuda::forward::<cuda::Cudnn, 1>(self.name(), [(storage, layout)], |p, [x]| cuda::gelu_forward(p, x))
     }
 
     fn bwd(&self, x: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -51,6 +63,9 @@ impl CustomOp2 for GeluGrad {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return cuda::forward::<Reference, 2>(self.name(), [(s1, l1), (s2, l2)], |p, [x, dy]| cuda::gelu_backward(p, x, dy));
+        }
         if s1.dtype() != s2.dtype() {
             Err(OpError::DTypeMismatch { op: self.name(), input: s1.dtype(), other: s2.dtype() })?
         }
@@ -58,6 +73,11 @@ impl CustomOp2 for GeluGrad {
         let mut grad = f32_view(self.name(), s2, l2)?.into_owned();
         grad.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(grad, x)| gelu_backward(grad, x));
         Ok((storage_from_f32(self.name(), grad, s2.dtype())?, l2.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        cuda::forward::<cuda::Cudnn, 2>(self.name(), [(s1, l1), (s2, l2)], |p, [x, dy]| cuda::gelu_backward(p, x, dy))
     }
 }
 
@@ -95,7 +115,7 @@ fn erf(x: f32) -> f32 {
 
 #[cfg(test)]
 mod tests {
-    use candle_core::{Device, Var};
+    use candle_core::{DType, Device, Var};
 
     use super::*;
 

@@ -10,7 +10,8 @@ use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Storage, 
 use rayon::prelude::*;
 
 use super::cpu::floats::{f32_view, storage_from_f32};
-use super::{checked_gradients, OpError};
+use super::cuda::{self, layer_norm_backward, on_body, Body};
+use super::{checked_gradients, uses_own_kernels, OpError};
 
 const OP: &str = "layer_norm";
 
@@ -19,9 +20,11 @@ const ROWS: usize = 64;
 
 /// `y = (x - mean) / sqrt(var + eps) * weight + bias` over `x`'s last
 /// dimension, `weight` and `bias` holding one value per feature. `y` has
-/// `x`'s dtype; the arithmetic is f32. On the CPU in f32, f16 and bf16 it is
-/// our op; elsewhere it is composed from candle's operations (which keep
-/// their intermediates for backward).
+/// `x`'s dtype; the arithmetic is f32. In f32, f16 and bf16 it is our op, on
+/// the CPU and on CUDA (our kernels, `lib/kernels/transformer.cu`, which take
+/// the weight and bias in f32: half ones are cast first); elsewhere it is
+/// composed from candle's operations (which keep their intermediates for
+/// backward).
 pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
     let features = x.dim(D::Minus1)?;
     for (what, t) in [("weight", weight), ("bias", bias)] {
@@ -32,14 +35,17 @@ pub fn layer_norm(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Resul
     if features == 0 {
         Err(OpError::Zero { op: OP, what: "the last dimension" })?
     }
-    let own = x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16);
-    if !own {
+    if !uses_own_kernels(x) {
         return composed(x, weight, bias, eps);
     }
+    let (weight, bias) = match Body::of(x) {
+        Some(_) => (weight.to_dtype(DType::F32)?, bias.to_dtype(DType::F32)?),
+        None => (weight.clone(), bias.clone()),
+    };
     x.contiguous()?.apply_op3(&weight.contiguous()?, &bias.contiguous()?, LayerNorm { eps: eps as f32, features })
 }
 
-fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
+pub(super) fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tensor> {
     let x32 = x.to_dtype(DType::F32)?;
     let centred = x32.broadcast_sub(&x32.mean_keepdim(D::Minus1)?)?;
     let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
@@ -51,6 +57,16 @@ fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<Tens
 struct LayerNorm {
     eps: f32,
     features: usize,
+}
+
+impl LayerNorm {
+    fn on_device(&self) -> cuda::LayerNorm {
+        cuda::LayerNorm { features: self.features, eps: self.eps }
+    }
+
+    fn device_forward<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 3]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, 3>(OP, operands, |p, args| cuda::layer_norm_forward(p, self.on_device(), args))
+    }
 }
 
 /// A row's mean and `1 / sqrt(var + eps)`, the variance from the centred values.
@@ -75,6 +91,9 @@ impl CustomOp3 for LayerNorm {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.device_forward::<cuda::Reference>([(s1, l1), (s2, l2), (s3, l3)]);
+        }
         let x = f32_view(OP, s1, l1)?;
         let (weight, bias) = (f32_view(OP, s2, l2)?, f32_view(OP, s3, l3)?);
         let mut y = vec![0f32; x.len()];
@@ -90,6 +109,19 @@ impl CustomOp3 for LayerNorm {
         Ok((storage_from_f32(OP, y, s1.dtype())?, l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        self.device_forward::<cuda::Cudnn>([(s1, l1), (s2, l2), (s3, l3)])
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -99,6 +131,11 @@ impl CustomOp3 for LayerNorm {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
+        if let Some(body) = Body::of(x) {
+            let [dx, dweight, dbias] = on_body!(body, layer_norm_backward(self.on_device(), x, weight, &grad))?;
+            let [dx, dweight, dbias] = checked_gradients(OP, [x, weight, bias], [Some(dx), Some(dweight), Some(dbias)])?;
+            return Ok((dx, dweight, dbias));
+        }
         let (dx, dweight, dbias) = {
             let (xs, xl) = x.storage_and_layout();
             let (ws, wl) = weight.storage_and_layout();

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cudnn::{result, sys};
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, SyncOnDrop};
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, SyncOnDrop};
 use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice, DeviceId};
 use candle_core::op::BackpropOp;
 use candle_core::{CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
@@ -22,7 +22,9 @@ use super::algorithms::{ConvAlgorithm, WORKSPACE_BYTES};
 use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
 use super::passes;
 use super::plan::{choose, Candidate, Choice, ConvKey, ConvPass, Math, PlanCache};
-use super::primitives::{Arg, At, ConvCall, DeviceActivation, Held, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives};
+use super::primitives::{
+    Arg, At, ConvCall, DeviceActivation, Held, LayerNormGrads, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives, RowsCall,
+};
 
 fn cudnn_error(op: &'static str) -> impl Fn(result::CudnnError) -> candle_core::Error {
     move |e| OpError::Cudnn { op, status: format!("{:?}", e.0) }.into()
@@ -342,9 +344,31 @@ impl<'a> Operand<'a> {
     }
 }
 
-/// cuDNN and candle's allocator on one CUDA device.
+/// cuDNN, cuBLAS, our kernels and candle's allocator on one CUDA device.
 pub struct Cudnn {
     dev: CudaDevice,
+}
+
+/// Our kernels for the transformer's GELU and layer-norm (`lib/kernels/transformer.cu`).
+const TRANSFORMER_PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/transformer.ptx"));
+const TRANSFORMER: &str = "vramlab_transformer";
+/// Threads a block of our kernels runs, a power of two (the row kernels' sums halve it).
+const THREADS: u32 = 256;
+/// Blocks an elementwise kernel runs at most; each thread strides over the rest.
+const MOST_BLOCKS: u32 = 4096;
+
+/// `root` for the element type, as the kernels are named (`gelu_f16`).
+fn kernel_name(root: &str, e: Element) -> String {
+    let suffix = match e {
+        Element::F32 => "f32",
+        Element::F16 => "f16",
+        Element::Bf16 => "bf16",
+    };
+    format!("{root}_{suffix}")
+}
+
+fn u32_of(op: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| OpError::TooLargeForCudnn { op, dims: vec![v] }.into())
 }
 
 impl Cudnn {
@@ -359,6 +383,35 @@ impl Cudnn {
         let operands = at.iter().map(|a| Operand::of(op, *a, &stream)).collect::<Result<Vec<_>>>()?;
         let refs: [&Operand<'_>; N] = std::array::from_fn(|i| &operands[i]);
         with_cudnn(&self.dev, |c| f(c, refs))
+    }
+}
+
+/// Launches our kernel `$root` for element `$e` on `$device` (loaded at its
+/// first use) with `$config` and the arguments in order.
+macro_rules! launch {
+    ($device:expr, $op:expr, $root:expr, $e:expr, $config:expr, [$($arg:expr),* $(,)?]) => {{
+        let func = $device.get_or_load_custom_func(&kernel_name($root, $e), TRANSFORMER, TRANSFORMER_PTX)?;
+        let mut args = func.builder();
+        $(args.arg($arg);)*
+        launched($op, unsafe { args.launch($config) })
+    }};
+}
+
+/// A launch's outcome as an op's error.
+fn launched<T>(op: &'static str, outcome: std::result::Result<T, candle_core::cuda_backend::cudarc::driver::DriverError>) -> Result<()> {
+    outcome.map(|_| ()).map_err(|e| OpError::Cudnn { op, status: format!("launch: {e:?}") }.into())
+}
+
+impl Cudnn {
+    /// One thread an element, at most [`MOST_BLOCKS`] blocks.
+    fn elementwise(op: &'static str, len: usize) -> Result<LaunchConfig> {
+        let blocks = u32_of(op, len.div_ceil(THREADS as usize).max(1))?.min(MOST_BLOCKS);
+        Ok(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 })
+    }
+
+    /// One block a row, with a float of shared memory a thread.
+    fn per_row(op: &'static str, rows: usize) -> Result<LaunchConfig> {
+        Ok(LaunchConfig { grid_dim: (u32_of(op, rows.max(1))?, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: THREADS * 4 })
     }
 }
 
@@ -691,6 +744,81 @@ impl Primitives for Cudnn {
             .result()
             .map_err(cudnn_error("batch_norm_train"))
         })
+    }
+
+    fn gelu(&self, e: Element, len: usize, x: At<'_, CudaStorage>, y: At<'_, CudaStorage>) -> Result<()> {
+        let config = Self::elementwise("gelu", len)?;
+        let stream = self.dev.cuda_stream();
+        let (x, y) = (Operand::of("gelu", x, &stream)?, Operand::of("gelu", y, &stream)?);
+        let n = len as u64;
+        launch!(self.dev, "gelu", "gelu", e, config, [&x.address, &y.address, &n])
+    }
+
+    fn gelu_backward(
+        &self,
+        e: Element,
+        len: usize,
+        x: At<'_, CudaStorage>,
+        dy: At<'_, CudaStorage>,
+        dx: At<'_, CudaStorage>,
+    ) -> Result<()> {
+        let config = Self::elementwise("gelu", len)?;
+        let stream = self.dev.cuda_stream();
+        let (x, dy, dx) = (Operand::of("gelu", x, &stream)?, Operand::of("gelu", dy, &stream)?, Operand::of("gelu", dx, &stream)?);
+        let n = len as u64;
+        launch!(self.dev, "gelu", "gelu_backward", e, config, [&x.address, &dy.address, &dx.address, &n])
+    }
+
+    fn layer_norm(
+        &self,
+        call: RowsCall,
+        x: At<'_, CudaStorage>,
+        w: At<'_, CudaStorage>,
+        b: At<'_, CudaStorage>,
+        y: At<'_, CudaStorage>,
+    ) -> Result<()> {
+        let op = "layer_norm";
+        let config = Self::per_row(op, call.rows)?;
+        let stream = self.dev.cuda_stream();
+        let [x, w, b, y] = [x, w, b, y].map(|a| Operand::of(op, a, &stream));
+        let (x, w, b, y) = (x?, w?, b?, y?);
+        let (d, eps) = (u32_of(op, call.features)?, call.eps);
+        launch!(self.dev, op, "layer_norm", call.element, config, [&x.address, &w.address, &b.address, &y.address, &d, &eps])
+    }
+
+    fn layer_norm_backward(
+        &self,
+        call: RowsCall,
+        x: At<'_, CudaStorage>,
+        w: At<'_, CudaStorage>,
+        dy: At<'_, CudaStorage>,
+        grads: LayerNormGrads<'_, CudaStorage>,
+    ) -> Result<()> {
+        let op = "layer_norm";
+        // Each row's mean and rstd, two f32, for the parameters' pass.
+        let stats = self.alloc(Element::F32, 2 * call.rows.max(1))?;
+        let stream = self.dev.cuda_stream();
+        let at = [x, w, dy, grads.dx, grads.dweight, grads.dbias, At { buffer: &stats, offset: 0 }];
+        let [x, w, dy, dx, dw, db, stats] = at.map(|a| Operand::of(op, a, &stream));
+        let (x, w, dy, dx, dw, db, stats) = (x?, w?, dy?, dx?, dw?, db?, stats?);
+        let (rows, d, eps) = (u32_of(op, call.rows)?, u32_of(op, call.features)?, call.eps);
+        launch!(
+            self.dev,
+            op,
+            "layer_norm_backward_input",
+            call.element,
+            Self::per_row(op, call.rows)?,
+            [&x.address, &w.address, &dy.address, &dx.address, &stats.address, &d, &eps]
+        )?;
+        let columns = LaunchConfig { grid_dim: (d.div_ceil(THREADS).max(1), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        launch!(
+            self.dev,
+            op,
+            "layer_norm_backward_params",
+            call.element,
+            columns,
+            [&x.address, &dy.address, &stats.address, &dw.address, &db.address, &rows, &d]
+        )
     }
 
     fn tensor(&self, buffer: CudaStorage, shape: Shape) -> Result<Tensor> {

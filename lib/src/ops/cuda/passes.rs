@@ -16,7 +16,9 @@ use super::super::norm_geometry::{BatchStatistics, Geometry as NormGeometry};
 use super::super::pool_geometry::Geometry as PoolGeometry;
 use super::super::OpError;
 use super::descriptors::{biased_from_unbiased, ConvDims, Element, NormDims, PoolDims};
-use super::primitives::{Arg, At, ConvCall, DeviceActivation, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives};
+use super::primitives::{
+    Arg, At, ConvCall, DeviceActivation, LayerNormGrads, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives, RowsCall,
+};
 
 /// The statistics the batch-norms of one op saved on the device its forward
 /// ran on, one entry per batch-norm, for its backward: set once, by the
@@ -179,6 +181,84 @@ pub fn silu_backward<P: Primitives>(
     let dx = made(p, e, x.shape.clone())?;
     p.activate_backward(DeviceActivation::Silu, Maps::of(op, x.shape, e)?, x.at, y.at, dy.at, dx.arg().at)?;
     Ok(dx)
+}
+
+/// `gelu(x)`.
+pub fn gelu_forward<P: Primitives>(p: &P, x: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
+    let e = element_of::<P>("gelu", &[x])?;
+    let y = made(p, e, x.shape.clone())?;
+    p.gelu(e, x.shape.elem_count(), x.at, y.arg().at)?;
+    Ok(y)
+}
+
+/// `dx = dy * gelu'(x)`, from `x` alone (GELU keeps its input, not its output).
+pub fn gelu_backward<P: Primitives>(p: &P, x: Arg<'_, P::Buffer>, dy: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
+    let op = "gelu";
+    let e = element_of::<P>(op, &[x, dy])?;
+    expect_shape(op, "output gradient", dy, x.shape)?;
+    let dx = made(p, e, x.shape.clone())?;
+    p.gelu_backward(e, x.shape.elem_count(), x.at, dy.at, dx.arg().at)?;
+    Ok(dx)
+}
+
+/// A layer-norm over the last dimension of its input: its features and epsilon.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerNorm {
+    pub features: usize,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    const OP: &'static str = "layer_norm";
+
+    fn call<P: Primitives>(&self, x: Arg<'_, P::Buffer>, others: &[Arg<'_, P::Buffer>]) -> Result<RowsCall> {
+        let element = element_of::<P>(Self::OP, &[&[x], others].concat())?;
+        if x.shape.dims().last() != Some(&self.features) || self.features == 0 {
+            Err(OpError::PerFeature { what: "input", features: self.features, dims: x.shape.dims().to_vec() })?
+        }
+        Ok(RowsCall { element, rows: x.shape.elem_count() / self.features, features: self.features, eps: self.eps })
+    }
+
+    /// The weight or bias, f32 with one value per feature, as the kernels take them.
+    fn per_feature<P: Primitives>(&self, what: &'static str, a: Arg<'_, P::Buffer>) -> Result<()> {
+        require_f32::<P>(Self::OP, a)?;
+        if a.shape.dims() != [self.features] {
+            Err(OpError::PerFeature { what, features: self.features, dims: a.shape.dims().to_vec() })?
+        }
+        Ok(())
+    }
+}
+
+/// `layer_norm(x, w, b)`, keeping nothing but its operands.
+pub fn layer_norm_forward<P: Primitives>(p: &P, ln: LayerNorm, [x, w, b]: [Arg<'_, P::Buffer>; 3]) -> Result<Made<P::Buffer>> {
+    ln.per_feature::<P>("weight", w)?;
+    ln.per_feature::<P>("bias", b)?;
+    let call = ln.call::<P>(x, &[])?;
+    let y = made(p, call.element, x.shape.clone())?;
+    p.layer_norm(call, x.at, w.at, b.at, y.arg().at)?;
+    Ok(y)
+}
+
+/// Layer-norm's gradients of input, weight and bias, each row's statistics
+/// computed again from the input.
+pub fn layer_norm_backward<P: Primitives>(ln: LayerNorm, x: &Tensor, w: &Tensor, dy: &Tensor) -> Result<[Tensor; 3]> {
+    let op = LayerNorm::OP;
+    let p = P::of_tensor(op, x)?;
+    let (dx, dw, db) = P::with_tensor(op, x, |x| {
+        P::with_tensor(op, w, |w| {
+            P::with_tensor(op, dy, |dy| {
+                ln.per_feature::<P>("weight", w)?;
+                expect_shape(op, "output gradient", dy, x.shape)?;
+                let call = ln.call::<P>(x, &[dy])?;
+                let dx = made(&p, call.element, x.shape.clone())?;
+                let (dw, db) = (made(&p, Element::F32, w.shape.clone())?, made(&p, Element::F32, w.shape.clone())?);
+                let grads = LayerNormGrads { dx: dx.arg().at, dweight: dw.arg().at, dbias: db.arg().at };
+                p.layer_norm_backward(call, x.at, w.at, dy.at, grads)?;
+                Ok((dx, dw, db))
+            })
+        })
+    })?;
+    Ok([tensor(&p, dx)?, tensor(&p, dw)?, tensor(&p, db)?])
 }
 
 /// Batch-norm's parameters are f32 whatever the maps' type, as cuDNN takes them.

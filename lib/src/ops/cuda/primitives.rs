@@ -147,6 +147,23 @@ pub struct NormGrads<'a, B> {
     pub dbias: At<'a, B>,
 }
 
+/// Rows of `features` values, as layer-norm normalises them (its epsilon).
+#[derive(Debug, Clone, Copy)]
+pub struct RowsCall {
+    pub element: Element,
+    pub rows: usize,
+    pub features: usize,
+    pub eps: f32,
+}
+
+/// Where layer-norm's backward writes: the input's gradient (in the maps'
+/// element type), and the f32 gradients of the weight and the bias.
+pub struct LayerNormGrads<'a, B> {
+    pub dx: At<'a, B>,
+    pub dweight: At<'a, B>,
+    pub dbias: At<'a, B>,
+}
+
 /// The device primitives, and the boundary between their buffers and
 /// candle's storages and tensors.
 pub trait Primitives: Sized {
@@ -232,6 +249,45 @@ pub trait Primitives: Sized {
         scale: At<'_, Self::Buffer>,
         stats: &NormStatistics<Self::Buffer>,
         grads: NormGrads<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    /// Our kernel: `y = x/2 (1 + erf(x / sqrt 2))` over `len` elements of `x`.
+    fn gelu(&self, element: Element, len: usize, x: At<'_, Self::Buffer>, y: At<'_, Self::Buffer>) -> Result<()>;
+
+    /// Our kernel: `dx = dy (Phi(x) + x phi(x))`, GELU's derivative, reading
+    /// `x` and `dy`; `dx` may be `dy`.
+    fn gelu_backward(
+        &self,
+        element: Element,
+        len: usize,
+        x: At<'_, Self::Buffer>,
+        dy: At<'_, Self::Buffer>,
+        dx: At<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    /// Our kernel: layer-norm over each row, `y = (x - mean) rstd w + b`
+    /// with the row's mean and `1 / sqrt(var + eps)` (f32 `w` and `b`, one
+    /// per feature); reads `x`, `w` and `b`.
+    fn layer_norm(
+        &self,
+        call: RowsCall,
+        x: At<'_, Self::Buffer>,
+        w: At<'_, Self::Buffer>,
+        b: At<'_, Self::Buffer>,
+        y: At<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    /// Our kernels: layer-norm's backward from `x` (each row's statistics
+    /// computed again), `w` and `dy`: `dx = rstd (g - mean(g) - xhat
+    /// mean(g xhat))` with `g = dy w`, and the f32 `sum(dy xhat)` and
+    /// `sum(dy)` over the rows; none of them read.
+    fn layer_norm_backward(
+        &self,
+        call: RowsCall,
+        x: At<'_, Self::Buffer>,
+        w: At<'_, Self::Buffer>,
+        dy: At<'_, Self::Buffer>,
+        grads: LayerNormGrads<'_, Self::Buffer>,
     ) -> Result<()>;
 
     /// A tensor without a gradient, of `shape`, over a whole buffer.

@@ -14,6 +14,7 @@
 //! buffer's element type; sums are taken in f64.
 
 use std::cell::Cell;
+use std::f64::consts::FRAC_1_SQRT_2;
 use std::sync::RwLock;
 
 use candle_core::backend::BackendStorage;
@@ -26,7 +27,8 @@ use super::super::OpError;
 use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
 use super::passes;
 use super::primitives::{
-    At, ConvCall, DeviceActivation, Held, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives, MIN_NORM_EPS,
+    At, ConvCall, DeviceActivation, Held, LayerNormGrads, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives, RowsCall,
+    MIN_NORM_EPS,
 };
 
 thread_local! {
@@ -352,6 +354,20 @@ fn larger_propagating_nan(a: f32, b: f32) -> f32 {
     }
 }
 
+/// `len` contiguous elements from `at`, as a 1 x len x 1 x 1 descriptor.
+fn flat(len: usize) -> Result<TensorDims> {
+    let len = i32::try_from(len).map_err(|_| OpError::TooLargeForCudnn { op: "kernel", dims: vec![len] })?;
+    Ok(TensorDims { dims: [1, len, 1, 1], strides: [len, 1, 1, 1] })
+}
+
+/// A row's mean and `1 / sqrt(var + eps)`, the variance from the centred values.
+fn row_statistics(row: &[f32], eps: f32) -> (f64, f64) {
+    let n = row.len() as f64;
+    let mean = row.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+    let var = row.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
+    (mean, 1.0 / (var + f64::from(eps)).sqrt())
+}
+
 fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -631,6 +647,98 @@ impl Primitives for Reference {
         let f32s = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<f32>>();
         grads.dscale.buffer.scatter(op, grads.dscale, &per_channel, &f32s(&dscale))?;
         grads.dbias.buffer.scatter(op, grads.dbias, &per_channel, &f32s(&dbias))
+    }
+
+    fn gelu(&self, e: Element, len: usize, x: At<'_, HostBuffer>, y: At<'_, HostBuffer>) -> Result<()> {
+        let op = "gelu";
+        buffer_element(op, x, e)?;
+        buffer_element(op, y, e)?;
+        let t = flat(len)?;
+        let out: Vec<f32> = x
+            .buffer
+            .gather(op, x, &t)?
+            .iter()
+            .map(|&v| (0.5 * f64::from(v) * (1.0 + libm::erf(f64::from(v) * FRAC_1_SQRT_2))) as f32)
+            .collect();
+        y.buffer.scatter(op, y, &t, &out)
+    }
+
+    fn gelu_backward(&self, e: Element, len: usize, x: At<'_, HostBuffer>, dy: At<'_, HostBuffer>, dx: At<'_, HostBuffer>) -> Result<()> {
+        let op = "gelu";
+        [x, dy, dx].iter().try_for_each(|a| buffer_element(op, *a, e))?;
+        let t = flat(len)?;
+        let (xs, dys) = (x.buffer.gather(op, x, &t)?, dy.buffer.gather(op, dy, &t)?);
+        let out: Vec<f32> = xs
+            .iter()
+            .zip(&dys)
+            .map(|(&v, &g)| {
+                let v = f64::from(v);
+                let cdf = 0.5 * (1.0 + libm::erf(v * FRAC_1_SQRT_2));
+                let density = (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt();
+                (f64::from(g) * (cdf + v * density)) as f32
+            })
+            .collect();
+        dx.buffer.scatter(op, dx, &t, &out)
+    }
+
+    fn layer_norm(
+        &self,
+        call: RowsCall,
+        x: At<'_, HostBuffer>,
+        w: At<'_, HostBuffer>,
+        b: At<'_, HostBuffer>,
+        y: At<'_, HostBuffer>,
+    ) -> Result<()> {
+        let op = "layer_norm";
+        let RowsCall { element, rows, features, eps } = call;
+        buffer_element(op, x, element)?;
+        buffer_element(op, y, element)?;
+        buffer_element(op, w, Element::F32)?;
+        buffer_element(op, b, Element::F32)?;
+        let (maps, per_feature) = (flat(rows * features)?, flat(features)?);
+        let (xs, ws, bs) = (x.buffer.gather(op, x, &maps)?, w.buffer.gather(op, w, &per_feature)?, b.buffer.gather(op, b, &per_feature)?);
+        let mut out = vec![0f32; xs.len()];
+        for (row, o) in xs.chunks(features.max(1)).zip(out.chunks_mut(features.max(1))) {
+            let (mean, rstd) = row_statistics(row, eps);
+            for (((o, &v), &w), &b) in o.iter_mut().zip(row).zip(&ws).zip(&bs) {
+                *o = ((f64::from(v) - mean) * rstd * f64::from(w) + f64::from(b)) as f32;
+            }
+        }
+        y.buffer.scatter(op, y, &maps, &out)
+    }
+
+    fn layer_norm_backward(
+        &self,
+        call: RowsCall,
+        x: At<'_, HostBuffer>,
+        w: At<'_, HostBuffer>,
+        dy: At<'_, HostBuffer>,
+        grads: LayerNormGrads<'_, HostBuffer>,
+    ) -> Result<()> {
+        let op = "layer_norm";
+        let RowsCall { element, rows, features, eps } = call;
+        [x, dy, grads.dx].iter().try_for_each(|a| buffer_element(op, *a, element))?;
+        [w, grads.dweight, grads.dbias].iter().try_for_each(|a| buffer_element(op, *a, Element::F32))?;
+        let (maps, per_feature) = (flat(rows * features)?, flat(features)?);
+        let (xs, ws, dys) = (x.buffer.gather(op, x, &maps)?, w.buffer.gather(op, w, &per_feature)?, dy.buffer.gather(op, dy, &maps)?);
+        let (mut dx, mut dw, mut db) = (vec![0f32; xs.len()], vec![0f64; features], vec![0f64; features]);
+        let d = features.max(1);
+        for ((row, grad), out) in xs.chunks(d).zip(dys.chunks(d)).zip(dx.chunks_mut(d)) {
+            let (mean, rstd) = row_statistics(row, eps);
+            let xhat: Vec<f64> = row.iter().map(|&v| (f64::from(v) - mean) * rstd).collect();
+            let g: Vec<f64> = grad.iter().zip(&ws).map(|(&g, &w)| f64::from(g) * f64::from(w)).collect();
+            let mean_g = g.iter().sum::<f64>() / d as f64;
+            let mean_gx = g.iter().zip(&xhat).map(|(g, h)| g * h).sum::<f64>() / d as f64;
+            for i in 0..features {
+                out[i] = (rstd * (g[i] - mean_g - xhat[i] * mean_gx)) as f32;
+                dw[i] += f64::from(grad[i]) * xhat[i];
+                db[i] += f64::from(grad[i]);
+            }
+        }
+        let f32s = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<f32>>();
+        grads.dx.buffer.scatter(op, grads.dx, &maps, &dx)?;
+        grads.dweight.buffer.scatter(op, grads.dweight, &per_feature, &f32s(&dw))?;
+        grads.dbias.buffer.scatter(op, grads.dbias, &per_feature, &f32s(&db))
     }
 
     fn tensor(&self, buffer: HostBuffer, shape: Shape) -> Result<Tensor> {
