@@ -2,6 +2,8 @@
 //! weight)` is a [`CustomOp2`], `(x, weight, bias)` a [`CustomOp3`], and
 //! backward makes only the gradients of the operands that need one.
 
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
 
 use super::checked_gradients;
@@ -18,7 +20,19 @@ pub(super) trait WithBias: Send + Sync {
     fn input_gradient(&self, grad: &Tensor, weight: &Tensor) -> Result<Tensor>;
     fn weight_gradient(&self, grad: &Tensor, x: &Tensor) -> Result<Tensor>;
     fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor>;
+
+    /// The forward on CUDA, for an op with a device body (the others are
+    /// composed of candle's operations there and never reach this).
+    #[cfg(feature = "cuda")]
+    fn cuda_forward(&self, x: CudaOperand, weight: CudaOperand, bias: Option<CudaOperand>) -> Result<(CudaStorage, Shape)> {
+        let _ = (x, weight, bias);
+        Err(super::OpError::NotOnCpu { op: Self::NAME, device: "CUDA".to_owned() }.into())
+    }
 }
+
+/// A CUDA operand: its storage and layout.
+#[cfg(feature = "cuda")]
+pub(super) type CudaOperand<'a> = (&'a CudaStorage, &'a Layout);
 
 /// `x.apply_op2(&weight, Biased(op))` or `x.apply_op3(&weight, &bias, Biased(op))`.
 pub(super) struct Biased<T>(pub T);
@@ -56,6 +70,11 @@ impl<T: WithBias> CustomOp2 for Biased<T> {
         self.0.forward((s1, l1), (s2, l2), None)
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.0.cuda_forward((s1, l1), (s2, l2), None)
+    }
+
     fn bwd(&self, x: &Tensor, weight: &Tensor, _out: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (input, weight, _) = self.gradients(x, weight, None, grad)?;
         Ok((input, weight))
@@ -77,6 +96,19 @@ impl<T: WithBias> CustomOp3 for Biased<T> {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         self.0.forward((s1, l1), (s2, l2), Some((s3, l3)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.0.cuda_forward((s1, l1), (s2, l2), Some((s3, l3)))
     }
 
     fn bwd(

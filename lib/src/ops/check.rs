@@ -24,7 +24,7 @@ use super::conv_geometry::Geometry as ConvGeometry;
 use super::cpu::{taps, winograd};
 use super::lean::{plain_norm_act, plain_norm_add_act, OwnOps, PlainOps};
 use super::norm::{self, BatchNormTrain};
-use super::{dims4, layer_norm, pool, Activation, ConvParams, Norm, OpError, Residual, Then};
+use super::{dims4, layer_norm, linear, pool, Activation, ConvParams, Norm, OpError, Residual, Then};
 use crate::render::{Bundle, Render, Table};
 
 /// The smallest reference scale: a reference of zeros must be matched by zeros.
@@ -121,6 +121,8 @@ pub enum Pass {
     GradResidual,
     /// The projection's batch-norm.
     GradResidualNorm,
+    /// A linear layer's bias.
+    GradBias,
     /// The case itself, which failed before anything could be compared.
     Run,
     /// An optimizer's parameters after a few updates.
@@ -128,7 +130,8 @@ pub enum Pass {
 }
 
 impl Pass {
-    const GRADIENTS: [Pass; 5] = [Pass::GradInput, Pass::GradWeight, Pass::GradNorm, Pass::GradResidual, Pass::GradResidualNorm];
+    const GRADIENTS: [Pass; 6] =
+        [Pass::GradInput, Pass::GradWeight, Pass::GradNorm, Pass::GradResidual, Pass::GradResidualNorm, Pass::GradBias];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -138,6 +141,7 @@ impl Pass {
             Pass::GradNorm => "grad norm weight;bias",
             Pass::GradResidual => "grad residual",
             Pass::GradResidualNorm => "grad residual norm weight;bias",
+            Pass::GradBias => "grad bias",
             Pass::Run => "run",
             Pass::Step => "parameters after the updates",
         }
@@ -546,6 +550,8 @@ enum Op {
     /// Over tokens: `batch x tokens x features`.
     Gelu,
     LayerNorm,
+    /// With a bias, to this many outputs.
+    Linear(usize),
 }
 
 impl Op {
@@ -557,6 +563,7 @@ impl Op {
             Op::Silu => "silu",
             Op::Gelu => "gelu",
             Op::LayerNorm => "layer_norm",
+            Op::Linear(_) => "linear",
             Op::NormAct(..) => "norm_act",
             Op::NormAddAct(..) => "norm_add_act",
         }
@@ -578,6 +585,12 @@ impl Op {
             (Op::Gelu, [x]) => match implementation {
                 Implementation::Ours => super::gelu(x),
                 Implementation::Composed => x.gelu_erf(),
+            },
+            (Op::Linear(_), [x, w, b]) => match implementation {
+                Implementation::Ours => super::linear(x, w, Some(b)),
+                Implementation::Composed => {
+                    linear::composed(x, w, Some(b), &linear::Geometry::of_dims(x.dims(), w.dims(), Some(b.dims()))?)
+                }
             },
             (Op::LayerNorm, [x, w, b]) => match implementation {
                 Implementation::Ours => super::layer_norm(x, w, b, LAYER_NORM_EPS),
@@ -736,7 +749,7 @@ impl Case {
     /// The input's dimensions: three for an op over tokens, else four.
     fn dims(&self) -> Vec<usize> {
         match self.op {
-            Op::Gelu | Op::LayerNorm => self.input[..3].to_vec(),
+            Op::Gelu | Op::LayerNorm | Op::Linear(_) => self.input[..3].to_vec(),
             _ => self.input.to_vec(),
         }
     }
@@ -759,6 +772,16 @@ impl Case {
             Op::MaxPool(_) => operands.push(Operand::new(input, Fill::Distinct, Pass::GradInput)),
             Op::Silu => operands.push(Operand::new(input, Fill::Normal { mean: 0.0, std: 3.0 }, Pass::GradInput)),
             Op::Gelu => operands.push(Operand::new(&self.dims(), Fill::Normal { mean: 0.0, std: 3.0 }, Pass::GradInput)),
+            Op::Linear(outputs) => {
+                let inputs = input[2];
+                operands.push(Operand::new(&self.dims(), STANDARD, Pass::GradInput));
+                operands.push(Operand::new(
+                    &[outputs, inputs],
+                    Fill::Normal { mean: 0.0, std: (inputs as f64).sqrt().recip() },
+                    Pass::GradWeight,
+                ));
+                operands.push(Operand::new(&[outputs], BIAS, Pass::GradBias));
+            }
             Op::LayerNorm => {
                 operands.push(Operand::new(&self.dims(), PRE_NORM, Pass::GradInput));
                 operands.extend(Operand::norm(input[2], Pass::GradNorm, BIAS));
@@ -795,6 +818,7 @@ impl Case {
             Op::Conv2d(conv) => format!("{input}, {}", conv.describe(self.input)),
             Op::BatchNorm | Op::Silu => input,
             Op::Gelu | Op::LayerNorm => self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"),
+            Op::Linear(outputs) => format!("{} -> {outputs}", self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")),
             Op::MaxPool(p) => format!("{input}, {}", window(p)),
             Op::NormAct(act, consumer) => {
                 let then = match consumer {
@@ -877,6 +901,10 @@ fn cases(batch: usize, res: usize) -> Vec<Case> {
         Case::tokens("vit-small encoder ln", Op::LayerNorm, [batch, tokens, 384]),
         Case::tokens("vit-tiny encoder layer mlp gelu", Op::Gelu, [batch, tokens, 768]),
         Case::tokens("vit-small encoder layer mlp gelu", Op::Gelu, [batch, tokens, 1536]),
+        Case::tokens("vit-tiny encoder layer self_attention in_proj", Op::Linear(576), [batch, tokens, 192]),
+        Case::tokens("vit-tiny encoder layer mlp.0", Op::Linear(768), [batch, tokens, 192]),
+        Case::tokens("vit-tiny encoder layer mlp.3", Op::Linear(192), [batch, tokens, 768]),
+        Case::tokens("resnet18 fc", Op::Linear(10), [batch, 1, 512]),
     ]
 }
 
@@ -1173,12 +1201,14 @@ mod tests {
         let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.ok).collect();
         assert!(failed.is_empty(), "{failed:#?}");
         assert_eq!((report.passed, report.failed), (report.checks.len(), 0));
-        for op in ["conv2d", "batch_norm_train", "max_pool2d", "silu", "norm_act", "norm_add_act", "gelu", "layer_norm"] {
+        for op in ["conv2d", "batch_norm_train", "max_pool2d", "silu", "norm_act", "norm_add_act", "gelu", "layer_norm", "linear"] {
             for dtype in CheckedDtype::ALL {
                 assert!(report.checks.iter().any(|c| c.op == op && c.dtype == dtype), "no {op} in {dtype:?}");
             }
         }
-        for pass in [Pass::Forward, Pass::GradInput, Pass::GradWeight, Pass::GradNorm, Pass::GradResidual, Pass::GradResidualNorm] {
+        for pass in
+            [Pass::Forward, Pass::GradInput, Pass::GradWeight, Pass::GradNorm, Pass::GradResidual, Pass::GradResidualNorm, Pass::GradBias]
+        {
             assert!(report.checks.iter().any(|c| c.pass == pass), "no {pass:?}");
         }
         assert!(report.table().to_string().ends_with(&format!("{} passed, 0 failed\n", report.passed)));

@@ -15,11 +15,16 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape
 use multiversion::multiversion;
 use rayon::prelude::*;
 
+#[cfg(feature = "cuda")]
+use super::biased::CudaOperand;
 use super::biased::{Biased, Operand, WithBias};
 use super::cpu::floats::{f32_view, rows_of, storage_from_f32, zeros};
 use super::cpu::gemm::{matmul, parallelism, row_major, transposed};
 use super::cpu::gemm_packing::{packing_bytes, Strides};
-use super::OpError;
+use super::cuda::{self, Reference};
+use super::{uses_own_kernels, OpError};
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
 
 const OP: &str = "linear";
 
@@ -27,13 +32,14 @@ const OP: &str = "linear";
 /// matrix of their product's rows), `weight` is `out x in` (PyTorch's
 /// layout), `bias` is `out` or `None`. Returns `... x out` in `x`'s dtype.
 ///
-/// On the CPU in f32, f16 and bf16 it is one op (computed in f32, stored in
-/// `x`'s dtype; weight and bias must have `x`'s dtype) whose autograd keeps
-/// only its output. Elsewhere (CUDA) and in other dtypes it is candle's
-/// `matmul` and `broadcast_add`, whose autograd keeps both their outputs.
+/// In f32, f16 and bf16 it is one op (computed in f32, stored in `x`'s
+/// dtype; weight and bias must have `x`'s dtype) whose autograd keeps only
+/// its output, on the CPU and on CUDA (cuBLAS's product, cuDNN's bias add
+/// and bias gradient). Elsewhere and in other dtypes it is candle's `matmul`
+/// and `broadcast_add`, whose autograd keeps both their outputs.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let geometry = Geometry::of_dims(x.dims(), weight.dims(), bias.map(Tensor::dims))?;
-    if !(x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)) {
+    if !uses_own_kernels(x) {
         return composed(x, weight, bias, &geometry);
     }
     for other in std::iter::once(weight).chain(bias) {
@@ -178,10 +184,35 @@ fn with_last(dims: &[usize], last: usize) -> Shape {
 /// The linear layer, a candle op through [`Biased`].
 struct Linear(Geometry);
 
+impl Geometry {
+    fn on_device(&self) -> cuda::Linear {
+        cuda::Linear { rows: self.rows, inputs: self.inputs, outputs: self.outputs }
+    }
+}
+
+impl Linear {
+    /// The forward on a device body, with or without a bias.
+    fn device_forward<P: cuda::Primitives>(
+        &self,
+        x: (&P::Storage, &Layout),
+        weight: (&P::Storage, &Layout),
+        bias: Option<(&P::Storage, &Layout)>,
+    ) -> Result<(P::Storage, Shape)> {
+        let l = self.0.on_device();
+        match bias {
+            Some(bias) => cuda::forward::<P, 3>(OP, [x, weight, bias], |p, [x, w, b]| cuda::linear_forward(p, l, x, w, Some(b))),
+            None => cuda::forward::<P, 2>(OP, [x, weight], |p, [x, w]| cuda::linear_forward(p, l, x, w, None)),
+        }
+    }
+}
+
 impl WithBias for Linear {
     const NAME: &'static str = OP;
 
     fn forward(&self, x: Operand, weight: Operand, bias: Option<Operand>) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.device_forward::<Reference>(x, weight, bias);
+        }
         let g = &self.0;
         let y = {
             // Scoped, so that the f32 copies of half-precision operands are
@@ -219,6 +250,11 @@ impl WithBias for Linear {
     fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor> {
         grad.apply_op1_no_bwd(&BiasGradient(self.0))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_forward(&self, x: CudaOperand, weight: CudaOperand, bias: Option<CudaOperand>) -> Result<(CudaStorage, Shape)> {
+        self.device_forward::<cuda::Cudnn>(x, weight, bias)
+    }
 }
 
 /// `(grad_out, weight) -> grad_x = grad_out W`, in `x`'s shape.
@@ -230,6 +266,9 @@ impl CustomOp2 for InputGradient {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(s1, l1), (s2, l2)]);
+        }
         let g = &self.0;
         let dx = {
             let (dy, w) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
@@ -239,6 +278,18 @@ impl CustomOp2 for InputGradient {
             dx
         };
         Ok((storage_from_f32(self.name(), dx, s1.dtype())?, with_last(l1.dims(), g.inputs)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2)])
+    }
+}
+
+impl InputGradient {
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 2]) -> Result<(P::Storage, Shape)> {
+        let l = self.0.on_device();
+        cuda::forward::<P, 2>("linear-grad-input", operands, |p, [dy, w]| cuda::linear_input_gradient(p, l, dy, w))
     }
 }
 
@@ -251,6 +302,9 @@ impl CustomOp2 for WeightGradient {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(s1, l1), (s2, l2)]);
+        }
         let g = &self.0;
         let dw = {
             let (dy, x) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
@@ -260,6 +314,18 @@ impl CustomOp2 for WeightGradient {
             dw
         };
         Ok((storage_from_f32(self.name(), dw, s1.dtype())?, (g.outputs, g.inputs).into()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2)])
+    }
+}
+
+impl WeightGradient {
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 2]) -> Result<(P::Storage, Shape)> {
+        let l = self.0.on_device();
+        cuda::forward::<P, 2>("linear-grad-weight", operands, |p, [dy, x]| cuda::linear_weight_gradient(p, l, dy, x))
     }
 }
 
@@ -272,9 +338,24 @@ impl CustomOp1 for BiasGradient {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(storage, layout)]);
+        }
         let g = &self.0;
         let db = column_sums(&f32_view(self.name(), storage, layout)?, g.outputs);
         Ok((storage_from_f32(self.name(), db, storage.dtype())?, g.outputs.into()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.on_device::<cuda::Cudnn>([(storage, layout)])
+    }
+}
+
+impl BiasGradient {
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 1]) -> Result<(P::Storage, Shape)> {
+        let l = self.0.on_device();
+        cuda::forward::<P, 1>("linear-grad-bias", operands, |p, [dy]| cuda::linear_bias_gradient(p, l, dy))
     }
 }
 

@@ -23,7 +23,8 @@ use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
 use super::passes;
 use super::plan::{choose, Candidate, Choice, ConvKey, ConvPass, Math, PlanCache};
 use super::primitives::{
-    Arg, At, ConvCall, DeviceActivation, Held, LayerNormGrads, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives, RowsCall,
+    Arg, At, ConvCall, DeviceActivation, GemmCall, Held, LayerNormGrads, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives,
+    RowsCall,
 };
 
 fn cudnn_error(op: &'static str) -> impl Fn(result::CudnnError) -> candle_core::Error {
@@ -743,6 +744,75 @@ impl Primitives for Cudnn {
             }
             .result()
             .map_err(cudnn_error("batch_norm_train"))
+        })
+    }
+
+    fn gemm(&self, call: GemmCall, a: At<'_, CudaStorage>, b: At<'_, CudaStorage>, c: At<'_, CudaStorage>) -> Result<()> {
+        use candle_core::cuda_backend::cudarc::cublas::{result as blas, sys as blas_sys};
+        let op = "gemm";
+        let int = |v: usize| i32::try_from(v).map_err(|_| OpError::TooLargeForCudnn { op, dims: vec![call.m, call.n, call.k] });
+        let long = |v: usize| i64::try_from(v).map_err(|_| OpError::TooLargeForCudnn { op, dims: vec![v] });
+        let data = match call.element {
+            Element::F32 => blas_sys::cudaDataType::CUDA_R_32F,
+            Element::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+            Element::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
+        };
+        let transpose = |t: bool| if t { blas_sys::cublasOperation_t::CUBLAS_OP_T } else { blas_sys::cublasOperation_t::CUBLAS_OP_N };
+        let stream = self.dev.cuda_stream();
+        let (a, b, c) = (Operand::of(op, a, &stream)?, Operand::of(op, b, &stream)?, Operand::of(op, c, &stream)?);
+        let (alpha, beta) = (ONE, call.beta);
+        let blas = self.dev.cublas_handle();
+        // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
+        // cuBLAS is given B first, each operand's row stride as its leading dimension.
+        unsafe {
+            blas::gemm_strided_batched_ex(
+                *blas.handle(),
+                transpose(call.b.transposed),
+                transpose(call.a.transposed),
+                int(call.n)?,
+                int(call.m)?,
+                int(call.k)?,
+                scalar(&alpha),
+                b.ptr(),
+                data,
+                int(call.b.ld)?,
+                long(call.b.stride)?,
+                a.ptr(),
+                data,
+                int(call.a.ld)?,
+                long(call.a.stride)?,
+                scalar(&beta),
+                c.mut_ptr(),
+                data,
+                int(call.c.ld)?,
+                long(call.c.stride)?,
+                int(call.batch)?,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| OpError::Cudnn { op, status: format!("cuBLAS {e:?}") }.into())
+    }
+
+    fn add_bias(&self, maps: Maps, bias: At<'_, CudaStorage>, y: At<'_, CudaStorage>) -> Result<()> {
+        let channels = maps.dims.dims[1].max(0) as usize;
+        let per_channel = TensorDims::per_channel("add", channels)?;
+        self.with_operands("add", [bias, y], |c, [bias, y]| {
+            let (b, t) = (c.tensor("add", per_channel, maps.element)?, c.tensor("add", maps.dims, maps.element)?);
+            unsafe { sys::cudnnAddTensor(c.handle.0, scalar(&ONE), b, bias.ptr(), scalar(&ONE), t, y.mut_ptr()) }
+                .result()
+                .map_err(cudnn_error("add"))
+        })
+    }
+
+    fn bias_gradient(&self, maps: Maps, dy: At<'_, CudaStorage>, db: At<'_, CudaStorage>) -> Result<()> {
+        let channels = maps.dims.dims[1].max(0) as usize;
+        let per_channel = TensorDims::per_channel("bias gradient", channels)?;
+        self.with_operands("bias gradient", [dy, db], |c, [dy, db]| {
+            let (t, b) = (c.tensor("bias gradient", maps.dims, maps.element)?, c.tensor("bias gradient", per_channel, maps.element)?);
+            unsafe { sys::cudnnConvolutionBackwardBias(c.handle.0, scalar(&ONE), t, dy.ptr(), scalar(&ZERO), b, db.mut_ptr()) }
+                .result()
+                .map_err(cudnn_error("bias gradient"))
         })
     }
 

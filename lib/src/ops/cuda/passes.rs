@@ -15,9 +15,10 @@ use super::super::conv_geometry::Geometry as ConvGeometry;
 use super::super::norm_geometry::{BatchStatistics, Geometry as NormGeometry};
 use super::super::pool_geometry::Geometry as PoolGeometry;
 use super::super::OpError;
-use super::descriptors::{biased_from_unbiased, ConvDims, Element, NormDims, PoolDims};
+use super::descriptors::{biased_from_unbiased, ConvDims, Element, NormDims, PoolDims, TensorDims};
 use super::primitives::{
-    Arg, At, ConvCall, DeviceActivation, LayerNormGrads, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives, RowsCall,
+    Arg, At, ConvCall, DeviceActivation, GemmCall, LayerNormGrads, Made, Maps, Matrix, NormCall, NormGrads, NormStatistics, PoolGrads,
+    Primitives, RowsCall,
 };
 
 /// The statistics the batch-norms of one op saved on the device its forward
@@ -181,6 +182,83 @@ pub fn silu_backward<P: Primitives>(
     let dx = made(p, e, x.shape.clone())?;
     p.activate_backward(DeviceActivation::Silu, Maps::of(op, x.shape, e)?, x.at, y.at, dy.at, dx.arg().at)?;
     Ok(dx)
+}
+
+/// A linear layer's sizes: `rows x inputs` in (the input's leading
+/// dimensions flattened), `rows x outputs` out, the weight `outputs x inputs`.
+#[derive(Debug, Clone, Copy)]
+pub struct Linear {
+    pub rows: usize,
+    pub inputs: usize,
+    pub outputs: usize,
+}
+
+impl Linear {
+    const OP: &'static str = "linear";
+
+    /// The product `c (m x n) = op(a) op(b)` of whole row-major matrices, `a`
+    /// and `b` as stored `rows x cols` with `ld` their columns.
+    fn product(e: Element, (m, n, k): (usize, usize, usize), (a_cols, a_t): (usize, bool), (b_cols, b_t): (usize, bool)) -> GemmCall {
+        let whole = |ld: usize, transposed: bool| Matrix { transposed, ld, stride: 0 };
+        GemmCall { element: e, m, n, k, a: whole(a_cols, a_t), b: whole(b_cols, b_t), c: whole(n, false), batch: 1, beta: 0.0 }
+    }
+
+    /// The output's rows as maps, one channel per output, for cuDNN's bias calls.
+    fn maps(&self, e: Element) -> Result<Maps> {
+        Ok(Maps { dims: TensorDims::packed(Self::OP, [self.rows, self.outputs, 1, 1])?, element: e })
+    }
+}
+
+/// `dims` with its last dimension set to `last`.
+fn with_last(shape: &Shape, last: usize) -> Shape {
+    let mut dims = shape.dims().to_vec();
+    if let Some(d) = dims.last_mut() {
+        *d = last;
+    }
+    dims.into()
+}
+
+/// `y = x W^T (+ b)`: one product, and the bias added to every row.
+pub fn linear_forward<P: Primitives>(
+    p: &P,
+    l: Linear,
+    x: Arg<'_, P::Buffer>,
+    w: Arg<'_, P::Buffer>,
+    bias: Option<Arg<'_, P::Buffer>>,
+) -> Result<Made<P::Buffer>> {
+    let e = element_of::<P>(Linear::OP, &[&[x, w][..], bias.as_slice()].concat())?;
+    expect_shape(Linear::OP, "weight", w, &Shape::from((l.outputs, l.inputs)))?;
+    let y = made(p, e, with_last(x.shape, l.outputs))?;
+    p.gemm(Linear::product(e, (l.rows, l.outputs, l.inputs), (l.inputs, false), (l.inputs, true)), x.at, w.at, y.arg().at)?;
+    if let Some(bias) = bias {
+        expect_shape(Linear::OP, "bias", bias, &Shape::from(l.outputs))?;
+        p.add_bias(l.maps(e)?, bias.at, y.arg().at)?;
+    }
+    Ok(y)
+}
+
+/// `dx = dy W`, in the input's shape.
+pub fn linear_input_gradient<P: Primitives>(p: &P, l: Linear, dy: Arg<'_, P::Buffer>, w: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
+    let e = element_of::<P>(Linear::OP, &[dy, w])?;
+    let dx = made(p, e, with_last(dy.shape, l.inputs))?;
+    p.gemm(Linear::product(e, (l.rows, l.inputs, l.outputs), (l.outputs, false), (l.inputs, false)), dy.at, w.at, dx.arg().at)?;
+    Ok(dx)
+}
+
+/// `dW = dy^T x`, `outputs x inputs`.
+pub fn linear_weight_gradient<P: Primitives>(p: &P, l: Linear, dy: Arg<'_, P::Buffer>, x: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
+    let e = element_of::<P>(Linear::OP, &[dy, x])?;
+    let dw = made(p, e, Shape::from((l.outputs, l.inputs)))?;
+    p.gemm(Linear::product(e, (l.outputs, l.inputs, l.rows), (l.outputs, true), (l.inputs, false)), dy.at, x.at, dw.arg().at)?;
+    Ok(dw)
+}
+
+/// `db`, the sum of `dy`'s rows.
+pub fn linear_bias_gradient<P: Primitives>(p: &P, l: Linear, dy: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
+    let e = element_of::<P>(Linear::OP, &[dy])?;
+    let db = made(p, e, Shape::from(l.outputs))?;
+    p.bias_gradient(l.maps(e)?, dy.at, db.arg().at)?;
+    Ok(db)
 }
 
 /// `gelu(x)`.

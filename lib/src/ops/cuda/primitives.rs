@@ -147,6 +147,32 @@ pub struct NormGrads<'a, B> {
     pub dbias: At<'a, B>,
 }
 
+/// One operand of a product: whether it is read transposed, and its row
+/// stride (row-major, the leading dimension) and the stride between the
+/// batch's matrices, in elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Matrix {
+    pub transposed: bool,
+    pub ld: usize,
+    pub stride: usize,
+}
+
+/// A row-major product, batched: for each of `batch` matrices, `c = op(a)
+/// op(b) + beta c` with `c` `m x n` and the sum over `k`, each in `element`
+/// and accumulated in f32 (cuBLAS's strided-batched gemm).
+#[derive(Debug, Clone, Copy)]
+pub struct GemmCall {
+    pub element: Element,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: Matrix,
+    pub b: Matrix,
+    pub c: Matrix,
+    pub batch: usize,
+    pub beta: f32,
+}
+
 /// Rows of `features` values, as layer-norm normalises them (its epsilon).
 #[derive(Debug, Clone, Copy)]
 pub struct RowsCall {
@@ -250,6 +276,15 @@ pub trait Primitives: Sized {
         stats: &NormStatistics<Self::Buffer>,
         grads: NormGrads<'_, Self::Buffer>,
     ) -> Result<()>;
+
+    /// cuBLAS's product; see [`GemmCall`]. Reads `a` and `b`, and `c` where `beta` is not 0.
+    fn gemm(&self, call: GemmCall, a: At<'_, Self::Buffer>, b: At<'_, Self::Buffer>, c: At<'_, Self::Buffer>) -> Result<()>;
+
+    /// `y[n, c, h, w] += bias[c]` over `maps` (cuDNN's add, the bias a `1 x C x 1 x 1` tensor of the maps' type).
+    fn add_bias(&self, maps: Maps, bias: At<'_, Self::Buffer>, y: At<'_, Self::Buffer>) -> Result<()>;
+
+    /// `db[c] = sum of dy[n, c, h, w]` over `maps` (cuDNN's convolution bias gradient); `db` is not read.
+    fn bias_gradient(&self, maps: Maps, dy: At<'_, Self::Buffer>, db: At<'_, Self::Buffer>) -> Result<()>;
 
     /// Our kernel: `y = x/2 (1 + erf(x / sqrt 2))` over `len` elements of `x`.
     fn gelu(&self, element: Element, len: usize, x: At<'_, Self::Buffer>, y: At<'_, Self::Buffer>) -> Result<()>;

@@ -27,8 +27,8 @@ use super::super::OpError;
 use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
 use super::passes;
 use super::primitives::{
-    At, ConvCall, DeviceActivation, Held, LayerNormGrads, Made, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives, RowsCall,
-    MIN_NORM_EPS,
+    At, ConvCall, DeviceActivation, GemmCall, Held, LayerNormGrads, Made, Maps, Matrix, NormCall, NormGrads, NormStatistics, PoolGrads,
+    Primitives, RowsCall, MIN_NORM_EPS,
 };
 
 thread_local! {
@@ -360,6 +360,16 @@ fn flat(len: usize) -> Result<TensorDims> {
     Ok(TensorDims { dims: [1, len, 1, 1], strides: [len, 1, 1, 1] })
 }
 
+/// The elements of a batch of `rows x cols` matrices laid out as `m` says
+/// (`rows x cols` as stored: the product's operand before any transposition).
+fn matrices(rows: usize, cols: usize, m: Matrix, batch: usize) -> Result<TensorDims> {
+    let int = |v: usize| i32::try_from(v).map_err(|_| OpError::TooLargeForCudnn { op: "gemm", dims: vec![batch, rows, cols] });
+    if m.ld < cols {
+        Err(OpError::Descriptor { op: "gemm", why: format!("a row stride of {} for rows of {cols}", m.ld) })?
+    }
+    Ok(TensorDims { dims: [int(batch)?, int(rows)?, int(cols)?, 1], strides: [int(m.stride)?, int(m.ld)?, 1, 1] })
+}
+
 /// A row's mean and `1 / sqrt(var + eps)`, the variance from the centred values.
 fn row_statistics(row: &[f32], eps: f32) -> (f64, f64) {
     let n = row.len() as f64;
@@ -647,6 +657,56 @@ impl Primitives for Reference {
         let f32s = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<f32>>();
         grads.dscale.buffer.scatter(op, grads.dscale, &per_channel, &f32s(&dscale))?;
         grads.dbias.buffer.scatter(op, grads.dbias, &per_channel, &f32s(&dbias))
+    }
+
+    fn gemm(&self, call: GemmCall, a: At<'_, HostBuffer>, b: At<'_, HostBuffer>, c: At<'_, HostBuffer>) -> Result<()> {
+        let op = "gemm";
+        let GemmCall { element, m, n, k, batch, beta, .. } = call;
+        [a, b, c].iter().try_for_each(|x| buffer_element(op, *x, element))?;
+        let stored = |rows: usize, cols: usize, t: bool| if t { (cols, rows) } else { (rows, cols) };
+        let (ar, ac) = stored(m, k, call.a.transposed);
+        let (br, bc) = stored(k, n, call.b.transposed);
+        let (ad, bd, cd) = (matrices(ar, ac, call.a, batch)?, matrices(br, bc, call.b, batch)?, matrices(m, n, call.c, batch)?);
+        let (av, bv) = (a.buffer.gather(op, a, &ad)?, b.buffer.gather(op, b, &bd)?);
+        // With beta 0 cuBLAS does not read `c`: nothing it held may show.
+        let cv = if beta == 0.0 { vec![0.0; batch * m * n] } else { c.buffer.gather(op, c, &cd)? };
+        let at = |t: bool, cols: usize, i: usize, j: usize| if t { j * cols + i } else { i * cols + j };
+        let mut out = vec![0f32; batch * m * n];
+        out.par_chunks_mut((m * n).max(1)).enumerate().for_each(|(z, out)| {
+            let (am, bm, cm) = (&av[z * ar * ac..][..ar * ac], &bv[z * br * bc..][..br * bc], &cv[z * m * n..][..m * n]);
+            for i in 0..m {
+                for j in 0..n {
+                    let sum: f64 = (0..k)
+                        .map(|l| f64::from(am[at(call.a.transposed, ac, i, l)]) * f64::from(bm[at(call.b.transposed, bc, l, j)]))
+                        .sum();
+                    out[i * n + j] = (sum + f64::from(beta) * f64::from(cm[i * n + j])) as f32;
+                }
+            }
+        });
+        c.buffer.scatter(op, c, &cd, &out)
+    }
+
+    fn add_bias(&self, maps: Maps, bias: At<'_, HostBuffer>, y: At<'_, HostBuffer>) -> Result<()> {
+        let op = "add";
+        buffer_element(op, bias, maps.element)?;
+        buffer_element(op, y, maps.element)?;
+        let [_, channels, h, w] = dims(&maps.dims);
+        let per_channel = TensorDims::per_channel(op, channels)?;
+        let (bv, yv) = (bias.buffer.gather(op, bias, &per_channel)?, y.buffer.gather(op, y, &maps.dims)?);
+        let plane = (h * w).max(1);
+        let out: Vec<f32> =
+            yv.iter().enumerate().map(|(i, &v)| (f64::from(v) + f64::from(bv[i / plane % channels.max(1)])) as f32).collect();
+        y.buffer.scatter(op, y, &maps.dims, &out)
+    }
+
+    fn bias_gradient(&self, maps: Maps, dy: At<'_, HostBuffer>, db: At<'_, HostBuffer>) -> Result<()> {
+        let op = "bias gradient";
+        buffer_element(op, dy, maps.element)?;
+        buffer_element(op, db, maps.element)?;
+        let [_, channels, h, w] = dims(&maps.dims);
+        let dys = dy.buffer.gather(op, dy, &maps.dims)?;
+        let sums: Vec<f32> = channel_sums(&dys, &dys, channels, h * w, |g, _| g).iter().map(|&s| s as f32).collect();
+        db.buffer.scatter(op, db, &TensorDims::per_channel(op, channels)?, &sums)
     }
 
     fn gelu(&self, e: Element, len: usize, x: At<'_, HostBuffer>, y: At<'_, HostBuffer>) -> Result<()> {
