@@ -143,3 +143,87 @@ __device__ void layer_norm_backward_params(const T* x, const T* dy, const float2
 KERNELS(float, f32)
 KERNELS(__half, f16)
 KERNELS(__nv_bfloat16, bf16)
+
+// Attention's row passes, one batch element's heads at a time: rows of n
+// scores (f32, from cuBLAS), probabilities in the maps' type.
+
+// The largest of every thread's `v` in a block of a power-of-two size, on all threads.
+__device__ float block_max(float v, float* shared) {
+    shared[threadIdx.x] = v;
+    __syncthreads();
+    for (unsigned int half = blockDim.x / 2; half > 0; half /= 2) {
+        if (threadIdx.x < half) shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + half]);
+        __syncthreads();
+    }
+    float most = shared[0];
+    __syncthreads();
+    return most;
+}
+
+// p = e^(scale s - lse) with lse = log sum_j e^(scale s_j), the row's
+// log-sum-exp written to lse[row]; one block a row of n.
+template <typename T> __device__ void softmax_rows(const float* s, T* p, float* lse, unsigned int n, float scale) {
+    extern __shared__ float shared[];
+    const float* row = s + (unsigned long long)blockIdx.x * n;
+    T* out = p + (unsigned long long)blockIdx.x * n;
+    float most = -INFINITY;
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) most = fmaxf(most, row[j]);
+    float shift = scale * block_max(most, shared);
+    float sum = 0.0f;
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) sum += expf(scale * row[j] - shift);
+    float l = shift + logf(block_sum(sum, shared));
+    for (unsigned int j = threadIdx.x; j < n; j += blockDim.x) out[j] = store<T>(expf(scale * row[j] - l));
+    if (threadIdx.x == 0) lse[blockIdx.x] = l;
+}
+
+// p = e^(scale s - lse[row]) over rows of n, from a kept log-sum-exp.
+template <typename T> __device__ void probabilities(const float* s, const float* lse, T* p, unsigned int n, float scale,
+                                                    unsigned long long total) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < total;
+         i += (unsigned long long)blockDim.x * gridDim.x) {
+        p[i] = store<T>(expf(scale * s[i] - lse[i / n]));
+    }
+}
+
+// delta[h tokens + i] = sum_c dout[i, h dh + c] out[i, h dh + c] over one
+// batch element's rows of d = heads dh; one thread a row of a head.
+template <typename T> __device__ void attention_delta(const T* dout, const T* out, float* delta, unsigned int tokens,
+                                                      unsigned int heads, unsigned int dh) {
+    unsigned int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= heads * tokens) return;
+    unsigned int h = r / tokens, i = r % tokens;
+    unsigned long long at = (unsigned long long)i * heads * dh + h * dh;
+    float sum = 0.0f;
+    for (unsigned int c = 0; c < dh; c++) sum += load(dout[at + c]) * load(out[at + c]);
+    delta[r] = sum;
+}
+
+// ds = p (dp - delta[row]) scale over rows of n: the scores' gradient before scaling.
+template <typename T> __device__ void softmax_backward(const T* p, const float* dp, const float* delta, T* ds, unsigned int n,
+                                                       float scale, unsigned long long total) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < total;
+         i += (unsigned long long)blockDim.x * gridDim.x) {
+        ds[i] = store<T>(load(p[i]) * (dp[i] - delta[i / n]) * scale);
+    }
+}
+
+#define ATTENTION_KERNELS(T, NAME)                                                                                      \
+    extern "C" __global__ void softmax_rows_##NAME(const float* s, T* p, float* lse, unsigned int n, float scale) {    \
+        softmax_rows(s, p, lse, n, scale);                                                                             \
+    }                                                                                                                  \
+    extern "C" __global__ void probabilities_##NAME(const float* s, const float* lse, T* p, unsigned int n, float scale, \
+                                                    unsigned long long total) {                                        \
+        probabilities(s, lse, p, n, scale, total);                                                                     \
+    }                                                                                                                  \
+    extern "C" __global__ void attention_delta_##NAME(const T* dout, const T* out, float* delta, unsigned int tokens,  \
+                                                      unsigned int heads, unsigned int dh) {                           \
+        attention_delta(dout, out, delta, tokens, heads, dh);                                                          \
+    }                                                                                                                  \
+    extern "C" __global__ void softmax_backward_##NAME(const T* p, const float* dp, const float* delta, T* ds,         \
+                                                       unsigned int n, float scale, unsigned long long total) {        \
+        softmax_backward(p, dp, delta, ds, n, scale, total);                                                           \
+    }
+
+ATTENTION_KERNELS(float, f32)
+ATTENTION_KERNELS(__half, f16)
+ATTENTION_KERNELS(__nv_bfloat16, bf16)

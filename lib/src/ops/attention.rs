@@ -26,7 +26,8 @@ use super::cpu::floats::{f32_view, storage_from_f32};
 use super::cpu::gemm::{matmul, Mat, Plan};
 use super::cpu::gemm_packing::{packing_bytes, Strides};
 use super::cpu::silu::exp;
-use super::{checked_gradients, OpError};
+use super::cuda::{self, attention_backward, on_body, Body, DeviceSaves};
+use super::{checked_gradients, uses_own_kernels, OpError};
 
 const OP: &str = "attention";
 
@@ -63,22 +64,23 @@ impl AttentionKeeps {
 /// 2d + h*dh..). Returns B x N x d, softmax(q k^T / sqrt(dh)) v with the
 /// heads side by side again (ready for out_proj).
 ///
-/// On the CPU in f32, f16 and bf16 it is one op (computed in f32, stored in
-/// the input's dtype) whose backward reads what `keeps` says it keeps.
-/// Elsewhere (CUDA) and in other dtypes it is composed of candle's
-/// operations, a plain autograd path that keeps what each of them keeps
-/// (the probabilities among them) whatever `keeps` says.
+/// In f32, f16 and bf16 it is one op whose backward reads what `keeps` says
+/// it keeps: on the CPU computed in f32 and stored in the input's dtype, on
+/// CUDA cuBLAS's products over the heads and our kernels for the softmax and
+/// its backward. Elsewhere and in other dtypes it is composed of candle's
+/// operations, a plain autograd path that keeps what each of them keeps (the
+/// probabilities among them) whatever `keeps` says.
 pub fn attention(qkv: &Tensor, heads: usize, keeps: AttentionKeeps) -> Result<Tensor> {
     let geometry = Geometry::of_dims(qkv.dims(), heads)?;
     if geometry.is_empty() {
         // No row to take a softmax of: candle's reductions refuse empty tensors.
         return Tensor::zeros((geometry.batch, geometry.tokens, geometry.dim), qkv.dtype(), qkv.device());
     }
-    if !(qkv.device().is_cpu() && matches!(qkv.dtype(), DType::F32 | DType::F16 | DType::BF16)) {
+    if !uses_own_kernels(qkv) {
         return composed(qkv, &geometry);
     }
     let keeps = qkv.track_op().then_some(keeps);
-    qkv.contiguous()?.apply_op1(Attention { geometry, keeps, saved: OnceLock::new() })
+    qkv.contiguous()?.apply_op1(Attention { geometry, keeps, saved: OnceLock::new(), on_device: DeviceSaves::default() })
 }
 
 /// Bytes the CPU op allocates while each of its passes runs, beyond its
@@ -553,6 +555,24 @@ struct Attention {
     geometry: Geometry,
     keeps: Option<AttentionKeeps>,
     saved: OnceLock<Saved>,
+    on_device: DeviceSaves,
+}
+
+impl Geometry {
+    fn on_device(&self) -> cuda::Attention {
+        cuda::Attention { batch: self.batch, tokens: self.tokens, dim: self.dim, heads: self.heads }
+    }
+}
+
+impl Attention {
+    fn device_forward<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 1]) -> Result<(P::Storage, Shape)> {
+        let keeps = self.keeps.map(|keeps| match keeps {
+            AttentionKeeps::Probabilities => cuda::KeepsOnDevice::Probabilities,
+            AttentionKeeps::RowStatistics => cuda::KeepsOnDevice::RowStatistics,
+        });
+        let g = self.geometry.on_device();
+        cuda::forward::<P, 1>(OP, operands, |p, [qkv]| cuda::attention_forward(p, g, qkv, keeps, &self.on_device))
+    }
 }
 
 impl CustomOp1 for Attention {
@@ -561,6 +581,9 @@ impl CustomOp1 for Attention {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.device_forward::<cuda::Reference>([(storage, layout)]);
+        }
         let g = &self.geometry;
         let qkv = f32_view(OP, storage, layout)?;
         let (out, saved) = match self.keeps {
@@ -594,7 +617,18 @@ impl CustomOp1 for Attention {
         Ok((storage_from_f32(OP, out, storage.dtype())?, (g.batch, g.tokens, g.dim).into()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &candle_core::CudaStorage, layout: &Layout) -> Result<(candle_core::CudaStorage, Shape)> {
+        self.device_forward::<cuda::Cudnn>([(storage, layout)])
+    }
+
     fn bwd(&self, qkv: &Tensor, out: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        if let Some(body) = Body::of(qkv) {
+            let (g, grad) = (self.geometry.on_device(), grad.contiguous()?);
+            let dqkv = on_body!(body, attention_backward(g, [qkv, out, &grad], &self.on_device))?;
+            let [dqkv] = checked_gradients(OP, [qkv], [Some(dqkv)])?;
+            return Ok(dqkv);
+        }
         let saved = self.saved.get().ok_or(OpError::NothingKept { op: OP })?;
         let grad_op = AttentionGrad { geometry: self.geometry, saved };
         let [dqkv] = checked_gradients(OP, [qkv], [Some(qkv.apply_op3_no_bwd(out, &grad.contiguous()?, &grad_op)?)])?;

@@ -24,7 +24,7 @@ use super::conv_geometry::Geometry as ConvGeometry;
 use super::cpu::{taps, winograd};
 use super::lean::{plain_norm_act, plain_norm_add_act, OwnOps, PlainOps};
 use super::norm::{self, BatchNormTrain};
-use super::{dims4, layer_norm, linear, pool, Activation, ConvParams, Norm, OpError, Residual, Then};
+use super::{attention, dims4, layer_norm, linear, pool, Activation, AttentionKeeps, ConvParams, Norm, OpError, Residual, Then};
 use crate::render::{Bundle, Render, Table};
 
 /// The smallest reference scale: a reference of zeros must be matched by zeros.
@@ -552,6 +552,8 @@ enum Op {
     LayerNorm,
     /// With a bias, to this many outputs.
     Linear(usize),
+    /// Over `batch x tokens x 3 dim`, with this many heads.
+    Attention(usize, AttentionKeeps),
 }
 
 impl Op {
@@ -564,6 +566,7 @@ impl Op {
             Op::Gelu => "gelu",
             Op::LayerNorm => "layer_norm",
             Op::Linear(_) => "linear",
+            Op::Attention(..) => "attention",
             Op::NormAct(..) => "norm_act",
             Op::NormAddAct(..) => "norm_add_act",
         }
@@ -591,6 +594,10 @@ impl Op {
                 Implementation::Composed => {
                     linear::composed(x, w, Some(b), &linear::Geometry::of_dims(x.dims(), w.dims(), Some(b.dims()))?)
                 }
+            },
+            (Op::Attention(heads, keeps), [qkv]) => match implementation {
+                Implementation::Ours => super::attention(qkv, heads, keeps),
+                Implementation::Composed => attention::composed(qkv, &attention::Geometry::of_dims(qkv.dims(), heads)?),
             },
             (Op::LayerNorm, [x, w, b]) => match implementation {
                 Implementation::Ours => super::layer_norm(x, w, b, LAYER_NORM_EPS),
@@ -749,7 +756,7 @@ impl Case {
     /// The input's dimensions: three for an op over tokens, else four.
     fn dims(&self) -> Vec<usize> {
         match self.op {
-            Op::Gelu | Op::LayerNorm | Op::Linear(_) => self.input[..3].to_vec(),
+            Op::Gelu | Op::LayerNorm | Op::Linear(_) | Op::Attention(..) => self.input[..3].to_vec(),
             _ => self.input.to_vec(),
         }
     }
@@ -782,6 +789,7 @@ impl Case {
                 ));
                 operands.push(Operand::new(&[outputs], BIAS, Pass::GradBias));
             }
+            Op::Attention(..) => operands.push(Operand::new(&self.dims(), STANDARD, Pass::GradInput)),
             Op::LayerNorm => {
                 operands.push(Operand::new(&self.dims(), PRE_NORM, Pass::GradInput));
                 operands.extend(Operand::norm(input[2], Pass::GradNorm, BIAS));
@@ -819,6 +827,13 @@ impl Case {
             Op::BatchNorm | Op::Silu => input,
             Op::Gelu | Op::LayerNorm => self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"),
             Op::Linear(outputs) => format!("{} -> {outputs}", self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")),
+            Op::Attention(heads, keeps) => {
+                let kept = match keeps {
+                    AttentionKeeps::Probabilities => "keeping probabilities",
+                    AttentionKeeps::RowStatistics => "keeping row log-sum-exps",
+                };
+                format!("{}, {heads} heads, {kept}", self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"))
+            }
             Op::MaxPool(p) => format!("{input}, {}", window(p)),
             Op::NormAct(act, consumer) => {
                 let then = match consumer {
@@ -905,6 +920,13 @@ fn cases(batch: usize, res: usize) -> Vec<Case> {
         Case::tokens("vit-tiny encoder layer mlp.0", Op::Linear(768), [batch, tokens, 192]),
         Case::tokens("vit-tiny encoder layer mlp.3", Op::Linear(192), [batch, tokens, 768]),
         Case::tokens("resnet18 fc", Op::Linear(10), [batch, 1, 512]),
+        Case::tokens("vit-tiny encoder layer self_attention", Op::Attention(3, AttentionKeeps::RowStatistics), [batch, tokens, 576]),
+        Case::tokens(
+            "vit-tiny encoder layer self_attention (plain)",
+            Op::Attention(3, AttentionKeeps::Probabilities),
+            [batch, tokens, 576],
+        ),
+        Case::tokens("vit-small encoder layer self_attention", Op::Attention(6, AttentionKeeps::RowStatistics), [batch, tokens, 1152]),
     ]
 }
 
@@ -1201,7 +1223,9 @@ mod tests {
         let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.ok).collect();
         assert!(failed.is_empty(), "{failed:#?}");
         assert_eq!((report.passed, report.failed), (report.checks.len(), 0));
-        for op in ["conv2d", "batch_norm_train", "max_pool2d", "silu", "norm_act", "norm_add_act", "gelu", "layer_norm", "linear"] {
+        for op in
+            ["conv2d", "batch_norm_train", "max_pool2d", "silu", "norm_act", "norm_add_act", "gelu", "layer_norm", "linear", "attention"]
+        {
             for dtype in CheckedDtype::ALL {
                 assert!(report.checks.iter().any(|c| c.op == op && c.dtype == dtype), "no {op} in {dtype:?}");
             }

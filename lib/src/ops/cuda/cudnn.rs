@@ -23,8 +23,8 @@ use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
 use super::passes;
 use super::plan::{choose, Candidate, Choice, ConvKey, ConvPass, Math, PlanCache};
 use super::primitives::{
-    Arg, At, ConvCall, DeviceActivation, GemmCall, Held, LayerNormGrads, Maps, NormCall, NormGrads, NormStatistics, PoolGrads, Primitives,
-    RowsCall,
+    Arg, At, ConvCall, DeltaCall, DeviceActivation, GemmCall, Held, LayerNormGrads, Maps, NormCall, NormGrads, NormStatistics, PoolGrads,
+    Primitives, RowsCall, SoftmaxCall,
 };
 
 fn cudnn_error(op: &'static str) -> impl Fn(result::CudnnError) -> candle_core::Error {
@@ -752,11 +752,12 @@ impl Primitives for Cudnn {
         let op = "gemm";
         let int = |v: usize| i32::try_from(v).map_err(|_| OpError::TooLargeForCudnn { op, dims: vec![call.m, call.n, call.k] });
         let long = |v: usize| i64::try_from(v).map_err(|_| OpError::TooLargeForCudnn { op, dims: vec![v] });
-        let data = match call.element {
+        let data_type = |e: Element| match e {
             Element::F32 => blas_sys::cudaDataType::CUDA_R_32F,
             Element::F16 => blas_sys::cudaDataType::CUDA_R_16F,
             Element::Bf16 => blas_sys::cudaDataType::CUDA_R_16BF,
         };
+        let (data, c_data) = (data_type(call.element), data_type(call.c_element));
         let transpose = |t: bool| if t { blas_sys::cublasOperation_t::CUBLAS_OP_T } else { blas_sys::cublasOperation_t::CUBLAS_OP_N };
         let stream = self.dev.cuda_stream();
         let (a, b, c) = (Operand::of(op, a, &stream)?, Operand::of(op, b, &stream)?, Operand::of(op, c, &stream)?);
@@ -783,7 +784,7 @@ impl Primitives for Cudnn {
                 long(call.a.stride)?,
                 scalar(&beta),
                 c.mut_ptr(),
-                data,
+                c_data,
                 int(call.c.ld)?,
                 long(call.c.stride)?,
                 int(call.batch)?,
@@ -814,6 +815,71 @@ impl Primitives for Cudnn {
                 .result()
                 .map_err(cudnn_error("bias gradient"))
         })
+    }
+
+    fn softmax_rows(&self, call: SoftmaxCall, s: At<'_, CudaStorage>, p: At<'_, CudaStorage>, lse: At<'_, CudaStorage>) -> Result<()> {
+        let op = "attention";
+        let stream = self.dev.cuda_stream();
+        let (s, p, lse) = (Operand::of(op, s, &stream)?, Operand::of(op, p, &stream)?, Operand::of(op, lse, &stream)?);
+        let (n, scale) = (u32_of(op, call.n)?, call.scale);
+        launch!(
+            self.dev,
+            op,
+            "softmax_rows",
+            call.element,
+            Self::per_row(op, call.rows)?,
+            [&s.address, &p.address, &lse.address, &n, &scale]
+        )
+    }
+
+    fn probabilities(&self, call: SoftmaxCall, s: At<'_, CudaStorage>, lse: At<'_, CudaStorage>, p: At<'_, CudaStorage>) -> Result<()> {
+        let op = "attention";
+        let stream = self.dev.cuda_stream();
+        let (s, lse, p) = (Operand::of(op, s, &stream)?, Operand::of(op, lse, &stream)?, Operand::of(op, p, &stream)?);
+        let (n, scale, total) = (u32_of(op, call.n)?, call.scale, (call.rows * call.n) as u64);
+        let config = Self::elementwise(op, call.rows * call.n)?;
+        launch!(self.dev, op, "probabilities", call.element, config, [&s.address, &lse.address, &p.address, &n, &scale, &total])
+    }
+
+    fn attention_delta(
+        &self,
+        call: DeltaCall,
+        dout: At<'_, CudaStorage>,
+        out: At<'_, CudaStorage>,
+        delta: At<'_, CudaStorage>,
+    ) -> Result<()> {
+        let op = "attention";
+        let stream = self.dev.cuda_stream();
+        let (dout, out, delta) = (Operand::of(op, dout, &stream)?, Operand::of(op, out, &stream)?, Operand::of(op, delta, &stream)?);
+        let (tokens, heads, dh) = (u32_of(op, call.tokens)?, u32_of(op, call.heads)?, u32_of(op, call.head_width)?);
+        // One thread a row, every row (the kernel does not stride).
+        let blocks = u32_of(op, (call.tokens * call.heads).div_ceil(THREADS as usize).max(1))?;
+        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        launch!(self.dev, op, "attention_delta", call.element, config, [&dout.address, &out.address, &delta.address, &tokens, &heads, &dh])
+    }
+
+    fn softmax_backward(
+        &self,
+        call: SoftmaxCall,
+        p: At<'_, CudaStorage>,
+        dp: At<'_, CudaStorage>,
+        delta: At<'_, CudaStorage>,
+        ds: At<'_, CudaStorage>,
+    ) -> Result<()> {
+        let op = "attention";
+        let stream = self.dev.cuda_stream();
+        let [p, dp, delta, ds] = [p, dp, delta, ds].map(|a| Operand::of(op, a, &stream));
+        let (p, dp, delta, ds) = (p?, dp?, delta?, ds?);
+        let (n, scale, total) = (u32_of(op, call.n)?, call.scale, (call.rows * call.n) as u64);
+        let config = Self::elementwise(op, call.rows * call.n)?;
+        launch!(
+            self.dev,
+            op,
+            "softmax_backward",
+            call.element,
+            config,
+            [&p.address, &dp.address, &delta.address, &ds.address, &n, &scale, &total]
+        )
     }
 
     fn gelu(&self, e: Element, len: usize, x: At<'_, CudaStorage>, y: At<'_, CudaStorage>) -> Result<()> {

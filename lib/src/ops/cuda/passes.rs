@@ -17,8 +17,8 @@ use super::super::pool_geometry::Geometry as PoolGeometry;
 use super::super::OpError;
 use super::descriptors::{biased_from_unbiased, ConvDims, Element, NormDims, PoolDims, TensorDims};
 use super::primitives::{
-    Arg, At, ConvCall, DeviceActivation, GemmCall, LayerNormGrads, Made, Maps, Matrix, NormCall, NormGrads, NormStatistics, PoolGrads,
-    Primitives, RowsCall,
+    Arg, At, ConvCall, DeltaCall, DeviceActivation, GemmCall, LayerNormGrads, Made, Maps, Matrix, NormCall, NormGrads, NormStatistics,
+    PoolGrads, Primitives, RowsCall, SoftmaxCall,
 };
 
 /// The statistics the batch-norms of one op saved on the device its forward
@@ -28,12 +28,17 @@ use super::primitives::{
 pub struct DeviceSaves(Arc<OnceLock<Box<dyn Any + Send + Sync>>>);
 
 impl DeviceSaves {
-    fn set<B: Send + Sync + 'static>(&self, op: &'static str, stats: Vec<NormStatistics<B>>) -> Result<()> {
-        self.0.set(Box::new(stats)).map_err(|_| OpError::StatisticsTwice { op }.into())
+    fn set<V: Any + Send + Sync>(&self, op: &'static str, kept: V) -> Result<()> {
+        self.0.set(Box::new(kept)).map_err(|_| OpError::StatisticsTwice { op }.into())
     }
 
-    /// The statistics, where the forward ran on a device of buffers `B`.
-    fn get<B: 'static>(&self) -> Result<&[NormStatistics<B>]> {
+    /// What the forward kept, where it ran on a device that keeps a `V`.
+    fn get<V: Any>(&self, op: &'static str) -> Result<&V> {
+        Ok(self.0.get().and_then(|s| s.downcast_ref::<V>()).ok_or(OpError::NothingKept { op })?)
+    }
+
+    /// The batch-norms' statistics, where the forward ran on a device of buffers `B`.
+    fn statistics<B: 'static>(&self) -> Result<&[NormStatistics<B>]> {
         let stats = self.0.get().and_then(|s| s.downcast_ref::<Vec<NormStatistics<B>>>());
         Ok(stats.ok_or(OpError::MissingStatistics)?)
     }
@@ -200,7 +205,18 @@ impl Linear {
     /// and `b` as stored `rows x cols` with `ld` their columns.
     fn product(e: Element, (m, n, k): (usize, usize, usize), (a_cols, a_t): (usize, bool), (b_cols, b_t): (usize, bool)) -> GemmCall {
         let whole = |ld: usize, transposed: bool| Matrix { transposed, ld, stride: 0 };
-        GemmCall { element: e, m, n, k, a: whole(a_cols, a_t), b: whole(b_cols, b_t), c: whole(n, false), batch: 1, beta: 0.0 }
+        GemmCall {
+            element: e,
+            c_element: e,
+            m,
+            n,
+            k,
+            a: whole(a_cols, a_t),
+            b: whole(b_cols, b_t),
+            c: whole(n, false),
+            batch: 1,
+            beta: 0.0,
+        }
     }
 
     /// The output's rows as maps, one channel per output, for cuDNN's bias calls.
@@ -259,6 +275,176 @@ pub fn linear_bias_gradient<P: Primitives>(p: &P, l: Linear, dy: Arg<'_, P::Buff
     let db = made(p, e, Shape::from(l.outputs))?;
     p.bias_gradient(l.maps(e)?, dy.at, db.arg().at)?;
     Ok(db)
+}
+
+/// One attention: `batch x tokens x 3 dim` in (q, k and v side by side,
+/// each `heads` heads of `dim / heads`), `batch x tokens x dim` out.
+#[derive(Debug, Clone, Copy)]
+pub struct Attention {
+    pub batch: usize,
+    pub tokens: usize,
+    pub dim: usize,
+    pub heads: usize,
+}
+
+/// What an attention's forward keeps on a device for its backward: every
+/// batch element's probabilities in the input's type, or one f32
+/// log-sum-exp per row.
+pub enum AttentionKept<B> {
+    Probabilities(B),
+    RowStatistics(B),
+}
+
+/// Which of [`AttentionKept`] a forward keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionKeeps {
+    Probabilities,
+    RowStatistics,
+}
+
+/// Where q, k and v start in a row of the input, in units of `dim`.
+const Q: usize = 0;
+const K: usize = 1;
+const V: usize = 2;
+
+impl Attention {
+    const OP: &'static str = "attention";
+
+    fn head_width(&self) -> usize {
+        self.dim / self.heads
+    }
+
+    fn scale(&self) -> f32 {
+        (1.0 / (self.head_width() as f64).sqrt()) as f32
+    }
+
+    /// The probabilities of one batch element, every head's `N x N`.
+    fn square(&self) -> usize {
+        self.heads * self.tokens * self.tokens
+    }
+
+    /// Head `part` (q, k or v) of batch element `b` in the input, each head one matrix of the batch.
+    fn part<'a, B>(&self, qkv: At<'a, B>, b: usize, part: usize, transposed: bool) -> (At<'a, B>, Matrix) {
+        let at = At { buffer: qkv.buffer, offset: qkv.offset + b * self.tokens * 3 * self.dim + part * self.dim };
+        (at, Matrix { transposed, ld: 3 * self.dim, stride: self.head_width() })
+    }
+
+    /// Batch element `b`'s rows of an output-shaped tensor (`N x dim`), each head one matrix.
+    fn rows<'a, B>(&self, t: At<'a, B>, b: usize, transposed: bool) -> (At<'a, B>, Matrix) {
+        (
+            At { buffer: t.buffer, offset: t.offset + b * self.tokens * self.dim },
+            Matrix { transposed, ld: self.dim, stride: self.head_width() },
+        )
+    }
+
+    /// Every head's `N x N` square of one batch element, at `offset`.
+    fn squares<'a, B>(&self, buffer: &'a B, offset: usize) -> (At<'a, B>, Matrix) {
+        let n = self.tokens;
+        (At { buffer, offset }, Matrix { transposed: false, ld: n, stride: n * n })
+    }
+
+    /// The heads' products of one batch element, `m x n` by a sum over `k`.
+    fn product(&self, element: Element, c_element: Element, (m, n, k): (usize, usize, usize), a: Matrix, b: Matrix, c: Matrix) -> GemmCall {
+        GemmCall { element, c_element, m, n, k, a, b, c, batch: self.heads, beta: 0.0 }
+    }
+
+    fn softmax(&self, element: Element) -> SoftmaxCall {
+        SoftmaxCall { element, rows: self.heads * self.tokens, n: self.tokens, scale: self.scale() }
+    }
+
+    /// `S = q k^T` of every head of batch element `b`, f32, into `scores`.
+    fn scores<P: Primitives>(&self, p: &P, e: Element, qkv: At<'_, P::Buffer>, b: usize, scores: &Made<P::Buffer>) -> Result<()> {
+        let (n, dh) = (self.tokens, self.head_width());
+        let ((q, qm), (k, km)) = (self.part(qkv, b, Q, false), self.part(qkv, b, K, true));
+        let (s, sm) = self.squares(&scores.buffer, 0);
+        p.gemm(self.product(e, Element::F32, (n, n, dh), qm, km, sm), q, k, s)
+    }
+}
+
+/// The attention's output, keeping in `saves` what `keeps` asks for (nothing
+/// where the input needs no gradient).
+pub fn attention_forward<P: Primitives>(
+    p: &P,
+    g: Attention,
+    qkv: Arg<'_, P::Buffer>,
+    keeps: Option<AttentionKeeps>,
+    saves: &DeviceSaves,
+) -> Result<Made<P::Buffer>> {
+    let op = Attention::OP;
+    let e = element_of::<P>(op, &[qkv])?;
+    expect_shape(op, "qkv", qkv, &Shape::from((g.batch, g.tokens, 3 * g.dim)))?;
+    let (n, dh, square) = (g.tokens, g.head_width(), g.square());
+    let out = made(p, e, Shape::from((g.batch, n, g.dim)))?;
+    let scores = made(p, Element::F32, Shape::from(square))?;
+    let kept_probabilities = keeps == Some(AttentionKeeps::Probabilities);
+    let probabilities = made(p, e, Shape::from(if kept_probabilities { g.batch * square } else { square }))?;
+    let kept_lse = keeps == Some(AttentionKeeps::RowStatistics);
+    let lse = made(p, Element::F32, Shape::from(if kept_lse { g.batch * g.heads * n } else { g.heads * n }))?;
+    for b in 0..g.batch {
+        g.scores(p, e, qkv.at, b, &scores)?;
+        let (pb, pm) = g.squares(&probabilities.buffer, if kept_probabilities { b * square } else { 0 });
+        let l = At { buffer: &lse.buffer, offset: if kept_lse { b * g.heads * n } else { 0 } };
+        p.softmax_rows(g.softmax(e), scores.arg().at, pb, l)?;
+        let ((v, vm), (o, om)) = (g.part(qkv.at, b, V, false), g.rows(out.arg().at, b, false));
+        p.gemm(g.product(e, e, (n, dh, n), pm, vm, om), pb, v, o)?;
+    }
+    match keeps {
+        Some(AttentionKeeps::Probabilities) => saves.set(op, AttentionKept::Probabilities(probabilities.buffer))?,
+        Some(AttentionKeeps::RowStatistics) => saves.set(op, AttentionKept::RowStatistics(lse.buffer))?,
+        None => {}
+    }
+    Ok(out)
+}
+
+/// The input's gradient (`batch x tokens x 3 dim`) from the input, the output,
+/// the output's gradient and what the forward kept.
+pub fn attention_backward<P: Primitives>(g: Attention, [qkv, out, dout]: [&Tensor; 3], saves: &DeviceSaves) -> Result<Tensor> {
+    let op = Attention::OP;
+    let kept = saves.get::<AttentionKept<P::Buffer>>(op)?;
+    let p = P::of_tensor(op, qkv)?;
+    let p = &p;
+    let dqkv = P::with_tensor(op, qkv, |qkv| {
+        P::with_tensor(op, out, |out| {
+            P::with_tensor(op, dout, |dout| {
+                let e = element_of::<P>(op, &[qkv, out, dout])?;
+                let (n, dh, square) = (g.tokens, g.head_width(), g.square());
+                let dqkv = made(p, e, qkv.shape.clone())?;
+                let (scores, dp) = (made(p, Element::F32, Shape::from(square))?, made(p, Element::F32, Shape::from(square))?);
+                let (recomputed, ds) = (made(p, e, Shape::from(square))?, made(p, e, Shape::from(square))?);
+                let delta = made(p, Element::F32, Shape::from(g.heads * n))?;
+                for b in 0..g.batch {
+                    let (pb, pm) = match kept {
+                        AttentionKept::Probabilities(kept) => g.squares(kept, b * square),
+                        AttentionKept::RowStatistics(lse) => {
+                            g.scores(p, e, qkv.at, b, &scores)?;
+                            let l = At { buffer: lse, offset: b * g.heads * n };
+                            p.probabilities(g.softmax(e), scores.arg().at, l, recomputed.arg().at)?;
+                            g.squares(&recomputed.buffer, 0)
+                        }
+                    };
+                    let (pt, ptm) = (pb, Matrix { transposed: true, ..pm });
+                    let ((go, gom), (o, _)) = (g.rows(dout.at, b, false), g.rows(out.at, b, false));
+                    // dV = P^T dO.
+                    let (dv, dvm) = g.part(dqkv.arg().at, b, V, false);
+                    p.gemm(g.product(e, e, (n, dh, n), ptm, gom, dvm), pt, go, dv)?;
+                    // dP = dO V^T, then dS = P (dP - delta) scale.
+                    let ((v, vm), (dps, dpm)) = (g.part(qkv.at, b, V, true), g.squares(&dp.buffer, 0));
+                    p.gemm(g.product(e, Element::F32, (n, n, dh), gom, vm, dpm), go, v, dps)?;
+                    let call = DeltaCall { element: e, tokens: n, heads: g.heads, head_width: dh };
+                    p.attention_delta(call, go, o, delta.arg().at)?;
+                    p.softmax_backward(g.softmax(e), pb, dps, delta.arg().at, ds.arg().at)?;
+                    // dQ = dS K, dK = dS^T Q.
+                    let ((k, km), (q, qm)) = (g.part(qkv.at, b, K, false), g.part(qkv.at, b, Q, false));
+                    let ((dq, dqm), (dk, dkm)) = (g.part(dqkv.arg().at, b, Q, false), g.part(dqkv.arg().at, b, K, false));
+                    let (dsa, dsm) = g.squares(&ds.buffer, 0);
+                    p.gemm(g.product(e, e, (n, dh, n), dsm, km, dqm), dsa, k, dq)?;
+                    p.gemm(g.product(e, e, (n, dh, n), Matrix { transposed: true, ..dsm }, qm, dkm), dsa, q, dk)?;
+                }
+                Ok(dqkv)
+            })
+        })
+    })?;
+    tensor(p, dqkv)
 }
 
 /// `gelu(x)`.
@@ -465,7 +651,7 @@ pub fn saved_statistics<P: Primitives>(
     saves: &DeviceSaves,
 ) -> Result<Vec<BatchStatistics>> {
     let p = P::of_tensor(op, on)?;
-    saves.get::<P::Buffer>()?.iter().map(|s| batch_statistics(&p, g, s)).collect()
+    saves.statistics::<P::Buffer>()?.iter().map(|s| batch_statistics(&p, g, s)).collect()
 }
 
 /// Training-mode batch-norm forward: `y`, with the statistics saved in `saved`.
@@ -494,7 +680,7 @@ pub fn batch_norm_backward<P: Primitives>(
     dy: &Tensor,
     saves: &DeviceSaves,
 ) -> Result<[Tensor; 3]> {
-    let stats = saves.get::<P::Buffer>()?.first().ok_or(OpError::MissingStatistics)?;
+    let stats = saves.statistics::<P::Buffer>()?.first().ok_or(OpError::MissingStatistics)?;
     let p = P::of_tensor(bn.op, x)?;
     let (dx, dparams) = P::with_tensor(bn.op, x, |x| {
         P::with_tensor(bn.op, dy, |dy| {
@@ -563,7 +749,7 @@ pub fn norm_act_backward<P: Primitives>(
     saves: &DeviceSaves,
 ) -> Result<[Option<Tensor>; 3]> {
     let (bn, op) = (lean.norm, lean.norm.op);
-    let stats = saves.get::<P::Buffer>()?.first().ok_or(OpError::MissingStatistics)?;
+    let stats = saves.statistics::<P::Buffer>()?.first().ok_or(OpError::MissingStatistics)?;
     let want_weight = weight.is_some_and(|w| w.track_op());
     let p = P::of_tensor(op, z)?;
     let p = &p;
@@ -690,7 +876,7 @@ pub fn norm_add_act_backward<P: Primitives>(
     saves: &DeviceSaves,
 ) -> Result<[Tensor; 3]> {
     let (bn, op) = (lean.norm, lean.norm.op);
-    let stats = saves.get::<P::Buffer>()?;
+    let stats = saves.statistics::<P::Buffer>()?;
     let body_stats = stats.first().ok_or(OpError::MissingStatistics)?;
     let p = P::of_tensor(op, z)?;
     let p = &p;

@@ -158,11 +158,13 @@ pub struct Matrix {
 }
 
 /// A row-major product, batched: for each of `batch` matrices, `c = op(a)
-/// op(b) + beta c` with `c` `m x n` and the sum over `k`, each in `element`
-/// and accumulated in f32 (cuBLAS's strided-batched gemm).
+/// op(b) + beta c` with `c` `m x n` and the sum over `k`, `a` and `b` in
+/// `element`, `c` in `c_element`, accumulated in f32 (cuBLAS's
+/// strided-batched gemm).
 #[derive(Debug, Clone, Copy)]
 pub struct GemmCall {
     pub element: Element,
+    pub c_element: Element,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -171,6 +173,24 @@ pub struct GemmCall {
     pub c: Matrix,
     pub batch: usize,
     pub beta: f32,
+}
+
+/// Rows of `n` attention scores (f32) and their probabilities (in `element`), scaled by `scale`.
+#[derive(Debug, Clone, Copy)]
+pub struct SoftmaxCall {
+    pub element: Element,
+    pub rows: usize,
+    pub n: usize,
+    pub scale: f32,
+}
+
+/// One batch element's attention output, `tokens x heads head_width` in `element`.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaCall {
+    pub element: Element,
+    pub tokens: usize,
+    pub heads: usize,
+    pub head_width: usize,
 }
 
 /// Rows of `features` values, as layer-norm normalises them (its epsilon).
@@ -285,6 +305,33 @@ pub trait Primitives: Sized {
 
     /// `db[c] = sum of dy[n, c, h, w]` over `maps` (cuDNN's convolution bias gradient); `db` is not read.
     fn bias_gradient(&self, maps: Maps, dy: At<'_, Self::Buffer>, db: At<'_, Self::Buffer>) -> Result<()>;
+
+    /// Our kernel: each row's `p = e^(scale s - lse)` with `lse = log sum
+    /// e^(scale s)`, reading the f32 scores `s`, writing `p` and the f32 `lse`.
+    fn softmax_rows(&self, call: SoftmaxCall, s: At<'_, Self::Buffer>, p: At<'_, Self::Buffer>, lse: At<'_, Self::Buffer>) -> Result<()>;
+
+    /// Our kernel: `p = e^(scale s - lse)` per row, from the scores and a kept log-sum-exp.
+    fn probabilities(&self, call: SoftmaxCall, s: At<'_, Self::Buffer>, lse: At<'_, Self::Buffer>, p: At<'_, Self::Buffer>) -> Result<()>;
+
+    /// Our kernel: the f32 `delta[h N + i] = sum_c dout[i, h dh + c] out[i, h dh + c]`.
+    fn attention_delta(
+        &self,
+        call: DeltaCall,
+        dout: At<'_, Self::Buffer>,
+        out: At<'_, Self::Buffer>,
+        delta: At<'_, Self::Buffer>,
+    ) -> Result<()>;
+
+    /// Our kernel: `ds = p (dp - delta[row]) scale`, from the probabilities,
+    /// the f32 gradient of the probabilities and the f32 `delta` of each row.
+    fn softmax_backward(
+        &self,
+        call: SoftmaxCall,
+        p: At<'_, Self::Buffer>,
+        dp: At<'_, Self::Buffer>,
+        delta: At<'_, Self::Buffer>,
+        ds: At<'_, Self::Buffer>,
+    ) -> Result<()>;
 
     /// Our kernel: `y = x/2 (1 + erf(x / sqrt 2))` over `len` elements of `x`.
     fn gelu(&self, element: Element, len: usize, x: At<'_, Self::Buffer>, y: At<'_, Self::Buffer>) -> Result<()>;

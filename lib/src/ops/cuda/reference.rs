@@ -27,8 +27,8 @@ use super::super::OpError;
 use super::descriptors::{ConvDims, Element, PoolDims, TensorDims};
 use super::passes;
 use super::primitives::{
-    At, ConvCall, DeviceActivation, GemmCall, Held, LayerNormGrads, Made, Maps, Matrix, NormCall, NormGrads, NormStatistics, PoolGrads,
-    Primitives, RowsCall, MIN_NORM_EPS,
+    At, ConvCall, DeltaCall, DeviceActivation, GemmCall, Held, LayerNormGrads, Made, Maps, Matrix, NormCall, NormGrads, NormStatistics,
+    PoolGrads, Primitives, RowsCall, SoftmaxCall, MIN_NORM_EPS,
 };
 
 thread_local! {
@@ -661,8 +661,9 @@ impl Primitives for Reference {
 
     fn gemm(&self, call: GemmCall, a: At<'_, HostBuffer>, b: At<'_, HostBuffer>, c: At<'_, HostBuffer>) -> Result<()> {
         let op = "gemm";
-        let GemmCall { element, m, n, k, batch, beta, .. } = call;
-        [a, b, c].iter().try_for_each(|x| buffer_element(op, *x, element))?;
+        let GemmCall { element, c_element, m, n, k, batch, beta, .. } = call;
+        [a, b].iter().try_for_each(|x| buffer_element(op, *x, element))?;
+        buffer_element(op, c, c_element)?;
         let stored = |rows: usize, cols: usize, t: bool| if t { (cols, rows) } else { (rows, cols) };
         let (ar, ac) = stored(m, k, call.a.transposed);
         let (br, bc) = stored(k, n, call.b.transposed);
@@ -707,6 +708,84 @@ impl Primitives for Reference {
         let dys = dy.buffer.gather(op, dy, &maps.dims)?;
         let sums: Vec<f32> = channel_sums(&dys, &dys, channels, h * w, |g, _| g).iter().map(|&s| s as f32).collect();
         db.buffer.scatter(op, db, &TensorDims::per_channel(op, channels)?, &sums)
+    }
+
+    fn softmax_rows(&self, call: SoftmaxCall, s: At<'_, HostBuffer>, p: At<'_, HostBuffer>, lse: At<'_, HostBuffer>) -> Result<()> {
+        let op = "attention";
+        let SoftmaxCall { element, rows, n, scale } = call;
+        buffer_element(op, s, Element::F32)?;
+        buffer_element(op, p, element)?;
+        buffer_element(op, lse, Element::F32)?;
+        let scores = s.buffer.gather(op, s, &flat(rows * n)?)?;
+        let (mut out, mut sums) = (vec![0f32; rows * n], vec![0f32; rows]);
+        for ((row, o), l) in scores.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))).zip(&mut sums) {
+            let shift = row.iter().map(|&v| f64::from(scale) * f64::from(v)).fold(f64::NEG_INFINITY, f64::max);
+            let log_sum = shift + row.iter().map(|&v| (f64::from(scale) * f64::from(v) - shift).exp()).sum::<f64>().ln();
+            o.iter_mut().zip(row).for_each(|(o, &v)| *o = (f64::from(scale) * f64::from(v) - log_sum).exp() as f32);
+            *l = log_sum as f32;
+        }
+        p.buffer.scatter(op, p, &flat(rows * n)?, &out)?;
+        lse.buffer.scatter(op, lse, &flat(rows)?, &sums)
+    }
+
+    fn probabilities(&self, call: SoftmaxCall, s: At<'_, HostBuffer>, lse: At<'_, HostBuffer>, p: At<'_, HostBuffer>) -> Result<()> {
+        let op = "attention";
+        let SoftmaxCall { element, rows, n, scale } = call;
+        buffer_element(op, s, Element::F32)?;
+        buffer_element(op, lse, Element::F32)?;
+        buffer_element(op, p, element)?;
+        let (scores, sums) = (s.buffer.gather(op, s, &flat(rows * n)?)?, lse.buffer.gather(op, lse, &flat(rows)?)?);
+        let out: Vec<f32> = scores
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (f64::from(scale) * f64::from(v) - f64::from(sums[i / n.max(1)])).exp() as f32)
+            .collect();
+        p.buffer.scatter(op, p, &flat(rows * n)?, &out)
+    }
+
+    fn attention_delta(&self, call: DeltaCall, dout: At<'_, HostBuffer>, out: At<'_, HostBuffer>, delta: At<'_, HostBuffer>) -> Result<()> {
+        let op = "attention";
+        let DeltaCall { element, tokens, heads, head_width } = call;
+        buffer_element(op, dout, element)?;
+        buffer_element(op, out, element)?;
+        buffer_element(op, delta, Element::F32)?;
+        let maps = flat(tokens * heads * head_width)?;
+        let (g, o) = (dout.buffer.gather(op, dout, &maps)?, out.buffer.gather(op, out, &maps)?);
+        let d = heads * head_width;
+        let sums: Vec<f32> = (0..heads * tokens)
+            .map(|r| {
+                let (h, i) = (r / tokens, r % tokens);
+                let at = i * d + h * head_width;
+                (0..head_width).map(|c| f64::from(g[at + c]) * f64::from(o[at + c])).sum::<f64>() as f32
+            })
+            .collect();
+        delta.buffer.scatter(op, delta, &flat(heads * tokens)?, &sums)
+    }
+
+    fn softmax_backward(
+        &self,
+        call: SoftmaxCall,
+        p: At<'_, HostBuffer>,
+        dp: At<'_, HostBuffer>,
+        delta: At<'_, HostBuffer>,
+        ds: At<'_, HostBuffer>,
+    ) -> Result<()> {
+        let op = "attention";
+        let SoftmaxCall { element, rows, n, scale } = call;
+        buffer_element(op, p, element)?;
+        buffer_element(op, ds, element)?;
+        buffer_element(op, dp, Element::F32)?;
+        buffer_element(op, delta, Element::F32)?;
+        let squares = flat(rows * n)?;
+        let (pv, dpv, deltas) =
+            (p.buffer.gather(op, p, &squares)?, dp.buffer.gather(op, dp, &squares)?, delta.buffer.gather(op, delta, &flat(rows)?)?);
+        let out: Vec<f32> = pv
+            .iter()
+            .zip(&dpv)
+            .enumerate()
+            .map(|(i, (&p, &g))| (f64::from(p) * (f64::from(g) - f64::from(deltas[i / n.max(1)])) * f64::from(scale)) as f32)
+            .collect();
+        ds.buffer.scatter(op, ds, &squares, &out)
     }
 
     fn gelu(&self, e: Element, len: usize, x: At<'_, HostBuffer>, y: At<'_, HostBuffer>) -> Result<()> {
