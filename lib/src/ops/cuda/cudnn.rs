@@ -336,6 +336,12 @@ impl<'a> Operand<'a> {
         Ok(Operand { address: address + offset as u64, _record: record })
     }
 
+    /// Every operand of a call, in order.
+    fn all<const N: usize>(op: &'static str, at: [At<'a, CudaStorage>; N], stream: &'a CudaStream) -> Result<[Self; N]> {
+        let operands = at.into_iter().map(|a| Operand::of(op, a, stream)).collect::<Result<Vec<_>>>()?;
+        operands.try_into().map_err(|_| OpError::MissingOperand { op, what: "operand" }.into())
+    }
+
     fn ptr(&self) -> *const c_void {
         self.address as *const c_void
     }
@@ -381,7 +387,7 @@ impl Cudnn {
         f: impl FnOnce(&mut DeviceCudnn, [&Operand<'_>; N]) -> Result<R>,
     ) -> Result<R> {
         let stream = self.dev.cuda_stream();
-        let operands = at.iter().map(|a| Operand::of(op, *a, &stream)).collect::<Result<Vec<_>>>()?;
+        let operands = Operand::all(op, at, &stream)?;
         let refs: [&Operand<'_>; N] = std::array::from_fn(|i| &operands[i]);
         with_cudnn(&self.dev, |c| f(c, refs))
     }
@@ -760,7 +766,7 @@ impl Primitives for Cudnn {
         let (data, c_data) = (data_type(call.element), data_type(call.c_element));
         let transpose = |t: bool| if t { blas_sys::cublasOperation_t::CUBLAS_OP_T } else { blas_sys::cublasOperation_t::CUBLAS_OP_N };
         let stream = self.dev.cuda_stream();
-        let (a, b, c) = (Operand::of(op, a, &stream)?, Operand::of(op, b, &stream)?, Operand::of(op, c, &stream)?);
+        let [a, b, c] = Operand::all(op, [a, b, c], &stream)?;
         let (alpha, beta) = (ONE, call.beta);
         let blas = self.dev.cublas_handle();
         // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
@@ -820,7 +826,7 @@ impl Primitives for Cudnn {
     fn softmax_rows(&self, call: SoftmaxCall, s: At<'_, CudaStorage>, p: At<'_, CudaStorage>, lse: At<'_, CudaStorage>) -> Result<()> {
         let op = "attention";
         let stream = self.dev.cuda_stream();
-        let (s, p, lse) = (Operand::of(op, s, &stream)?, Operand::of(op, p, &stream)?, Operand::of(op, lse, &stream)?);
+        let [s, p, lse] = Operand::all(op, [s, p, lse], &stream)?;
         let (n, scale) = (u32_of(op, call.n)?, call.scale);
         launch!(
             self.dev,
@@ -835,7 +841,7 @@ impl Primitives for Cudnn {
     fn probabilities(&self, call: SoftmaxCall, s: At<'_, CudaStorage>, lse: At<'_, CudaStorage>, p: At<'_, CudaStorage>) -> Result<()> {
         let op = "attention";
         let stream = self.dev.cuda_stream();
-        let (s, lse, p) = (Operand::of(op, s, &stream)?, Operand::of(op, lse, &stream)?, Operand::of(op, p, &stream)?);
+        let [s, lse, p] = Operand::all(op, [s, lse, p], &stream)?;
         let (n, scale, total) = (u32_of(op, call.n)?, call.scale, (call.rows * call.n) as u64);
         let config = Self::elementwise(op, call.rows * call.n)?;
         launch!(self.dev, op, "probabilities", call.element, config, [&s.address, &lse.address, &p.address, &n, &scale, &total])
@@ -850,7 +856,7 @@ impl Primitives for Cudnn {
     ) -> Result<()> {
         let op = "attention";
         let stream = self.dev.cuda_stream();
-        let (dout, out, delta) = (Operand::of(op, dout, &stream)?, Operand::of(op, out, &stream)?, Operand::of(op, delta, &stream)?);
+        let [dout, out, delta] = Operand::all(op, [dout, out, delta], &stream)?;
         let (tokens, heads, dh) = (u32_of(op, call.tokens)?, u32_of(op, call.heads)?, u32_of(op, call.head_width)?);
         // One thread a row, every row (the kernel does not stride).
         let blocks = u32_of(op, (call.tokens * call.heads).div_ceil(THREADS as usize).max(1))?;
@@ -868,8 +874,7 @@ impl Primitives for Cudnn {
     ) -> Result<()> {
         let op = "attention";
         let stream = self.dev.cuda_stream();
-        let [p, dp, delta, ds] = [p, dp, delta, ds].map(|a| Operand::of(op, a, &stream));
-        let (p, dp, delta, ds) = (p?, dp?, delta?, ds?);
+        let [p, dp, delta, ds] = Operand::all(op, [p, dp, delta, ds], &stream)?;
         let (n, scale, total) = (u32_of(op, call.n)?, call.scale, (call.rows * call.n) as u64);
         let config = Self::elementwise(op, call.rows * call.n)?;
         launch!(
@@ -885,7 +890,7 @@ impl Primitives for Cudnn {
     fn gelu(&self, e: Element, len: usize, x: At<'_, CudaStorage>, y: At<'_, CudaStorage>) -> Result<()> {
         let config = Self::elementwise("gelu", len)?;
         let stream = self.dev.cuda_stream();
-        let (x, y) = (Operand::of("gelu", x, &stream)?, Operand::of("gelu", y, &stream)?);
+        let [x, y] = Operand::all("gelu", [x, y], &stream)?;
         let n = len as u64;
         launch!(self.dev, "gelu", "gelu", e, config, [&x.address, &y.address, &n])
     }
@@ -900,7 +905,7 @@ impl Primitives for Cudnn {
     ) -> Result<()> {
         let config = Self::elementwise("gelu", len)?;
         let stream = self.dev.cuda_stream();
-        let (x, dy, dx) = (Operand::of("gelu", x, &stream)?, Operand::of("gelu", dy, &stream)?, Operand::of("gelu", dx, &stream)?);
+        let [x, dy, dx] = Operand::all("gelu", [x, dy, dx], &stream)?;
         let n = len as u64;
         launch!(self.dev, "gelu", "gelu_backward", e, config, [&x.address, &dy.address, &dx.address, &n])
     }
@@ -916,8 +921,7 @@ impl Primitives for Cudnn {
         let op = "layer_norm";
         let config = Self::per_row(op, call.rows)?;
         let stream = self.dev.cuda_stream();
-        let [x, w, b, y] = [x, w, b, y].map(|a| Operand::of(op, a, &stream));
-        let (x, w, b, y) = (x?, w?, b?, y?);
+        let [x, w, b, y] = Operand::all(op, [x, w, b, y], &stream)?;
         let (d, eps) = (u32_of(op, call.features)?, call.eps);
         launch!(self.dev, op, "layer_norm", call.element, config, [&x.address, &w.address, &b.address, &y.address, &d, &eps])
     }
@@ -935,8 +939,7 @@ impl Primitives for Cudnn {
         let stats = self.alloc(Element::F32, 2 * call.rows.max(1))?;
         let stream = self.dev.cuda_stream();
         let at = [x, w, dy, grads.dx, grads.dweight, grads.dbias, At { buffer: &stats, offset: 0 }];
-        let [x, w, dy, dx, dw, db, stats] = at.map(|a| Operand::of(op, a, &stream));
-        let (x, w, dy, dx, dw, db, stats) = (x?, w?, dy?, dx?, dw?, db?, stats?);
+        let [x, w, dy, dx, dw, db, stats] = Operand::all(op, at, &stream)?;
         let (rows, d, eps) = (u32_of(op, call.rows)?, u32_of(op, call.features)?, call.eps);
         launch!(
             self.dev,
