@@ -6,6 +6,7 @@
 pub use candle_core as candle;
 pub use candle_nn;
 
+pub mod checks;
 pub mod cli;
 pub mod data;
 pub mod diagnose;

@@ -283,13 +283,10 @@ fn check_ops(args: &vramlab::cli::CheckOpsArgs, json: bool) -> ExitCode {
         Ok(target) => target,
         Err(err) => return usage(&err),
     };
-    let mut report = match vramlab::ops::check::check_ops(&target, &args.options()) {
+    let report = match vramlab::checks::check_ops(&target, &args.options()) {
         Ok(report) => report,
         Err(err) => return usage(&err),
     };
-    if let (Some(device), true) = (target.updates_device(), args.options().dtypes.contains(&vramlab::ops::check::CheckedDtype::F32)) {
-        report.add(vramlab::train::optim::check::check_updates(&device));
-    }
     if let Err(err) = emit(json, &report, || report.table().to_string()) {
         return usage(&err);
     }

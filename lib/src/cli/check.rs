@@ -3,7 +3,7 @@
 use clap::{Parser, ValueEnum};
 
 use super::DeviceArg;
-use crate::ops::check::{CheckOptions, CheckTarget, CheckedDtype};
+use crate::checks::{CheckOptions, CheckTarget, CheckedDtype};
 
 /// Where `check-ops` runs the ops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]

@@ -188,8 +188,8 @@ pub fn norm_add_act(z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Act
 }
 
 /// The ops a lean op is made of, which the plain layers run one after
-/// another: ours ([`OwnOps`]), or candle's own, `ops::check`'s reference.
-pub(super) trait PlainOps {
+/// another: ours ([`OwnOps`]), or candle's own ([`super::composed::Composed`]).
+pub trait PlainOps {
     fn batch_norm(&self, z: &Tensor, norm: Norm<'_>) -> Result<norm::BatchNormTrain>;
     fn activation(&self, act: Activation, x: &Tensor) -> Result<Tensor>;
     fn conv2d(&self, x: &Tensor, weight: &Tensor, params: ConvParams) -> Result<Tensor>;
@@ -197,7 +197,7 @@ pub(super) trait PlainOps {
 }
 
 /// The public ops of `ops`, each on its own.
-pub(super) struct OwnOps;
+pub struct OwnOps;
 
 impl PlainOps for OwnOps {
     fn batch_norm(&self, z: &Tensor, norm: Norm<'_>) -> Result<norm::BatchNormTrain> {

@@ -12,7 +12,7 @@
 mod activation;
 mod attention;
 mod biased;
-pub mod check;
+pub mod composed;
 mod conv;
 mod conv_geometry;
 mod conv_transpose;
@@ -45,10 +45,10 @@ pub use attention::{attention, attention_scratch, AttentionKeeps, AttentionScrat
 pub use conv_transpose::{conv_transpose2d, conv_transpose2d_scratch, ConvTransposeScratch};
 #[cfg(feature = "cuda")]
 pub use cuda::conv_algorithms;
-pub use cuda::{on_reference, ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
+pub use cuda::{on_reference, on_the_reference, ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
-pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, Residual, Then};
+pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, OwnOps, PlainOps, Residual, Then};
 pub use linear::{linear, linear_scratch, LinearScratch};
 pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
 
@@ -225,6 +225,20 @@ impl ConvScratch {
 /// W`) by a weight of `weight` dims.
 pub fn conv2d_scratch(x: [usize; 4], weight: [usize; 4], p: ConvParams) -> std::result::Result<ConvScratch, OpError> {
     Ok(cpu::conv::scratch(&conv_geometry::Geometry::of_dims(x, weight, p)?))
+}
+
+/// The CPU kernel a convolution of an `x` of these dims by a `weight` of
+/// these takes where it is not im2col + gemm throughout: Winograd's, or the
+/// weight gradient tap by tap.
+pub fn cpu_conv_kernel(x: [usize; 4], weight: [usize; 4], p: ConvParams) -> Option<&'static str> {
+    let g = conv_geometry::Geometry::of_dims(x, weight, p).ok()?;
+    if cpu::winograd::applies(&g) {
+        Some("winograd")
+    } else if cpu::taps::applies(&g) {
+        Some("weight grad tap by tap")
+    } else {
+        None
+    }
 }
 
 /// SiLU, `x / (1 + e^-x)`. On the CPU in f32, f16 and bf16 it is our op

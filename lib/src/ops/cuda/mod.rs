@@ -40,7 +40,7 @@ pub(super) use cudnn::Cudnn;
 
 /// Where a pass on a CPU tensor runs: our CPU kernels, or, inside
 /// [`on_reference`], the device passes on the reference primitives.
-pub(super) fn on_the_reference() -> bool {
+pub fn on_the_reference() -> bool {
     reference::active()
 }
 

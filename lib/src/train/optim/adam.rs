@@ -2,6 +2,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use super::multi::{self, Entry, Launcher};
 use super::{fusable, fused, grad_of, require_beta, require_non_negative, tensor_bytes};
 use super::{OptimError, Optimizer};
 
@@ -158,7 +159,7 @@ impl Adam {
 
     /// Forces the tensor-op path on the CPU too, so that the tests and
     /// check-ops compare the two paths.
-    pub(super) fn unfused(mut self) -> Self {
+    pub(crate) fn unfused(mut self) -> Self {
         self.fuse_on_cpu = false;
         self
     }
@@ -232,9 +233,8 @@ impl Optimizer for Adam {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<(), OptimError> {
-        #[cfg(feature = "cuda")]
-        if let Some(dev) = super::multi::device::device_of(&self.vars) {
-            return self.step_on_cuda(&dev, grads);
+        if let Some(launcher) = multi::launcher_for(&self.vars) {
+            return self.step_multi(&*launcher, grads);
         }
         for (index, var) in self.vars.iter().enumerate() {
             let Some(g) = grad_of(grads, var, index)? else {
@@ -266,13 +266,10 @@ impl Optimizer for Adam {
     }
 }
 
-#[cfg(feature = "cuda")]
 impl Adam {
     /// Every parameter in one launch of the multi-tensor kernel, each with
     /// its own step's bias corrections.
-    fn step_on_cuda(&mut self, dev: &candle_core::cuda_backend::CudaDevice, grads: &GradStore) -> Result<(), OptimError> {
-        use super::multi::device::{adam, address, entry, AdamArgs};
-        use super::multi::Entry;
+    fn step_multi(&mut self, launcher: &dyn Launcher, grads: &GradStore) -> Result<(), OptimError> {
         let mut entries = Vec::with_capacity(self.vars.len());
         // The contiguous gradients, alive until the launch is queued.
         let mut gradients = Vec::with_capacity(self.vars.len());
@@ -287,19 +284,19 @@ impl Adam {
             };
             state.step += 1;
             let k = self.constants(state.step);
-            let max_v = state.max_v.as_ref().map(address).transpose()?.unwrap_or(0);
+            let max_v = state.max_v.as_ref().map(|t| launcher.address(t)).transpose()?.unwrap_or(0);
             entries.push(Entry {
-                state: [address(&state.m)?, address(&state.v)?, max_v],
+                state: [launcher.address(&state.m)?, launcher.address(&state.v)?, max_v],
                 step_size: k.step_size,
                 bias_correction2_sqrt: k.bias_correction2_sqrt,
-                ..entry(var, &g)?
+                ..multi::entry(launcher, var, &g)?
             });
             self.states[index] = Some(state);
             gradients.push(g);
         }
         let (c, k) = (&self.config, self.constants(1));
         let decoupled = self.decay == Decay::Decoupled;
-        let args = AdamArgs {
+        let args = multi::AdamArgs {
             one_minus_beta1: k.one_minus_beta1,
             beta2: k.beta2,
             one_minus_beta2: k.one_minus_beta2,
@@ -309,7 +306,7 @@ impl Adam {
             decoupled,
             amsgrad: c.amsgrad,
         };
-        adam(dev, entries, args)?;
+        multi::adam(launcher, entries, args)?;
         drop(gradients);
         Ok(())
     }
@@ -326,7 +323,7 @@ impl AdamW {
         Ok(AdamW(Adam::with_decay("AdamW", vars, config, Decay::Decoupled)?))
     }
 
-    pub(super) fn unfused(self) -> Self {
+    pub(crate) fn unfused(self) -> Self {
         AdamW(self.0.unfused())
     }
 }

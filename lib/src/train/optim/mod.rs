@@ -7,13 +7,14 @@
 //! in the [`GradStore`] is skipped (its state and step count stay as they are).
 //!
 //! On the CPU, f32 parameters are updated by one fused in-place pass per state
-//! tensor; elsewhere the update is a chain of tensor ops on the parameter's device.
+//! tensor; on CUDA, SGD and Adam/AdamW update every parameter in one launch
+//! of our multi-tensor kernels (inside `ops::on_reference`, their twins on
+//! host memory); elsewhere the update is a chain of tensor ops on the
+//! parameter's device.
 
 mod adam;
 mod adam8bit;
-pub mod check;
 mod fused;
-#[cfg(any(feature = "cuda", test))]
 mod multi;
 mod quant;
 mod sgd;

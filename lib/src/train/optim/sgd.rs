@@ -2,6 +2,7 @@ use candle_core::backprop::GradStore;
 use candle_core::{Tensor, Var};
 use serde::{Deserialize, Serialize};
 
+use super::multi::{self, Launcher};
 use super::{fusable, fused, grad_of, require, require_non_negative, tensor_bytes};
 use super::{OptimError, Optimizer};
 
@@ -64,7 +65,7 @@ impl Sgd {
 
     /// Forces the tensor-op path on the CPU too, so that the tests and
     /// check-ops compare the two paths.
-    pub(super) fn unfused(mut self) -> Self {
+    pub(crate) fn unfused(mut self) -> Self {
         self.fuse_on_cpu = false;
         self
     }
@@ -111,13 +112,11 @@ impl Sgd {
     }
 }
 
-#[cfg(feature = "cuda")]
 impl Sgd {
     /// Every parameter in one launch of the multi-tensor kernel; a
     /// parameter's momentum buffer is made (zeros, which its first step
     /// overwrites with the gradient) the first time it has a gradient.
-    fn step_on_cuda(&mut self, dev: &candle_core::cuda_backend::CudaDevice, grads: &GradStore) -> Result<(), OptimError> {
-        use super::multi::device::{address, entry, sgd, SgdArgs};
+    fn step_multi(&mut self, launcher: &dyn Launcher, grads: &GradStore) -> Result<(), OptimError> {
         let c = &self.config;
         let mut entries = Vec::with_capacity(self.vars.len());
         // The contiguous gradients, alive until the launch is queued.
@@ -127,7 +126,7 @@ impl Sgd {
                 continue;
             };
             let g = g.contiguous()?;
-            let mut update = entry(var, &g)?;
+            let mut update = multi::entry(launcher, var, &g)?;
             if c.momentum != 0.0 {
                 let buffer = match &self.momentum_buffers[index] {
                     Some(buffer) => buffer.clone(),
@@ -136,20 +135,20 @@ impl Sgd {
                         var.zeros_like()?
                     }
                 };
-                update.state[0] = address(&buffer)?;
+                update.state[0] = launcher.address(&buffer)?;
                 self.momentum_buffers[index] = Some(buffer);
             }
             entries.push(update);
             gradients.push(g);
         }
-        let args = SgdArgs {
+        let args = multi::SgdArgs {
             lr: c.lr as f32,
             momentum: c.momentum as f32,
             keep: (1.0 - c.dampening) as f32,
             weight_decay: c.weight_decay as f32,
             nesterov: c.nesterov,
         };
-        sgd(dev, entries, args)?;
+        multi::sgd(launcher, entries, args)?;
         drop(gradients);
         Ok(())
     }
@@ -174,9 +173,8 @@ impl Optimizer for Sgd {
     }
 
     fn step(&mut self, grads: &GradStore) -> Result<(), OptimError> {
-        #[cfg(feature = "cuda")]
-        if let Some(dev) = super::multi::device::device_of(&self.vars) {
-            return self.step_on_cuda(&dev, grads);
+        if let Some(launcher) = multi::launcher_for(&self.vars) {
+            return self.step_multi(&*launcher, grads);
         }
         for (index, var) in self.vars.iter().enumerate() {
             let Some(g) = grad_of(grads, var, index)? else {

@@ -1,4 +1,4 @@
-//! `vramlab check-ops`: every op of this module at the zoo models' shapes,
+//! `vramlab check-ops`: every op of [`crate::ops`] at the zoo models' shapes,
 //! forward and each gradient, against a reference, in f32 and f16.
 //!
 //! On the CPU the reference is candle's own composition of the same op,
@@ -20,11 +20,8 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal, Uniform};
 use serde::Serialize;
 
-use super::conv_geometry::Geometry as ConvGeometry;
-use super::cpu::{taps, winograd};
-use super::lean::{plain_norm_act, plain_norm_add_act, OwnOps, PlainOps};
-use super::norm::{self, BatchNormTrain};
-use super::{attention, dims4, layer_norm, linear, pool, Activation, AttentionKeeps, ConvParams, Norm, OpError, Residual, Then};
+use crate::ops::composed::{self, Composed};
+use crate::ops::{self, Activation, AttentionKeeps, ConvParams, Norm, OpError, OwnOps, PlainOps, Residual, Then};
 use crate::render::{Bundle, Render, Table};
 
 /// The smallest reference scale: a reference of zeros must be matched by zeros.
@@ -302,19 +299,10 @@ pub enum CheckTarget {
 }
 
 impl CheckTarget {
-    fn device(&self) -> &Device {
+    pub fn device(&self) -> &Device {
         match self {
             CheckTarget::Cpu | CheckTarget::Reference => &Device::Cpu,
             CheckTarget::Device(device) => device,
-        }
-    }
-
-    /// Where the optimizers' updates are checked: they have no pass on the
-    /// reference primitives yet.
-    pub fn updates_device(&self) -> Option<Device> {
-        match self {
-            CheckTarget::Reference => None,
-            other => Some(other.device().clone()),
         }
     }
 
@@ -326,9 +314,9 @@ impl CheckTarget {
     }
 }
 
-/// Checks every case on `target` in each of `options.dtypes`; a case that
-/// fails does not stop the others.
-pub fn check_ops(target: &CheckTarget, options: &CheckOptions) -> std::result::Result<OpsReport, CheckError> {
+/// Checks every op's case on `target` in each of `options.dtypes`; a case
+/// that fails does not stop the others.
+pub fn check_every_op(target: &CheckTarget, options: &CheckOptions) -> std::result::Result<OpsReport, CheckError> {
     options.validate()?;
     let started = Instant::now();
     let reference = Reference::of(target);
@@ -425,7 +413,7 @@ fn check_case(case: &Case, seed: u64, target: &CheckTarget, reference: Reference
     };
     let ours = Run { implementation: Implementation::Ours, device: target.device(), rounded: dtype.dtype(), compute: dtype.dtype() };
     let run_ours = |inputs: &Inputs| match target {
-        CheckTarget::Reference => super::on_reference(|| evaluate(case, inputs, ours)),
+        CheckTarget::Reference => ops::on_reference(|| evaluate(case, inputs, ours)),
         _ => evaluate(case, inputs, ours),
     };
     let results =
@@ -493,10 +481,6 @@ impl ConvShape {
         [self.out, channels / self.params.groups, self.kernel, self.kernel]
     }
 
-    fn geometry(&self, input: [usize; 4]) -> Option<ConvGeometry> {
-        ConvGeometry::of_dims(input, self.weight(input[1]), self.params).ok()
-    }
-
     fn describe(&self, input: [usize; 4]) -> String {
         let ConvParams { stride, padding, groups } = self.params;
         let grouping = match groups {
@@ -504,11 +488,7 @@ impl ConvShape {
             g if g == input[1] => ", depthwise".to_owned(),
             g => format!(", {g} groups"),
         };
-        let kernels = match self.geometry(input) {
-            Some(g) if winograd::applies(&g) => " [winograd]",
-            Some(g) if taps::applies(&g) => " [weight grad tap by tap]",
-            _ => "",
-        };
+        let kernels = ops::cpu_conv_kernel(input, self.weight(input[1]), self.params).map(|k| format!(" [{k}]")).unwrap_or_default();
         let k = self.kernel;
         format!("{k}x{k}/{stride} p{padding} -> {}{grouping}{kernels}", self.out)
     }
@@ -586,22 +566,20 @@ impl Op {
             (Op::MaxPool(p), [x]) => ops.max_pool2d(x, p.kernel, p.stride, p.padding),
             (Op::Silu, [x]) => ops.activation(Activation::Silu, x),
             (Op::Gelu, [x]) => match implementation {
-                Implementation::Ours => super::gelu(x),
-                Implementation::Composed => x.gelu_erf(),
+                Implementation::Ours => ops::gelu(x),
+                Implementation::Composed => composed::gelu(x),
             },
             (Op::Linear(_), [x, w, b]) => match implementation {
-                Implementation::Ours => super::linear(x, w, Some(b)),
-                Implementation::Composed => {
-                    linear::composed(x, w, Some(b), &linear::Geometry::of_dims(x.dims(), w.dims(), Some(b.dims()))?)
-                }
+                Implementation::Ours => ops::linear(x, w, Some(b)),
+                Implementation::Composed => composed::linear(x, w, Some(b)),
             },
             (Op::Attention(heads, keeps), [qkv]) => match implementation {
-                Implementation::Ours => super::attention(qkv, heads, keeps),
-                Implementation::Composed => attention::composed(qkv, &attention::Geometry::of_dims(qkv.dims(), heads)?),
+                Implementation::Ours => ops::attention(qkv, heads, keeps),
+                Implementation::Composed => composed::attention(qkv, heads),
             },
             (Op::LayerNorm, [x, w, b]) => match implementation {
-                Implementation::Ours => super::layer_norm(x, w, b, LAYER_NORM_EPS),
-                Implementation::Composed => layer_norm::composed(x, w, b, LAYER_NORM_EPS),
+                Implementation::Ours => ops::layer_norm(x, w, b, LAYER_NORM_EPS),
+                Implementation::Composed => composed::layer_norm(x, w, b, LAYER_NORM_EPS),
             },
             (Op::NormAct(act, consumer), [z, g, b, rest @ ..]) => {
                 let then = match (consumer, rest) {
@@ -611,8 +589,8 @@ impl Op {
                     _ => return Err(missing()),
                 };
                 let lean = match implementation {
-                    Implementation::Ours => super::norm_act(z, norm(g, b), act, then)?,
-                    Implementation::Composed => plain_norm_act(&Composed, z, norm(g, b), act, then)?,
+                    Implementation::Ours => ops::norm_act(z, norm(g, b), act, then)?,
+                    Implementation::Composed => composed::norm_act(z, norm(g, b), act, then)?,
                 };
                 Ok(lean.y)
             }
@@ -623,8 +601,8 @@ impl Op {
                     _ => return Err(missing()),
                 };
                 let lean = match implementation {
-                    Implementation::Ours => super::norm_add_act(z, norm(g, b), residual, act)?,
-                    Implementation::Composed => plain_norm_add_act(&Composed, z, norm(g, b), residual, act)?,
+                    Implementation::Ours => ops::norm_add_act(z, norm(g, b), residual, act)?,
+                    Implementation::Composed => composed::norm_add_act(z, norm(g, b), residual, act)?,
                 };
                 Ok(lean.y)
             }
@@ -1077,34 +1055,6 @@ fn evaluate(case: &Case, inputs: &Inputs, run: Run<'_>) -> Result<Vec<(Pass, Ten
     Ok(results)
 }
 
-/// candle's own composition of each op, the CPU's reference: its
-/// convolution, batch-norm from elementwise ops and reductions, max-pool
-/// as a maximum over strided views, its SiLU.
-struct Composed;
-
-impl PlainOps for Composed {
-    fn batch_norm(&self, z: &Tensor, norm: Norm<'_>) -> Result<BatchNormTrain> {
-        let [n, _, h, w] = dims4("batch_norm_train", "input", z)?;
-        norm::composed(z, norm.weight, norm.bias, norm.eps, n * h * w)
-    }
-
-    fn activation(&self, act: Activation, x: &Tensor) -> Result<Tensor> {
-        match act {
-            Activation::Identity => Ok(x.clone()),
-            Activation::Relu => x.relu(),
-            Activation::Silu => x.silu(),
-        }
-    }
-
-    fn conv2d(&self, x: &Tensor, weight: &Tensor, p: ConvParams) -> Result<Tensor> {
-        x.conv2d(weight, p.padding, p.stride, 1, p.groups)
-    }
-
-    fn max_pool2d(&self, x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
-        pool::max_pool2d_composed(x, pool::Geometry::new(x, kernel, stride, padding)?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1160,7 +1110,7 @@ mod tests {
     fn a_wrong_sign_in_silus_derivative_is_caught() {
         let (x, r) = (normal(&[2, 4, 9, 9], 0.0, 3.0, 1), normal(&[2, 4, 9, 9], 0.5, 1.0, 2));
         let reference = gradient(&x, &r, |x| Composed.activation(Activation::Silu, x).unwrap());
-        let ours = gradient(&x, &r, |x| super::super::silu(x).unwrap());
+        let ours = gradient(&x, &r, |x| ops::silu(x).unwrap());
         // silu'(x) = s (1 + x (1 - s)) with s the sigmoid, written with a minus.
         let s = (x.neg().unwrap().exp().unwrap() + 1.0).unwrap().recip().unwrap();
         let inner = (&x * s.affine(-1.0, 1.0).unwrap()).unwrap().affine(-1.0, 1.0).unwrap();
@@ -1175,7 +1125,7 @@ mod tests {
         let (weight, bias) = (drawn(Fill::Uniform { low: 0.5, high: 1.5 }, &[8], 5), drawn(BIAS, &[8], 6));
         let norm = Norm { weight: &weight, bias: &bias, eps: EPS };
         let reference = gradient(&x, &r, |x| Composed.batch_norm(x, norm).unwrap().y);
-        let ours = gradient(&x, &r, |x| super::super::batch_norm_train(x, &weight, &bias, EPS).unwrap().y);
+        let ours = gradient(&x, &r, |x| ops::batch_norm_train(x, &weight, &bias, EPS).unwrap().y);
         // The batch's mean and variance taken as constants: dx = weight / std * dy.
         let mean = x.mean_keepdim((0, 2, 3)).unwrap();
         let std = (x.broadcast_sub(&mean).unwrap().sqr().unwrap().mean_keepdim((0, 2, 3)).unwrap() + EPS).unwrap().sqrt().unwrap();
@@ -1186,7 +1136,7 @@ mod tests {
         });
         assert_caught("batch-norm's dx without the mean terms", &ours, &wrong, &reference);
         let no_bias = (Composed.batch_norm(&x, norm).unwrap().y.broadcast_sub(&bias.reshape((1, 8, 1, 1)).unwrap())).unwrap();
-        let forward = super::super::batch_norm_train(&x, &weight, &bias, EPS).unwrap().y;
+        let forward = ops::batch_norm_train(&x, &weight, &bias, EPS).unwrap().y;
         assert_caught("batch-norm without its bias", &forward, &no_bias, &Composed.batch_norm(&x, norm).unwrap().y);
     }
 
@@ -1204,14 +1154,14 @@ mod tests {
     fn windows_shifted_by_one_column_are_caught() {
         let x = drawn(Fill::Distinct, &[2, 4, 12, 12], 7);
         let reference = Composed.max_pool2d(&x, 3, 2, 1).unwrap();
-        let ours = super::super::max_pool2d(&x, 3, 2, 1).unwrap();
+        let ours = ops::max_pool2d(&x, 3, 2, 1).unwrap();
         let wrong = Composed.max_pool2d(&shifted(&x, f32::NEG_INFINITY), 3, 2, 1).unwrap();
         assert_caught("max-pool one column off", &ours, &wrong, &reference);
 
         let w = normal(&[6, 4, 3, 3], 0.0, 0.3, 8);
         let p = ConvParams { stride: 2, padding: 1, groups: 1 };
         let reference = Composed.conv2d(&x, &w, p).unwrap();
-        let ours = super::super::conv2d(&x, &w, p).unwrap();
+        let ours = ops::conv2d(&x, &w, p).unwrap();
         let wrong = Composed.conv2d(&shifted(&x, 0.0), &w, p).unwrap();
         assert_caught("convolution one column off", &ours, &wrong, &reference);
     }
@@ -1219,7 +1169,7 @@ mod tests {
     #[test]
     fn every_op_and_pass_is_checked_and_passes_here() {
         let options = CheckOptions { batch: 2, res: CheckOptions::MIN_RES, dtypes: CheckedDtype::ALL.to_vec() };
-        let report = check_ops(&CheckTarget::Cpu, &options).unwrap();
+        let report = check_every_op(&CheckTarget::Cpu, &options).unwrap();
         let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.ok).collect();
         assert!(failed.is_empty(), "{failed:#?}");
         assert_eq!((report.passed, report.failed), (report.checks.len(), 0));
@@ -1243,10 +1193,10 @@ mod tests {
     #[test]
     fn every_op_and_pass_is_checked_on_the_reference_primitives_and_passes() {
         let options = CheckOptions { batch: 2, res: CheckOptions::MIN_RES, dtypes: CheckedDtype::ALL.to_vec() };
-        let report = check_ops(&CheckTarget::Reference, &options).unwrap();
+        let report = check_every_op(&CheckTarget::Reference, &options).unwrap();
         let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.ok).collect();
         assert!(failed.is_empty(), "{failed:#?}");
-        let on_cpu = check_ops(&CheckTarget::Cpu, &options).unwrap();
+        let on_cpu = check_every_op(&CheckTarget::Cpu, &options).unwrap();
         assert_eq!(report.checks.len(), on_cpu.checks.len(), "the same cases and passes as on the CPU");
         assert!(report.checks.iter().all(|c| c.tolerance == tolerance(c.dtype)), "no TF32 on the reference");
         assert!(
@@ -1294,7 +1244,7 @@ mod tests {
     fn sizes_outside_the_checked_range_are_refused() {
         for (batch, res) in [(1, 96), (9, 96), (2, 31), (2, 225)] {
             let options = CheckOptions { batch, res, ..CheckOptions::default() };
-            let err = check_ops(&CheckTarget::Cpu, &options).unwrap_err();
+            let err = check_every_op(&CheckTarget::Cpu, &options).unwrap_err();
             assert!(matches!(err, CheckError::OutOfRange { .. }), "{batch} {res}: {err}");
         }
     }

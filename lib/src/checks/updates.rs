@@ -1,7 +1,8 @@
 //! `vramlab check-ops`'s optimizer checks: three updates of parameters of
-//! ResNet-18's shapes from the same gradients, on the device against the
-//! CPU. On CUDA that is the multi-tensor kernel (`lib/kernels/optim.cu`)
-//! against the CPU's fused updates; on the CPU, the fused updates against
+//! ResNet-18's shapes from the same gradients, on the target against the
+//! CPU. On CUDA that is the multi-tensor kernels (`lib/kernels/optim.cu`)
+//! against the CPU's fused updates, on the reference the kernels' twins on
+//! host memory against the same; on the CPU, the fused updates against
 //! candle's per-tensor ops.
 
 use candle_core::backprop::GradStore;
@@ -10,8 +11,8 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Normal};
 
-use super::{Adam, AdamConfig, AdamW, AdamWConfig, OptimError, Optimizer, Sgd, SgdConfig};
-use crate::ops::check::{normalised_error, Check, CheckedDtype, Pass};
+use super::ops::{normalised_error, Check, CheckTarget, CheckedDtype, Pass};
+use crate::train::optim::{Adam, AdamConfig, AdamW, AdamWConfig, OptimError, Optimizer, Sgd, SgdConfig};
 
 /// The stem's convolution and its batch-norm, a 3x3 convolution of layer2,
 /// the classifier's weight and bias.
@@ -82,20 +83,22 @@ fn run(build: Build, per_tensor: bool, device: &Device, params: &[Tensor], grads
     Ok(Tensor::cat(&flat, 0)?.to_vec1()?)
 }
 
-/// One check per optimizer: on CUDA the device's update against the CPU's
-/// fused one, on the CPU the fused update against the per-tensor ops.
-pub fn check_updates(device: &Device) -> Vec<Check> {
+/// One check per optimizer: on CUDA and on the reference the multi-tensor
+/// update against the CPU's fused one, on the CPU the fused update against
+/// the per-tensor ops.
+pub fn check_updates(target: &CheckTarget) -> Vec<Check> {
     let shape = format!("{} tensors of ResNet-18's, {STEPS} steps", SHAPES.len());
     optimizers()
         .into_iter()
         .map(|(op, case, build)| {
             let compared = (|| -> Result<f64, OptimError> {
                 let (params, grads) = draw()?;
-                let ours = run(build, false, device, &params, &grads)?;
-                let reference = match device.is_cpu() {
-                    true => run(build, true, device, &params, &grads)?,
-                    false => run(build, false, &Device::Cpu, &params, &grads)?,
+                let ours = match target {
+                    CheckTarget::Reference => crate::ops::on_reference(|| run(build, false, &Device::Cpu, &params, &grads))?,
+                    _ => run(build, false, target.device(), &params, &grads)?,
                 };
+                let per_tensor = matches!(target, CheckTarget::Cpu);
+                let reference = run(build, per_tensor, &Device::Cpu, &params, &grads)?;
                 Ok(normalised_error(&ours, &reference))
             })();
             let (error, failure) = match compared {
@@ -123,7 +126,7 @@ mod tests {
 
     #[test]
     fn the_fused_updates_match_the_per_tensor_ops_on_the_cpu() {
-        let checks = check_updates(&Device::Cpu);
+        let checks = check_updates(&CheckTarget::Cpu);
         assert_eq!(checks.len(), 4);
         for c in &checks {
             assert!(c.ok, "{c:?}");
