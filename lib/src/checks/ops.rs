@@ -534,6 +534,8 @@ enum Op {
     Linear(usize),
     /// Over `batch x tokens x 3 dim`, with this many heads.
     Attention(usize, AttentionKeeps),
+    /// An up-convolution with a bias, to this many channels, its kernel and stride this size.
+    ConvTranspose(usize, usize),
 }
 
 impl Op {
@@ -546,6 +548,7 @@ impl Op {
             Op::Gelu => "gelu",
             Op::LayerNorm => "layer_norm",
             Op::Linear(_) => "linear",
+            Op::ConvTranspose(..) => "conv_transpose2d",
             Op::Attention(..) => "attention",
             Op::NormAct(..) => "norm_act",
             Op::NormAddAct(..) => "norm_add_act",
@@ -572,6 +575,10 @@ impl Op {
             (Op::Linear(_), [x, w, b]) => match implementation {
                 Implementation::Ours => ops::linear(x, w, Some(b)),
                 Implementation::Composed => composed::linear(x, w, Some(b)),
+            },
+            (Op::ConvTranspose(_, kernel), [x, w, b]) => match implementation {
+                Implementation::Ours => ops::conv_transpose2d(x, w, Some(b), kernel),
+                Implementation::Composed => composed::conv_transpose2d(x, w, Some(b), kernel),
             },
             (Op::Attention(heads, keeps), [qkv]) => match implementation {
                 Implementation::Ours => ops::attention(qkv, heads, keeps),
@@ -768,6 +775,16 @@ impl Case {
                 operands.push(Operand::new(&[outputs], BIAS, Pass::GradBias));
             }
             Op::Attention(..) => operands.push(Operand::new(&self.dims(), STANDARD, Pass::GradInput)),
+            Op::ConvTranspose(outputs, kernel) => {
+                let channels = input[1];
+                operands.push(Operand::new(input, STANDARD, Pass::GradInput));
+                operands.push(Operand::new(
+                    &[channels, outputs, kernel, kernel],
+                    Fill::Normal { mean: 0.0, std: (channels as f64).sqrt().recip() },
+                    Pass::GradWeight,
+                ));
+                operands.push(Operand::new(&[outputs], BIAS, Pass::GradBias));
+            }
             Op::LayerNorm => {
                 operands.push(Operand::new(&self.dims(), PRE_NORM, Pass::GradInput));
                 operands.extend(Operand::norm(input[2], Pass::GradNorm, BIAS));
@@ -813,6 +830,7 @@ impl Case {
                 format!("{}, {heads} heads, {kept}", self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"))
             }
             Op::MaxPool(p) => format!("{input}, {}", window(p)),
+            Op::ConvTranspose(outputs, k) => format!("{input}, up {k}x{k}/{k} -> {outputs}"),
             Op::NormAct(act, consumer) => {
                 let then = match consumer {
                     Consumer::Nothing => "nothing".to_owned(),
@@ -905,6 +923,8 @@ fn cases(batch: usize, res: usize) -> Vec<Case> {
             [batch, tokens, 576],
         ),
         Case::tokens("vit-small encoder layer self_attention", Op::Attention(6, AttentionKeeps::RowStatistics), [batch, tokens, 1152]),
+        Case::new("unet down1.up", Op::ConvTranspose(16, 2), at(32, 2)),
+        Case::new("unet down1.down2.down3.up", Op::ConvTranspose(64, 2), at(128, 8)),
     ]
 }
 
@@ -1173,9 +1193,19 @@ mod tests {
         let failed: Vec<&Check> = report.checks.iter().filter(|c| !c.ok).collect();
         assert!(failed.is_empty(), "{failed:#?}");
         assert_eq!((report.passed, report.failed), (report.checks.len(), 0));
-        for op in
-            ["conv2d", "batch_norm_train", "max_pool2d", "silu", "norm_act", "norm_add_act", "gelu", "layer_norm", "linear", "attention"]
-        {
+        for op in [
+            "conv2d",
+            "batch_norm_train",
+            "max_pool2d",
+            "silu",
+            "norm_act",
+            "norm_add_act",
+            "gelu",
+            "layer_norm",
+            "linear",
+            "attention",
+            "conv_transpose2d",
+        ] {
             for dtype in CheckedDtype::ALL {
                 assert!(report.checks.iter().any(|c| c.op == op && c.dtype == dtype), "no {op} in {dtype:?}");
             }

@@ -161,6 +161,38 @@ pub fn attention_scratch(
     })
 }
 
+/// [`AttentionScratch`] of the device passes (`cuda/passes.rs`) for the
+/// same attention, which walk the batch one element at a time: in the
+/// forward one element's f32 scores, and its probabilities or its f32
+/// log-sum-exps, whichever is not kept; in the backward one element's f32
+/// probability gradient, score gradient in `dtype` and f32 `sum dO * O` per
+/// row, and, where only the statistics were kept, its scores and
+/// probabilities made again. Half inputs are read as they are (no f32
+/// copies). On a card, cuBLAS's own workspace comes on top.
+pub fn attention_device_scratch(
+    batch: usize,
+    tokens: usize,
+    dim: usize,
+    heads: usize,
+    dtype: DType,
+    keeps: AttentionKeeps,
+) -> std::result::Result<AttentionScratch, OpError> {
+    let g = Geometry::of_dims(&[batch, tokens, 3 * dim], heads)?;
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(OpError::UnsupportedDType { op: OP, dtype });
+    }
+    if g.is_empty() {
+        return Ok(AttentionScratch::default());
+    }
+    let (square, rows) = ((g.heads * g.tokens * g.tokens) as u64, (g.heads * g.tokens) as u64);
+    let (f, e) = (size_of::<f32>() as u64, dtype.size_in_bytes() as u64);
+    let (forward, again) = match keeps {
+        AttentionKeeps::Probabilities => (square * f + rows * f, 0),
+        AttentionKeeps::RowStatistics => (square * f + square * e, square * (f + e)),
+    };
+    Ok(AttentionScratch { forward, backward: square * f + square * e + rows * f + again })
+}
+
 /// The same from candle's operations, differentiable by candle's autograd.
 pub(super) fn composed(qkv: &Tensor, g: &Geometry) -> Result<Tensor> {
     let (b, n, dh) = (g.batch, g.tokens, g.head_width());

@@ -131,3 +131,27 @@ fn attention_refuses_bad_shapes_by_name() {
     let text = error_text(attention_scratch(2, 5, 12, 4, DType::F64, keeps));
     assert!(text.contains("attention: dtype F64 is not supported"), "{text}");
 }
+
+/// What the device passes allocate beyond the input, the output (or the
+/// input's gradient) and what the forward keeps, measured on the reference
+/// primitives, is what the ledger counts for a card.
+#[test]
+fn the_device_passes_allocate_what_their_scratch_says() {
+    use super::cuda::{allocations, on_reference};
+    for &(batch, tokens, dim, heads) in &[(2, 13, 24, 3), (3, 7, 12, 1)] {
+        for keeps in KEEPS {
+            for dtype in [DType::F32, DType::F16] {
+                let x = Var::from_tensor(&randn(&[batch, tokens, 3 * dim]).to_dtype(dtype).unwrap()).unwrap();
+                let expected = attention_device_scratch(batch, tokens, dim, heads, dtype, keeps).unwrap();
+                let bytes = |elements: usize| (elements * dtype.size_in_bytes()) as u64;
+                let kept = keeps.bytes(batch, tokens, heads, dtype);
+                let (out, forward) = on_reference(|| allocations(|| attention(x.as_tensor(), heads, keeps).unwrap()));
+                let case = format!("b{batch} n{tokens} d{dim} h{heads} {keeps:?} {dtype:?}");
+                assert_eq!(forward.left, kept as i64, "{case}: what the forward keeps");
+                assert_eq!(forward.peak, bytes(out.elem_count()) + kept + expected.forward, "{case}: forward");
+                let (_, backward) = on_reference(|| allocations(|| out.sum_all().unwrap().backward().unwrap()));
+                assert_eq!(backward.peak, bytes(x.elem_count()) + expected.backward, "{case}: backward");
+            }
+        }
+    }
+}

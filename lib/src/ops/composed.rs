@@ -7,7 +7,7 @@ use candle_core::{Result, Tensor};
 
 use super::lean::{plain_norm_act, plain_norm_add_act, PlainOps};
 use super::norm::{self, BatchNormTrain};
-use super::{attention as attention_op, dims4, layer_norm as layer_norm_op, linear as linear_op, pool};
+use super::{attention as attention_op, conv_transpose, dims4, layer_norm as layer_norm_op, linear as linear_op, pool};
 use super::{Activation, ConvParams, Lean, Norm, Residual, Then};
 
 /// The plain ops a lean op is made of, as candle composes them.
@@ -44,6 +44,12 @@ pub fn gelu(x: &Tensor) -> Result<Tensor> {
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let geometry = linear_op::Geometry::of_dims(x.dims(), weight.dims(), bias.map(Tensor::dims))?;
     linear_op::composed(x, weight, bias, &geometry)
+}
+
+/// candle's `conv_transpose2d` and `broadcast_add`.
+pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, kernel: usize) -> Result<Tensor> {
+    let geometry = conv_transpose::Geometry::of_dims(x.dims(), weight.dims(), bias.map(Tensor::dims), kernel)?;
+    conv_transpose::composed(x, weight, bias, &geometry)
 }
 
 pub fn attention(qkv: &Tensor, heads: usize) -> Result<Tensor> {

@@ -13,6 +13,9 @@
 //! gradient only for an operand that needs it, one sample at a time from
 //! the output gradient gathered back into `G'_n`: `dx_n = W G'_n` and `dW =
 //! sum_n X_n G'_n^T` by gemm, `db` as the sums of the gradient's planes.
+//! On a device the op is the transpose of the convolution that takes its
+//! output's shape to its input's (`cuda/passes.rs`): cuDNN's three passes of
+//! that convolution and its bias calls, keeping the same as on the CPU.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
@@ -20,11 +23,18 @@ use half::{bf16, f16};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
+#[cfg(feature = "cuda")]
+use candle_core::CudaStorage;
+
+#[cfg(feature = "cuda")]
+use super::biased::CudaOperand;
 use super::biased::{Biased, Operand, WithBias};
+use super::conv_geometry::Geometry as ConvGeometry;
 use super::cpu::floats::{f32_view, storage_from_f32, zeros};
 use super::cpu::gemm::{matmul, parallelism, row_major, transposed};
 use super::cpu::gemm_packing::{packing_bytes, Strides};
-use super::OpError;
+use super::cuda::{self, Reference};
+use super::{uses_own_kernels, ConvParams, OpError};
 
 const OP: &str = "conv_transpose2d";
 
@@ -34,9 +44,10 @@ const OP: &str = "conv_transpose2d";
 /// a, j k + b] = bias[o] + sum_c x[n, c, i, j] weight[c, o, a, b]`.
 ///
 /// On the CPU in f32, f16 and bf16 it is one op (computed in f32, stored in
-/// `x`'s dtype) whose autograd keeps only its output. Elsewhere (CUDA) and
-/// in other dtypes it is candle's `conv_transpose2d` and `broadcast_add`,
-/// whose autograd keeps what candle's ops keep: both their outputs.
+/// `x`'s dtype) whose autograd keeps only its output, and so on CUDA in a
+/// build with the cuda feature (through cuDNN). Elsewhere and in other
+/// dtypes it is candle's `conv_transpose2d` and `broadcast_add`, whose
+/// autograd keeps what candle's ops keep: both their outputs.
 pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, kernel: usize) -> Result<Tensor> {
     let geometry = Geometry::of_dims(x.dims(), weight.dims(), bias.map(Tensor::dims), kernel)?;
     for other in std::iter::once(weight).chain(bias) {
@@ -44,7 +55,7 @@ pub fn conv_transpose2d(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, kern
             Err(OpError::DTypeMismatch { op: OP, input: x.dtype(), other: other.dtype() })?
         }
     }
-    if !(x.device().is_cpu() && matches!(x.dtype(), DType::F32 | DType::F16 | DType::BF16)) {
+    if !uses_own_kernels(x) {
         return composed(x, weight, bias, &geometry);
     }
     let (x, weight) = (x.contiguous()?, weight.contiguous()?);
@@ -166,6 +177,14 @@ impl Geometry {
         Ok(Self { batch, channels, height, width, outputs, kernel })
     }
 
+    /// The convolution whose transpose this is: from the output's shape to
+    /// the input's, through the same weight, at stride `k`.
+    fn inverse(&self) -> std::result::Result<ConvGeometry, OpError> {
+        let k = self.kernel;
+        let output = [self.batch, self.outputs, k * self.height, k * self.width];
+        ConvGeometry::of_dims(output, [self.channels, self.outputs, k, k], ConvParams { stride: k, padding: 0, groups: 1 })
+    }
+
     /// Input pixels of a channel, the columns of `Y'`.
     fn pixels(&self) -> usize {
         self.height * self.width
@@ -285,10 +304,31 @@ impl<'a> Bias<'a> {
 /// The up-convolution, a candle op through [`Biased`].
 struct ConvTranspose2d(Geometry);
 
+impl ConvTranspose2d {
+    /// The forward on a device body, with or without a bias.
+    fn device_forward<P: cuda::Primitives>(
+        &self,
+        x: (&P::Storage, &Layout),
+        weight: (&P::Storage, &Layout),
+        bias: Option<(&P::Storage, &Layout)>,
+    ) -> Result<(P::Storage, Shape)> {
+        let inverse = self.0.inverse()?;
+        match bias {
+            Some(bias) => {
+                cuda::forward::<P, 3>(OP, [x, weight, bias], |p, [x, w, b]| cuda::conv_transpose_forward(p, &inverse, x, w, Some(b)))
+            }
+            None => cuda::forward::<P, 2>(OP, [x, weight], |p, [x, w]| cuda::conv_transpose_forward(p, &inverse, x, w, None)),
+        }
+    }
+}
+
 impl WithBias for ConvTranspose2d {
     const NAME: &'static str = OP;
 
     fn forward(&self, x: Operand, weight: Operand, bias: Option<Operand>) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.device_forward::<Reference>(x, weight, bias);
+        }
         let g = &self.0;
         let y = {
             // Scoped, so that the f32 copies of half-precision operands and
@@ -319,6 +359,11 @@ impl WithBias for ConvTranspose2d {
     fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor> {
         grad.apply_op1_no_bwd(&BiasGradient(self.0))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_forward(&self, x: CudaOperand, weight: CudaOperand, bias: Option<CudaOperand>) -> Result<(CudaStorage, Shape)> {
+        self.device_forward::<cuda::Cudnn>(x, weight, bias)
+    }
 }
 
 /// `(grad_out, weight) -> grad_x`, per sample `W G'_n`, in `x`'s shape.
@@ -330,6 +375,9 @@ impl CustomOp2 for InputGradient {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(s1, l1), (s2, l2)]);
+        }
         let g = &self.0;
         let dx = {
             let (dy, w) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
@@ -346,6 +394,18 @@ impl CustomOp2 for InputGradient {
         };
         Ok((storage_from_f32(self.name(), dx, s1.dtype())?, (g.batch, g.channels, g.height, g.width).into()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2)])
+    }
+}
+
+impl InputGradient {
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 2]) -> Result<(P::Storage, Shape)> {
+        let inverse = self.0.inverse()?;
+        cuda::forward::<P, 2>(self.name(), operands, |p, [dy, w]| cuda::conv_transpose_input_gradient(p, &inverse, dy, w))
+    }
 }
 
 /// `(grad_out, x) -> grad_weight = sum_n X_n G'_n^T`, `C x O x k x k`.
@@ -357,6 +417,9 @@ impl CustomOp2 for WeightGradient {
     }
 
     fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(s1, l1), (s2, l2)]);
+        }
         let g = &self.0;
         let dw = {
             let (dy, xs) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
@@ -372,6 +435,18 @@ impl CustomOp2 for WeightGradient {
         };
         Ok((storage_from_f32(self.name(), dw, s1.dtype())?, (g.channels, g.outputs, g.kernel, g.kernel).into()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s1: &CudaStorage, l1: &Layout, s2: &CudaStorage, l2: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2)])
+    }
+}
+
+impl WeightGradient {
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 2]) -> Result<(P::Storage, Shape)> {
+        let inverse = self.0.inverse()?;
+        cuda::forward::<P, 2>(self.name(), operands, |p, [dy, x]| cuda::conv_transpose_weight_gradient(p, &inverse, dy, x))
+    }
 }
 
 /// `grad_out -> grad_bias`, the sum of each output channel's planes.
@@ -383,6 +458,9 @@ impl CustomOp1 for BiasGradient {
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(storage, layout)]);
+        }
         let g = &self.0;
         let dy = f32_view(self.name(), storage, layout)?;
         let mut db = vec![0f32; g.outputs];
@@ -390,6 +468,17 @@ impl CustomOp1 for BiasGradient {
             *db = (0..g.batch).map(|n| sum(&dy[(n * g.outputs + o) * g.plane()..][..g.plane()])).sum();
         });
         Ok((storage_from_f32(self.name(), db, storage.dtype())?, g.outputs.into()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, storage: &CudaStorage, layout: &Layout) -> Result<(CudaStorage, Shape)> {
+        self.on_device::<cuda::Cudnn>([(storage, layout)])
+    }
+}
+
+impl BiasGradient {
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 1]) -> Result<(P::Storage, Shape)> {
+        cuda::forward::<P, 1>(self.name(), operands, |p, [dy]| cuda::conv_transpose_bias_gradient(p, dy))
     }
 }
 

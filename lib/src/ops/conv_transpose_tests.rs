@@ -223,3 +223,39 @@ fn conv_transpose2d_refuses_bad_operands_by_name() {
     let text = error_text(conv_transpose2d(&x.to_dtype(DType::F64).unwrap(), &weight, None, 2));
     assert!(text.contains("conv_transpose2d: input is F64 but the other operand is F32"), "{text}");
 }
+
+/// The device passes (the transposed convolution through cuDNN's calls of
+/// the convolution it transposes), run on the reference primitives, give
+/// what the CPU op gives, in f32 and f16, with and without a bias; they
+/// allocate only the output (or each gradient), and keep nothing.
+#[test]
+fn conv_transpose2d_on_the_reference_primitives_matches_the_cpu() {
+    use super::cuda::{allocations, on_reference};
+    for case in [CASES[1], CASES[5], CASES[8], CASES[11]] {
+        let k = case.5;
+        for dtype in [DType::F32, DType::F16] {
+            let (x, weight, bias) = operands(&case);
+            let [x, weight, bias] = [x, weight, bias].map(|t| t.to_dtype(dtype).unwrap());
+            let r = randn(&output_dims(&case)).to_dtype(dtype).unwrap();
+            let tolerance = if dtype == DType::F32 { 1e-5 } else { 5e-3 };
+            for bias in [Some(&bias), None] {
+                let op = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| conv_transpose2d(x, w, b, k).unwrap();
+                let (expected, expected_grads) = output_and_gradients((&x, &weight, bias), &r, op);
+                let ((out, grads), used) = on_reference(|| allocations(|| output_and_gradients((&x, &weight, bias), &r, op)));
+                let what = format!("{case:?} {dtype:?} bias {}", bias.is_some());
+                assert_eq!(out.dtype(), dtype, "{what}");
+                let err = relative_error(&out, &expected);
+                assert!(err < tolerance, "{what}: forward error {err}");
+                for (i, (g, e)) in grads.iter().zip(&expected_grads).enumerate() {
+                    let (Some(g), Some(e)) = (g, e) else { continue };
+                    assert_eq!(g.dims(), e.dims(), "{what}: gradient {i}");
+                    let err = relative_error(g, e);
+                    assert!(err < tolerance, "{what}: gradient {i} error {err}");
+                }
+                assert_eq!(used.left, 0, "{what}: nothing kept beyond candle's storages");
+                let bytes = |t: &Tensor| (t.elem_count() * dtype.size_in_bytes()) as u64;
+                assert!(used.peak >= bytes(&out) && used.peak <= bytes(&x).max(bytes(&out)).max(bytes(&weight)), "{what}: {used:?}");
+            }
+        }
+    }
+}

@@ -41,11 +41,14 @@ mod tests;
 
 use candle_core::{DType, Result, Tensor};
 
-pub use attention::{attention, attention_scratch, AttentionKeeps, AttentionScratch};
+pub use attention::{attention, attention_device_scratch, attention_scratch, AttentionKeeps, AttentionScratch};
 pub use conv_transpose::{conv_transpose2d, conv_transpose2d_scratch, ConvTransposeScratch};
 #[cfg(feature = "cuda")]
 pub use cuda::conv_algorithms;
-pub use cuda::{on_reference, on_the_reference, ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES};
+pub use cuda::{
+    allocations as reference_allocations, on_reference, on_the_reference, Allocations, ConvAlgorithm, CudnnPlans,
+    WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES,
+};
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
 pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, OwnOps, PlainOps, Residual, Then};

@@ -28,6 +28,14 @@ impl Element {
             dtype => Err(OpError::UnsupportedDType { op, dtype }),
         }
     }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            Element::F32 => 4,
+            Element::F16 | Element::Bf16 => 2,
+        }
+    }
 }
 
 /// A 4-D tensor descriptor: `N x C x H x W` and its element strides.

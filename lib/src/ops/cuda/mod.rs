@@ -28,8 +28,8 @@ use candle_core::Tensor;
 
 pub use algorithms::{ConvAlgorithm, CudnnPlans, WORKSPACE_BYTES};
 pub(super) use passes::{Attention, AttentionKeeps as KeepsOnDevice, BatchNorm, Consumer, DeviceSaves, LayerNorm, Lean, Linear};
-pub use reference::on_reference;
 pub(super) use reference::Reference;
+pub use reference::{allocations, on_reference, Allocations};
 
 pub(super) use primitives::Primitives;
 
@@ -78,6 +78,7 @@ pub(super) use on_body;
 
 pub(super) use passes::{
     attention_backward, attention_forward, batch_norm_backward, batch_norm_forward, conv_forward, conv_input_gradient,
+    conv_transpose_bias_gradient, conv_transpose_forward, conv_transpose_input_gradient, conv_transpose_weight_gradient,
     conv_weight_gradient, forward, gelu_backward, gelu_forward, layer_norm_backward, layer_norm_forward, linear_bias_gradient,
     linear_forward, linear_input_gradient, linear_weight_gradient, max_pool_backward, max_pool_forward, norm_act_backward,
     norm_act_forward, norm_add_act_backward, norm_add_act_forward, saved_statistics, silu_backward, silu_forward,

@@ -136,6 +136,60 @@ pub fn conv_weight_gradient<P: Primitives>(
     Ok(dw)
 }
 
+/// An up-convolution (`conv_transpose2d`) as the transpose of the
+/// convolution `inverse`, which takes the up-convolution's output shape to
+/// its input's through the same weight (`C x O x k x k` is that
+/// convolution's `K x C x R x S`): the forward is that convolution's input
+/// gradient and the bias added per output channel.
+pub fn conv_transpose_forward<P: Primitives>(
+    p: &P,
+    inverse: &ConvGeometry,
+    x: Arg<'_, P::Buffer>,
+    w: Arg<'_, P::Buffer>,
+    bias: Option<Arg<'_, P::Buffer>>,
+) -> Result<Made<P::Buffer>> {
+    let op = "conv_transpose2d";
+    let y = conv_input_gradient(p, inverse, x, w)?;
+    if let Some(bias) = bias {
+        let e = element_of::<P>(op, &[x, bias])?;
+        expect_shape(op, "bias", bias, &Shape::from(inverse.in_shape().dims()[1]))?;
+        p.add_bias(Maps::of(op, &y.shape, e)?, bias.at, y.arg().at)?;
+    }
+    Ok(y)
+}
+
+/// The up-convolution's input gradient: the forward of `inverse` on the
+/// output gradient.
+pub fn conv_transpose_input_gradient<P: Primitives>(
+    p: &P,
+    inverse: &ConvGeometry,
+    dy: Arg<'_, P::Buffer>,
+    w: Arg<'_, P::Buffer>,
+) -> Result<Made<P::Buffer>> {
+    conv_forward(p, inverse, dy, w)
+}
+
+/// The up-convolution's weight gradient: `inverse`'s, with the output
+/// gradient as its input and the up-convolution's input as its output gradient.
+pub fn conv_transpose_weight_gradient<P: Primitives>(
+    p: &P,
+    inverse: &ConvGeometry,
+    dy: Arg<'_, P::Buffer>,
+    x: Arg<'_, P::Buffer>,
+) -> Result<Made<P::Buffer>> {
+    conv_weight_gradient(p, inverse, dy, x)
+}
+
+/// The up-convolution's bias gradient: each output channel's sum of `dy`.
+pub fn conv_transpose_bias_gradient<P: Primitives>(p: &P, dy: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
+    let op = "conv_transpose2d";
+    let e = element_of::<P>(op, &[dy])?;
+    let maps = Maps::of(op, dy.shape, e)?;
+    let db = made(p, e, Shape::from(dy.shape.dims().get(1).copied().unwrap_or(1)))?;
+    p.bias_gradient(maps, dy.at, db.arg().at)?;
+    Ok(db)
+}
+
 /// `y = max_pool(x)`.
 pub fn max_pool_forward<P: Primitives>(p: &P, g: &PoolGeometry, x: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
     let op = "max_pool2d";
@@ -396,6 +450,14 @@ pub fn attention_forward<P: Primitives>(
     Ok(out)
 }
 
+/// Where attention's backward reads each batch element's probabilities: what
+/// the forward kept, or its scores and probabilities made again from q, k
+/// and the kept log-sum-exps, one batch element at a time.
+enum Probabilities<'a, B> {
+    Kept(&'a B),
+    Again { lse: &'a B, scores: Made<B>, recomputed: Made<B> },
+}
+
 /// The input's gradient (`batch x tokens x 3 dim`) from the input, the output,
 /// the output's gradient and what the forward kept.
 pub fn attention_backward<P: Primitives>(g: Attention, [qkv, out, dout]: [&Tensor; 3], saves: &DeviceSaves) -> Result<Tensor> {
@@ -409,15 +471,22 @@ pub fn attention_backward<P: Primitives>(g: Attention, [qkv, out, dout]: [&Tenso
                 let e = element_of::<P>(op, &[qkv, out, dout])?;
                 let (n, dh, square) = (g.tokens, g.head_width(), g.square());
                 let dqkv = made(p, e, qkv.shape.clone())?;
-                let (scores, dp) = (made(p, Element::F32, Shape::from(square))?, made(p, Element::F32, Shape::from(square))?);
-                let (recomputed, ds) = (made(p, e, Shape::from(square))?, made(p, e, Shape::from(square))?);
+                let (dp, ds) = (made(p, Element::F32, Shape::from(square))?, made(p, e, Shape::from(square))?);
                 let delta = made(p, Element::F32, Shape::from(g.heads * n))?;
+                let source = match kept {
+                    AttentionKept::Probabilities(kept) => Probabilities::Kept(kept),
+                    AttentionKept::RowStatistics(lse) => Probabilities::Again {
+                        lse,
+                        scores: made(p, Element::F32, Shape::from(square))?,
+                        recomputed: made(p, e, Shape::from(square))?,
+                    },
+                };
                 for b in 0..g.batch {
-                    let (pb, pm) = match kept {
-                        AttentionKept::Probabilities(kept) => g.squares(kept, b * square),
-                        AttentionKept::RowStatistics(lse) => {
-                            g.scores(p, e, qkv.at, b, &scores)?;
-                            let l = At { buffer: lse, offset: b * g.heads * n };
+                    let (pb, pm) = match &source {
+                        Probabilities::Kept(kept) => g.squares(*kept, b * square),
+                        Probabilities::Again { lse, scores, recomputed } => {
+                            g.scores(p, e, qkv.at, b, scores)?;
+                            let l = At { buffer: *lse, offset: b * g.heads * n };
                             p.probabilities(g.softmax(e), scores.arg().at, l, recomputed.arg().at)?;
                             g.squares(&recomputed.buffer, 0)
                         }

@@ -33,6 +33,36 @@ use super::primitives::{
 
 thread_local! {
     static ACTIVE: Cell<bool> = const { Cell::new(false) };
+    /// Bytes of the buffers the passes made on this thread that are alive
+    /// now, and the most alive at once since [`allocations`] last started.
+    static DEVICE_BYTES: Cell<(i64, i64)> = const { Cell::new((0, 0)) };
+}
+
+/// Runs `f` and returns what the device passes it ran on the reference made
+/// at most at once beyond what was alive when it started (as a card's
+/// allocator would be asked for it: the buffers the passes make, not the
+/// reference's copies of its operands), and what they left alive.
+pub fn allocations<R>(f: impl FnOnce() -> R) -> (R, Allocations) {
+    let (start, outer_peak) = DEVICE_BYTES.with(Cell::get);
+    DEVICE_BYTES.with(|b| b.set((start, start)));
+    let result = f();
+    let (live, peak) = DEVICE_BYTES.with(Cell::get);
+    DEVICE_BYTES.with(|b| b.set((live, outer_peak.max(peak))));
+    (result, Allocations { peak: (peak - start).max(0) as u64, left: live - start })
+}
+
+/// What [`allocations`] measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocations {
+    pub peak: u64,
+    pub left: i64,
+}
+
+fn count_device_bytes(delta: i64) {
+    DEVICE_BYTES.with(|b| {
+        let (live, peak) = b.get();
+        b.set((live + delta, peak.max(live + delta)));
+    });
 }
 
 /// Runs `f` with the ops of this thread running their device passes on the
@@ -58,10 +88,19 @@ pub fn active() -> bool {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Reference;
 
-/// Host memory holding elements of one type, as f32 values that type can hold.
+/// Host memory holding elements of one type, as f32 values that type can
+/// hold: a buffer a pass made (counted as a card would allocate it), or the
+/// reference's copy of an operand (which a card reads in place).
 pub struct HostBuffer {
     element: Element,
     values: RwLock<Vec<f32>>,
+    device_bytes: i64,
+}
+
+impl Drop for HostBuffer {
+    fn drop(&mut self) {
+        count_device_bytes(-self.device_bytes);
+    }
 }
 
 fn dtype_of(e: Element) -> DType {
@@ -81,14 +120,22 @@ fn rounded(e: Element, v: f32) -> f32 {
 }
 
 impl HostBuffer {
-    fn filled(element: Element, len: usize, value: f32) -> Self {
-        HostBuffer { element, values: RwLock::new(vec![value; len]) }
+    /// A buffer a pass makes on the device.
+    fn made(element: Element, values: Vec<f32>) -> Self {
+        let device_bytes = (values.len() * element.size()) as i64;
+        count_device_bytes(device_bytes);
+        HostBuffer { element, values: RwLock::new(values), device_bytes }
     }
 
+    fn filled(element: Element, len: usize, value: f32) -> Self {
+        HostBuffer::made(element, vec![value; len])
+    }
+
+    /// The reference's copy of an operand a card reads in place.
     fn from_cpu(op: &'static str, storage: &CpuStorage, layout: &Layout) -> Result<Self> {
         passes::contiguous(op, layout)?;
         let element = Element::of(op, storage.dtype())?;
-        Ok(HostBuffer { element, values: RwLock::new(f32_view(op, storage, layout)?.into_owned()) })
+        Ok(HostBuffer { element, values: RwLock::new(f32_view(op, storage, layout)?.into_owned()), device_bytes: 0 })
     }
 
     /// The elements of `t` at `at`, as an NCHW-contiguous copy.
@@ -116,8 +163,10 @@ impl HostBuffer {
         Ok(())
     }
 
-    fn into_cpu(self, op: &'static str) -> Result<CpuStorage> {
-        let values = self.values.into_inner().map_err(|_| poisoned(op))?;
+    /// The buffer as a host storage. On a card the storage is the buffer
+    /// itself; here it stops being counted as one.
+    fn into_cpu(mut self, op: &'static str) -> Result<CpuStorage> {
+        let values = std::mem::take(self.values.get_mut().map_err(|_| poisoned(op))?);
         storage_from_f32(op, values, dtype_of(self.element))
     }
 }
@@ -434,7 +483,7 @@ impl Primitives for Reference {
 
     fn copy(&self, buffer: &HostBuffer) -> Result<HostBuffer> {
         let values = buffer.values.read().map_err(|_| poisoned("copy"))?.clone();
-        Ok(HostBuffer { element: buffer.element, values: RwLock::new(values) })
+        Ok(HostBuffer::made(buffer.element, values))
     }
 
     fn convolve(&self, d: ConvDims, e: Element, call: ConvCall<'_, HostBuffer>) -> Result<()> {
@@ -601,8 +650,8 @@ impl Primitives for Reference {
         }
         let values = |v: &[f64]| v.iter().map(|&v| v as f32).collect::<Vec<f32>>();
         let stats = NormStatistics {
-            mean: HostBuffer { element: Element::F32, values: RwLock::new(values(&mean)) },
-            inv_std: HostBuffer { element: Element::F32, values: RwLock::new(values(&inv_std)) },
+            mean: HostBuffer::made(Element::F32, values(&mean)),
+            inv_std: HostBuffer::made(Element::F32, values(&inv_std)),
             unbiased_var: self.zeros_f32(channels)?,
         };
         // As cuDNN writes the running variance, `running * (1 - factor) +
@@ -915,7 +964,7 @@ impl Primitives for Reference {
 #[cfg(test)]
 impl HostBuffer {
     pub fn of(element: Element, values: &[f32]) -> Self {
-        HostBuffer { element, values: RwLock::new(values.iter().map(|&v| rounded(element, v)).collect()) }
+        HostBuffer { element, values: RwLock::new(values.iter().map(|&v| rounded(element, v)).collect()), device_bytes: 0 }
     }
 
     pub fn values(&self) -> Vec<f32> {
