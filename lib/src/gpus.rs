@@ -191,6 +191,10 @@ pub enum CardKind {
     Catalogue,
     Sized,
     Cpu,
+    /// A card's budget simulated on the host (`measure --budget`,
+    /// `cpu_with_budget`): its size and context, with the step running our
+    /// CPU kernels.
+    Simulated,
 }
 
 impl Card {

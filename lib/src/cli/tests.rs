@@ -155,7 +155,7 @@ fn every_fix_flag_round_trips_through_the_parser() {
         "resnet50 --batch 96 --res 224",
         "resnet50 --batch 64 --res 224 --layers plain",
         "resnet18 --batch 128 --res 64 --opt adam --gpu 768MiB",
-        "efficientnet-b0 --batch 96 --res 224 --channels 1 --amp f16 --gpu 4GiB",
+        "efficientnet-b0 --batch 96 --res 224 --channels 1 --amp f16 --gpu 3GiB",
         "resnet34 --batch 64 --res 320 --ckpt layer1,layer2 --accum 2 --opt sgd-momentum --gpu 3GiB",
     ] {
         let args = OomcheckArgs::try_parse_from(std::iter::once("oomcheck").chain(line.split_whitespace())).unwrap();

@@ -2,8 +2,8 @@
 
 use serde::Serialize;
 
-use crate::gpus::Card;
-use crate::models::{analyze, ConvLayer, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
+use crate::gpus::{Card, CardKind};
+use crate::models::{analyze_on, ConvLayer, Kernels, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
 use crate::ops::{ConvScratch, CUDNN_WORKSPACE_BYTES};
 
 use super::bill::{line, Bill, BillKind, Line};
@@ -59,12 +59,17 @@ pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<
             return Err(LedgerError::TooLarge { what, value, max: MAX_BATCH });
         }
     }
-    let cost = analyze(spec, config.input, config.precision, config.layers)?;
+    // A simulated card runs the step on our CPU kernels, a real one on the device passes.
+    let kernels = match device.kind {
+        CardKind::Cpu | CardKind::Simulated => Kernels::Host,
+        CardKind::Catalogue | CardKind::Sized => Kernels::Device,
+    };
+    let cost = analyze_on(spec, config.input, config.precision, config.layers, kernels)?;
     let stage_names: Vec<&str> = cost.stages.iter().map(|s| s.name.as_str()).collect();
     let plan = StepPlan::of(&stage_names, config)?;
     let batch = config.batch as u64;
     let host_scratch = if device.is_cpu() { cost.convs.iter().map(|c| c.host_scratch(batch)).collect() } else { Vec::new() };
-    let layer_scratch = if device.is_cpu() { layer_scratch(&cost, config, batch) } else { Vec::new() };
+    let layer_scratch = if device.is_cpu() { layer_scratch(&cost, config, batch) } else { device_layer_scratch(&cost, config, batch) };
     let step = Step { cost: &cost, config, device, plan: &plan, batch, host_scratch, layer_scratch };
     let (bills, recorder) = match config.mode {
         Mode::Training => (step.training_bills(), step.walk_training()),
@@ -91,13 +96,14 @@ struct Step<'a> {
     /// On the CPU, what each of `cost.convs` allocates beyond its operands
     /// (none on a device, whose convolutions share cuDNN's one workspace).
     host_scratch: Vec<ConvScratch>,
-    /// On the CPU, what each attention and linear layer allocates beyond its
-    /// operands, result and what it keeps (score buffers, gemm's packing,
-    /// f32 copies of half operands).
+    /// What each attention and linear layer allocates beyond its operands,
+    /// result and what it keeps: on the CPU score buffers, gemm's packing and
+    /// f32 copies of half operands; on a device the attentions' buffers of
+    /// one batch element (cuBLAS's own workspace aside).
     layer_scratch: Vec<LayerScratch>,
 }
 
-/// A layer's scratch on the host, each pass's the most it holds at once.
+/// A layer's scratch, each pass's the most it holds at once.
 struct LayerScratch {
     stage: usize,
     forward: u64,
@@ -120,6 +126,22 @@ fn layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<Layer
         LayerScratch { stage: t.stage, forward: scratch.forward, backward }
     });
     attentions.chain(linears).chain(transposed_convs).collect()
+}
+
+/// The attentions' scratch on a device, where the device passes walk the
+/// batch one element at a time (`ops::attention_device_scratch`); the
+/// linear layers and up-convolutions hold none beyond their results there.
+fn device_layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<LayerScratch> {
+    let keeps = config.layers.attention_keeps();
+    let dtype = config.precision.compute_dtype();
+    cost.attentions
+        .iter()
+        .map(|a| {
+            // The walk has already checked every attention's heads against its input.
+            let scratch = crate::ops::attention_device_scratch(batch as usize, a.tokens, a.dim, a.heads, dtype, keeps).unwrap_or_default();
+            LayerScratch { stage: a.stage, forward: scratch.forward, backward: scratch.backward }
+        })
+        .collect()
 }
 
 impl Step<'_> {
@@ -221,15 +243,16 @@ impl Step<'_> {
 
     /// The largest conv workspace of the step, for its bill line. A device's
     /// is cuDNN's one workspace, allocated whole at the first convolution
-    /// and kept; the host's convolutions cut the batch into chunks, and
-    /// theirs is what the largest pass of any of them allocates on all busy
-    /// threads at once (columns, stacked images, gemm's packing).
+    /// and kept, and the largest attention's buffers of one batch element;
+    /// the host's convolutions cut the batch into chunks, and theirs is what
+    /// the largest pass of any of them allocates on all busy threads at once
+    /// (columns, stacked images, gemm's packing).
     fn workspace(&self) -> u64 {
+        let layers = self.layer_scratch.iter().map(|l| l.forward.max(l.backward));
         if self.device.is_cpu() {
-            let convs = self.host_scratch.iter().map(ConvScratch::most);
-            convs.chain(self.layer_scratch.iter().map(|l| l.forward.max(l.backward))).max().unwrap_or(0)
+            self.host_scratch.iter().map(ConvScratch::most).chain(layers).max().unwrap_or(0)
         } else {
-            self.device_workspace()
+            self.device_workspace() + layers.max().unwrap_or(0)
         }
     }
 
@@ -382,6 +405,8 @@ impl Step<'_> {
             "conv and attention scratch (im2col columns and gemm buffers, or attention's score buffers)"
         } else if self.device.is_cpu() {
             "conv workspace (the largest conv's im2col columns and gemm buffers)"
+        } else if !self.cost.attentions.is_empty() {
+            "cuDNN workspace (one per device) and attention's buffers (one image's scores at a time)"
         } else {
             "cuDNN workspace (one per device, made at the first convolution)"
         }

@@ -117,12 +117,13 @@ impl Budget {
         }
     }
 
-    /// The card `%oomcheck --gpu` would judge for this budget. On the CPU
-    /// without bf16: mixed precision there means f16.
+    /// The card this budget simulates, as the ledger judges it: the card's
+    /// size and context, with the step on our CPU kernels and their
+    /// transients. On the CPU without bf16: mixed precision there means f16.
     pub fn device(&self) -> Card {
         Card {
             name: format!("simulated {}", self.name()),
-            kind: CardKind::Sized,
+            kind: CardKind::Simulated,
             total_bytes: self.usable,
             usable_bytes: self.usable,
             context_bytes: self.context,

@@ -5,7 +5,7 @@ use serde::Serialize;
 use super::cost::Cost;
 use super::lean::{self, Layers};
 use super::precision::Precision;
-use super::rules;
+use super::rules::{self, Kernels};
 use super::shape::Shape;
 use super::spec::{Conv2d, Grouping, ModelSpec, Op, Stage};
 use super::walk::{walk, Block, Fold, Shortcut, Site, STAGE_DEPTH};
@@ -174,8 +174,15 @@ impl ConvLayer {
 /// Under mixed precision a cast of the input opens the first stage; the
 /// cross-entropy loss closes the last one (training keeps its tensors).
 pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Layers) -> Result<ModelCost, ModelError> {
+    analyze_on(spec, input, precision, layers, Kernels::Host)
+}
+
+/// [`analyze`], with the transients of `kernels`: our CPU kernels', or the
+/// device passes' (what each op keeps is the same).
+pub fn analyze_on(spec: &ModelSpec, input: Shape, precision: Precision, layers: Layers, kernels: Kernels) -> Result<ModelCost, ModelError> {
     let mut costing = Costing {
         precision,
+        kernels,
         layers,
         last_stage: spec.stages.len().saturating_sub(1),
         convs: Vec::new(),
@@ -188,7 +195,7 @@ pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Lay
     let mut rows = Vec::with_capacity(256);
     let mut stages = Vec::with_capacity(spec.stages.len());
     let mut total = Cost::default();
-    for (stage, stage_rows) in walk(spec, input, precision, layers, &mut costing)? {
+    for (stage, stage_rows) in walk(spec, input, precision, layers, kernels, &mut costing)? {
         total = total.then(stage.cost);
         rows.extend(stage_rows);
         stages.push(stage);
@@ -213,6 +220,7 @@ pub fn analyze(spec: &ModelSpec, input: Shape, precision: Precision, layers: Lay
 /// The walk folded into costs and summary rows.
 struct Costing {
     precision: Precision,
+    kernels: Kernels,
     layers: Layers,
     last_stage: usize,
     convs: Vec<ConvLayer>,
@@ -357,7 +365,8 @@ impl Fold for Costing {
             add.backward_bytes = out_bytes;
             if merged_into.is_some() {
                 let projected = !shortcut.rows.is_empty();
-                (add.workspace_bytes, add.backward_bytes) = rules::lean_merge(merged, self.precision, projected);
+                let activated = !matches!(merged_into, Some(crate::ops::Activation::Identity));
+                (add.workspace_bytes, add.backward_bytes) = rules::lean_merge(merged, self.precision, self.kernels, projected, activated);
             }
             add.eval_live_bytes = self.bytes(site.waiting) + 3 * out_bytes;
             cost.backward_bytes += out_bytes;

@@ -74,8 +74,9 @@ pub(super) enum Role {
     Own,
     /// Inside a lean op, before its end: its output is never stored.
     Inside,
-    /// The end of a lean op: it stores the op's output.
-    End,
+    /// The end of a lean op: it stores the op's output; `activated` where
+    /// the op applies an activation before it.
+    End { activated: bool },
     /// The activation a lean residual block's end applies: it stores the
     /// block's output; the block's sum carries the op's transients.
     Stored,
@@ -145,7 +146,7 @@ pub(super) fn roles(layers: &[spec::Layer], place: Place) -> Vec<Role> {
     for g in groups(layers, skip_last) {
         let last = g.then.or(g.act).unwrap_or(g.bn);
         for i in [Some(g.bn), g.act, g.then].into_iter().flatten() {
-            roles[i] = if i == last { Role::End } else { Role::Inside };
+            roles[i] = if i == last { Role::End { activated: g.act.is_some() } } else { Role::Inside };
         }
     }
     if skip_last {

@@ -22,7 +22,7 @@ mod walk;
 mod weights;
 mod zoo;
 
-pub use analysis::{analyze, AttentionLayer, ConvLayer, LinearLayer, ModelCost, Row, StageCost, TransposedConvLayer};
+pub use analysis::{analyze, analyze_on, AttentionLayer, ConvLayer, LinearLayer, ModelCost, Row, StageCost, TransposedConvLayer};
 pub use cost::{Cost, SMALL_TENSOR_ELEMS};
 pub use efficientnet::efficientnet_b0;
 pub use layers::{global_avg_pool, Named, Pass};
@@ -31,6 +31,7 @@ pub use limits::{MAX_BATCH, MAX_CHANNELS, MAX_CLASSES, MAX_SIDE};
 pub use net::Network;
 pub use precision::{Precision, F32_BYTES};
 pub use resnet::{resnet18, resnet34, resnet50};
+pub use rules::Kernels;
 pub use shape::Shape;
 pub use small_cnn::small_cnn;
 pub use spec::{Block, Conv2d, Grouping, Layer, ModelSpec, Op, Shortcut, Stage};

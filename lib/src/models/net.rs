@@ -12,7 +12,7 @@ use super::layers::{
 };
 use super::lean::{self, Layers};
 use super::precision::Precision;
-use super::rules;
+use super::rules::{self, Kernels};
 use super::shape::Shape;
 use super::spec::{self, ModelSpec, Op, Stage};
 use super::walk::{walk, Block, Fold, Shortcut, Site};
@@ -301,7 +301,7 @@ impl Network {
         let layers = layers.on(device);
         let mut builder = Builder { device, layers, rng: rand::rngs::StdRng::seed_from_u64(seed), params: Vec::new(), buffers: Vec::new() };
         // Shapes do not depend on the precision; the costs go unused.
-        let stages = walk(spec, input, Precision::F32, layers, &mut builder)?;
+        let stages = walk(spec, input, Precision::F32, layers, Kernels::Host, &mut builder)?;
         Ok(Network { spec: spec.clone(), input, device: device.clone(), layers, stages, params: builder.params, buffers: builder.buffers })
     }
 

@@ -33,6 +33,23 @@ use super::precision::{Precision, F32_BYTES};
 use super::shape::Shape;
 use super::spec::{Conv2d, Grouping, Op};
 
+/// Whose transients the rules count. What an op keeps for backward is the
+/// same on both (the device passes keep what the CPU kernels keep); what it
+/// holds only while a pass runs is not: our CPU kernels compute in f32, so
+/// a half operand is read through an f32 copy and the lean ops' maps are
+/// f32, where the device passes (`ops/cuda/passes.rs`) read half operands as
+/// they are and make the lean ops' maps in the maps' own type, and the
+/// convolutions' scratch is cuDNN's one workspace, which the ledger counts
+/// once per device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Kernels {
+    /// Our CPU kernels.
+    #[default]
+    Host,
+    /// The device passes.
+    Device,
+}
+
 /// Why a layer cannot take the shape that reaches it.
 pub(crate) type Rejection = String;
 
@@ -40,14 +57,23 @@ pub(crate) type Rejection = String;
 pub(crate) const NOT_A_LEAF: &str = "a block is not a leaf op";
 
 /// The output shape and cost of a leaf op (anything but a block), as
-/// `layers` run it. An op that `reads_images` takes the batch itself, which
-/// needs no gradient: its backward makes none for its input.
-pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, reads_images: bool) -> Result<(Shape, Cost), Rejection> {
+/// `layers` run it on `kernels`. An op that `reads_images` takes the batch
+/// itself, which needs no gradient: its backward makes none for its input.
+pub(crate) fn leaf(
+    op: &Op,
+    input: Shape,
+    precision: Precision,
+    layers: Layers,
+    kernels: Kernels,
+    reads_images: bool,
+) -> Result<(Shape, Cost), Rejection> {
     let cb = precision.compute_bytes();
+    // Whether a half operand is read through an f32 copy.
+    let f32_copies = precision.is_mixed() && kernels == Kernels::Host;
     let in_bytes = input.elems() * cb;
     let mut cost = Cost::default();
     let output = match *op {
-        Op::Conv2d(conv) => return conv2d(conv, input, precision, reads_images),
+        Op::Conv2d(conv) => return conv2d(conv, input, precision, kernels, reads_images),
         // `ops::batch_norm_train` is one op: it materialises only its output
         // (in the input's dtype; its arithmetic is f32, so a half input is read
         // through an f32 copy and the f32 result is cast back: workspace).
@@ -58,7 +84,7 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
             cost.param_tensor(c as u64);
             cost.buffers = 2 * c as u64;
             cost.keep(in_bytes);
-            if precision.is_mixed() {
+            if f32_copies {
                 cost.workspace_bytes = 2 * e * F32_BYTES;
             }
             cost.backward_bytes = 2 * in_bytes + cost.workspace_bytes;
@@ -73,7 +99,7 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
             // the product) plus the batch-norm backward
             // that consumes it, which under AMP also holds f32 copies (6 more
             // bytes per element, measured).
-            let amp_copies = if precision.is_mixed() { 6 * input.elems() } else { 0 };
+            let amp_copies = if f32_copies { 6 * input.elems() } else { 0 };
             cost.backward_bytes = amp_copies + 4 * in_bytes + input.elems();
             cost.eval_live_bytes = 2 * in_bytes;
             input
@@ -84,8 +110,8 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
         // the last becoming the gradient it casts back.
         Op::Silu => {
             cost.keep(in_bytes);
-            let f32_copies = if precision.is_mixed() { 3 * input.elems() * F32_BYTES } else { 0 };
-            cost.backward_bytes = 2 * in_bytes + f32_copies;
+            let copies = if f32_copies { 3 * input.elems() * F32_BYTES } else { 0 };
+            cost.backward_bytes = 2 * in_bytes + copies;
             cost.eval_live_bytes = 2 * in_bytes;
             input
         }
@@ -183,10 +209,10 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
             cost.param_tensor(features as u64);
             cost.param_tensor(features as u64);
             cost.keep(in_bytes);
-            if precision.is_mixed() {
+            if f32_copies {
                 cost.workspace_bytes = 2 * e * F32_BYTES;
             }
-            cost.backward_bytes = 2 * in_bytes + if precision.is_mixed() { 3 * e * F32_BYTES } else { 0 };
+            cost.backward_bytes = 2 * in_bytes + if f32_copies { 3 * e * F32_BYTES } else { 0 };
             cost.eval_live_bytes = 2 * in_bytes + cost.workspace_bytes;
             input
         }
@@ -196,10 +222,10 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
         Op::Gelu => {
             let e = input.elems();
             cost.keep(in_bytes);
-            if precision.is_mixed() {
+            if f32_copies {
                 cost.workspace_bytes = e * F32_BYTES;
             }
-            cost.backward_bytes = 2 * in_bytes + if precision.is_mixed() { 2 * e * F32_BYTES } else { 0 };
+            cost.backward_bytes = 2 * in_bytes + if f32_copies { 2 * e * F32_BYTES } else { 0 };
             cost.eval_live_bytes = 2 * in_bytes + cost.workspace_bytes;
             input
         }
@@ -226,8 +252,8 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
             cost.eval_live_bytes = in_bytes + out_bytes;
             out
         }
-        Op::PatchEmbed { patch, dim } => return patch_embed(patch, dim, input, precision, reads_images),
-        Op::Attention { heads } => return attention(heads, input, precision, layers),
+        Op::PatchEmbed { patch, dim } => return patch_embed(patch, dim, input, precision, kernels, reads_images),
+        Op::Attention { heads } => return attention(heads, input, precision, layers, kernels),
         // A narrow of the first token, made contiguous for the linear layer
         // after it. Its gradient is a zero tensor of the input's size with
         // the token's gradient written in.
@@ -250,12 +276,19 @@ pub(crate) fn leaf(op: &Op, input: Shape, precision: Precision, layers: Layers, 
 /// contiguous), the bias added, the class token put before them (`cat`,
 /// which first copies the class token broadcast over the batch) and the
 /// positions added: four more tensors of the tokens' size, all kept.
-fn patch_embed(patch: usize, dim: usize, input: Shape, precision: Precision, reads_images: bool) -> Result<(Shape, Cost), Rejection> {
+fn patch_embed(
+    patch: usize,
+    dim: usize,
+    input: Shape,
+    precision: Precision,
+    kernels: Kernels,
+    reads_images: bool,
+) -> Result<(Shape, Cost), Rejection> {
     let (_, h, w) = map(input, "patch embedding")?;
     if patch == 0 || h < patch || w < patch {
         return Err(format!("a {patch}x{patch} patch does not fit in {h}x{w} pixels"));
     }
-    let (_, mut cost) = conv2d(Conv2d::new(dim, patch, patch, 0), input, precision, reads_images)?;
+    let (_, mut cost) = conv2d(Conv2d::new(dim, patch, patch, 0), input, precision, kernels, reads_images)?;
     let patches = (h / patch) * (w / patch);
     let tokens = patches + 1;
     let (dim64, cb) = (dim as u64, precision.compute_bytes());
@@ -280,8 +313,9 @@ fn patch_embed(patch: usize, dim: usize, input: Shape, precision: Precision, rea
 /// plain layers, as PyTorch's math attention) or one f32 log-sum-exp per
 /// row (the lean layers, as memory-efficient attention: backward computes
 /// the probabilities again from q and k). Its per-thread score buffers are
-/// the ledger's (`ModelCost::attentions`).
-fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers) -> Result<(Shape, Cost), Rejection> {
+/// the ledger's (`ModelCost::attentions`), as are the device passes' (one
+/// batch element's scores at a time).
+fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers, kernels: Kernels) -> Result<(Shape, Cost), Rejection> {
     let Shape::Tokens { n, d: qkv } = input else {
         return Err(format!("attention takes tokens (q, k and v side by side), got {input}"));
     };
@@ -294,7 +328,7 @@ fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers) -
     let mut cost = Cost { macs: 2 * n64 * n64 * d as u64, ..Cost::default() };
     cost.keep(output.elems() * cb);
     cost.keep(layers.attention_keeps().bytes(1, n, heads, precision.compute_dtype()));
-    if precision.is_mixed() {
+    if precision.is_mixed() && kernels == Kernels::Host {
         cost.workspace_bytes = (input.elems() + output.elems()) * F32_BYTES;
     }
     cost.backward_bytes = (output.elems() + input.elems()) * cb;
@@ -314,19 +348,41 @@ fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers) -
 /// reads f32 copies of the half input and gradient. Measured on the stem's
 /// batch-norm + ReLU + max-pool (ResNet-18 b16@64, small CNN b32@32):
 /// 13.0 MiB in f32 and 17.5 MiB in f16 for a map of 1M values, as this rule says.
-pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: Precision, cost: Cost) -> Cost {
+///
+/// The device passes make those maps in the maps' own type and read half
+/// operands as they are; they hold, forward, the activated map where a
+/// convolution or pool reads it; backward, besides the incoming gradient,
+/// the recomputed map, its activation and the activation's input gradient
+/// (where there is an activation: cuDNN's activation backward reads both
+/// maps) or the gradient the consumer hands back, and for a max-pool its
+/// output pooled again from the recomputed map (cuDNN's pooling backward
+/// finds each window's maximum by comparing the two); then the batch-norm's
+/// input gradient beside the activation's. Measured on the reference
+/// primitives (`lean_tests`).
+pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: Precision, kernels: Kernels, cost: Cost) -> Cost {
     let cb = precision.compute_bytes();
     let (map, out) = (input.elems(), output.elems());
-    let half_copies = if precision.is_mixed() { (map + out) * F32_BYTES } else { 0 };
-    match role {
-        Role::Own => cost,
-        Role::Inside => Cost { saved_bytes: 0, largest_tensor_bytes: 0, workspace_bytes: 0, backward_bytes: 0, ..cost },
-        Role::Stored => Cost { workspace_bytes: 0, backward_bytes: 0, ..cost },
-        Role::End => Cost {
-            workspace_bytes: cost.workspace_bytes + map * F32_BYTES + half_copies,
-            backward_bytes: out * cb + if matches!(op, Op::MaxPool2d { .. }) { 3 } else { 2 } * map * F32_BYTES + half_copies,
-            ..cost
-        },
+    let pools = matches!(op, Op::MaxPool2d { .. });
+    match (role, kernels) {
+        (Role::Own, _) => cost,
+        (Role::Inside, _) => Cost { saved_bytes: 0, largest_tensor_bytes: 0, workspace_bytes: 0, backward_bytes: 0, ..cost },
+        (Role::Stored, _) => Cost { workspace_bytes: 0, backward_bytes: 0, ..cost },
+        (Role::End { .. }, Kernels::Host) => {
+            let half_copies = if precision.is_mixed() { (map + out) * F32_BYTES } else { 0 };
+            Cost {
+                workspace_bytes: cost.workspace_bytes + map * F32_BYTES + half_copies,
+                backward_bytes: out * cb + if pools { 3 } else { 2 } * map * F32_BYTES + half_copies,
+                ..cost
+            }
+        }
+        (Role::End { activated }, Kernels::Device) => {
+            // The op ends in a convolution or a pool, which reads the activated map.
+            let consumed = matches!(op, Op::Conv2d(_) | Op::MaxPool2d { .. });
+            let handed_on = if consumed { map * cb } else { 0 };
+            let maps = 1 + u64::from(activated) + u64::from(activated || consumed);
+            let pooled_again = if pools { out * cb } else { 0 };
+            Cost { workspace_bytes: cost.workspace_bytes + handed_on, backward_bytes: out * cb + maps * map * cb + pooled_again, ..cost }
+        }
     }
 }
 
@@ -340,23 +396,40 @@ pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: 
 /// f32), 4.2-4.3 MiB with the shortcut's gradient, where this rule says 4;
 /// b8@224, whose peak is the first (projected) block's, 97.7 MiB of context
 /// and workspace against 98.
-pub(crate) fn lean_merge(merged: Shape, precision: Precision, projected: bool) -> (u64, u64) {
+///
+/// The device passes hold, forward, the projection's normalised map beside
+/// the sum (the sum is the output, activated in place); backward, besides
+/// the incoming gradient, the sum recomputed and the activation's gradient
+/// (where there is an activation), then each normalised input's gradient,
+/// all in the maps' own type. Measured on the reference primitives (`lean_tests`).
+pub(crate) fn lean_merge(merged: Shape, precision: Precision, kernels: Kernels, projected: bool, activated: bool) -> (u64, u64) {
     let (cb, map) = (precision.compute_bytes(), merged.elems());
     let norms = if projected { 2 } else { 1 };
-    let half_copies = if precision.is_mixed() { 3 * map * F32_BYTES } else { 0 };
-    let workspace = map * F32_BYTES + half_copies;
-    let backward = map * cb + (1 + norms) * map * F32_BYTES + half_copies;
-    (workspace, backward)
+    match kernels {
+        Kernels::Host => {
+            let half_copies = if precision.is_mixed() { 3 * map * F32_BYTES } else { 0 };
+            let workspace = map * F32_BYTES + half_copies;
+            let backward = map * cb + (1 + norms) * map * F32_BYTES + half_copies;
+            (workspace, backward)
+        }
+        Kernels::Device => {
+            let workspace = if projected { map * cb } else { 0 };
+            let activation_gradient = u64::from(activated);
+            (workspace, map * cb * (1 + activation_gradient + norms))
+        }
+    }
 }
 
 /// `ops::conv2d` (the rule we use for every device): the output is kept (the
-/// autograd op keeps input and kernel, already counted); im2col column
-/// buffers, bounded per thread, are the workspace, counted here as one
-/// sample's `(Hout*Wout, Cin*k*k)` matrix and its result. A bias adds a
-/// broadcast_add output. A depthwise conv is a direct loop with no columns;
-/// in half precision both kinds read an f32 copy of the input and write an
-/// f32 result before the cast back.
-fn conv2d(conv: Conv2d, input: Shape, precision: Precision, reads_images: bool) -> Result<(Shape, Cost), Rejection> {
+/// autograd op keeps input and kernel, already counted). On the host,
+/// im2col column buffers, bounded per thread, are the workspace, counted
+/// here as one sample's `(Hout*Wout, Cin*k*k)` matrix and its result (the
+/// ledger asks the kernel for the real figure); a depthwise conv is a
+/// direct loop with no columns; in half precision both kinds read an f32
+/// copy of the input and write an f32 result before the cast back. On a
+/// device the scratch is cuDNN's one workspace, counted once. A bias adds a
+/// broadcast_add output.
+fn conv2d(conv: Conv2d, input: Shape, precision: Precision, kernels: Kernels, reads_images: bool) -> Result<(Shape, Cost), Rejection> {
     let cb = precision.compute_bytes();
     let (c, h, w) = map(input, "conv2d")?;
     let k = conv.kernel;
@@ -376,12 +449,12 @@ fn conv2d(conv: Conv2d, input: Shape, precision: Precision, reads_images: bool) 
     }
     cost.amp_copy_params = cost.params;
     cost.keep(e * cb);
-    match conv.grouping {
-        Grouping::Dense => cost.workspace_bytes = (spatial * (cin_per_group * k * k) as u64 + e) * cb,
-        Grouping::Depthwise => {
-            cost.workspace_bytes = if precision.is_mixed() { (input.elems() + e) * F32_BYTES } else { 0 };
-        }
-    }
+    cost.workspace_bytes = match (conv.grouping, kernels) {
+        (_, Kernels::Device) => 0,
+        (Grouping::Dense, Kernels::Host) => (spatial * (cin_per_group * k * k) as u64 + e) * cb,
+        (Grouping::Depthwise, Kernels::Host) if precision.is_mixed() => (input.elems() + e) * F32_BYTES,
+        (Grouping::Depthwise, Kernels::Host) => 0,
+    };
     if conv.bias {
         cost.keep(e * cb);
     }
@@ -449,7 +522,7 @@ mod tests {
 
     #[test]
     fn conv_output_and_params_follow_the_usual_formulas() {
-        let (out, cost) = conv2d(Conv2d::new(64, 7, 2, 3), Shape::map(3, 224, 224), Precision::F32, false).unwrap();
+        let (out, cost) = conv2d(Conv2d::new(64, 7, 2, 3), Shape::map(3, 224, 224), Precision::F32, Kernels::Host, false).unwrap();
         assert_eq!(out, Shape::map(64, 112, 112));
         assert_eq!(cost.params, 64 * 3 * 7 * 7);
         assert_eq!(cost.saved_bytes, 112 * 112 * 64 * 4);
@@ -459,7 +532,7 @@ mod tests {
 
     #[test]
     fn depthwise_conv_keeps_its_output_once() {
-        let (out, cost) = conv2d(Conv2d::depthwise(32, 3, 1), Shape::map(32, 10, 10), Precision::F32, false).unwrap();
+        let (out, cost) = conv2d(Conv2d::depthwise(32, 3, 1), Shape::map(32, 10, 10), Precision::F32, Kernels::Host, false).unwrap();
         assert_eq!(out, Shape::map(32, 10, 10));
         assert_eq!(cost.params, 32 * 9);
         assert_eq!(cost.saved_bytes, 3200 * 4);
@@ -468,9 +541,9 @@ mod tests {
     #[test]
     fn fused_batch_norm_keeps_only_its_output() {
         let input = Shape::map(8, 4, 4);
-        let (_, f32_cost) = leaf(&Op::BatchNorm2d, input, Precision::F32, Layers::Plain, false).unwrap();
+        let (_, f32_cost) = leaf(&Op::BatchNorm2d, input, Precision::F32, Layers::Plain, Kernels::Host, false).unwrap();
         assert_eq!(f32_cost.saved_bytes, 128 * 4);
-        let (_, amp) = leaf(&Op::BatchNorm2d, input, Precision::F16Amp, Layers::Plain, false).unwrap();
+        let (_, amp) = leaf(&Op::BatchNorm2d, input, Precision::F16Amp, Layers::Plain, Kernels::Host, false).unwrap();
         assert_eq!(amp.saved_bytes, 128 * 2);
         assert_eq!(amp.workspace_bytes, 2 * 128 * 4);
         assert_eq!((amp.params, amp.buffers), (16, 16));
@@ -479,36 +552,134 @@ mod tests {
     #[test]
     fn attention_keeps_its_probabilities_or_one_statistic_per_row() {
         let input = Shape::Tokens { n: 197, d: 3 * 192 };
-        let (out, plain) = leaf(&Op::Attention { heads: 3 }, input, Precision::F32, Layers::Plain, false).unwrap();
+        let (out, plain) = leaf(&Op::Attention { heads: 3 }, input, Precision::F32, Layers::Plain, Kernels::Host, false).unwrap();
         assert_eq!(out, Shape::Tokens { n: 197, d: 192 });
         assert_eq!(plain.saved_bytes, (197 * 192 + 3 * 197 * 197) * 4);
-        let (_, lean) = leaf(&Op::Attention { heads: 3 }, input, Precision::F32, Layers::Lean, false).unwrap();
+        let (_, lean) = leaf(&Op::Attention { heads: 3 }, input, Precision::F32, Layers::Lean, Kernels::Host, false).unwrap();
         assert_eq!(lean.saved_bytes, (197 * 192 + 3 * 197) * 4);
         assert_eq!(lean.macs, 2 * 197 * 197 * 192);
-        let err = leaf(&Op::Attention { heads: 5 }, input, Precision::F32, Layers::Lean, false).unwrap_err();
+        let err = leaf(&Op::Attention { heads: 5 }, input, Precision::F32, Layers::Lean, Kernels::Host, false).unwrap_err();
         assert_eq!(err, "576 features are not q, k and v of 5 heads each");
     }
 
     #[test]
     fn a_patch_embedding_makes_tokens_and_a_linear_layer_reads_them() {
         let (tokens, cost) =
-            leaf(&Op::PatchEmbed { patch: 16, dim: 192 }, Shape::map(3, 224, 224), Precision::F32, Layers::Lean, true).unwrap();
+            leaf(&Op::PatchEmbed { patch: 16, dim: 192 }, Shape::map(3, 224, 224), Precision::F32, Layers::Lean, Kernels::Host, true)
+                .unwrap();
         assert_eq!(tokens, Shape::Tokens { n: 197, d: 192 });
         assert_eq!(cost.params, 192 * 3 * 16 * 16 + 192 + 192 + 197 * 192);
-        let (out, linear) = leaf(&Op::Linear { out_features: 768, bias: true }, tokens, Precision::F32, Layers::Lean, false).unwrap();
+        let (out, linear) =
+            leaf(&Op::Linear { out_features: 768, bias: true }, tokens, Precision::F32, Layers::Lean, Kernels::Host, false).unwrap();
         assert_eq!(out, Shape::Tokens { n: 197, d: 768 });
         assert_eq!(linear.macs, 197 * 192 * 768);
-        let err = leaf(&Op::PatchEmbed { patch: 16, dim: 192 }, Shape::map(3, 8, 8), Precision::F32, Layers::Lean, true).unwrap_err();
+        let err = leaf(&Op::PatchEmbed { patch: 16, dim: 192 }, Shape::map(3, 8, 8), Precision::F32, Layers::Lean, Kernels::Host, true)
+            .unwrap_err();
         assert_eq!(err, "a 16x16 patch does not fit in 8x8 pixels");
-        let err = leaf(&Op::LayerNorm { eps: 1e-6 }, Shape::map(3, 8, 8), Precision::F32, Layers::Lean, false).unwrap_err();
+        let err = leaf(&Op::LayerNorm { eps: 1e-6 }, Shape::map(3, 8, 8), Precision::F32, Layers::Lean, Kernels::Host, false).unwrap_err();
         assert!(err.contains("layer-norm normalises tokens or a vector"), "{err}");
     }
 
     #[test]
     fn too_small_inputs_and_wrong_ranks_are_rejected() {
-        let err = conv2d(Conv2d::new(8, 3, 1, 0), Shape::map(3, 2, 2), Precision::F32, false).unwrap_err();
+        let err = conv2d(Conv2d::new(8, 3, 1, 0), Shape::map(3, 2, 2), Precision::F32, Kernels::Host, false).unwrap_err();
         assert!(err.contains("does not fit in 2 pixels"), "{err}");
-        let err = leaf(&Op::Linear { out_features: 10, bias: true }, Shape::map(4, 2, 2), Precision::F32, Layers::Lean, false).unwrap_err();
+        let err =
+            leaf(&Op::Linear { out_features: 10, bias: true }, Shape::map(4, 2, 2), Precision::F32, Layers::Lean, Kernels::Host, false)
+                .unwrap_err();
         assert!(err.contains("flatten first"), "{err}");
+    }
+}
+
+/// The device rules of the lean ops against what their device passes
+/// allocate, run on the reference primitives: forward, the transients
+/// beyond the output and the statistics kept; backward, beyond the incoming
+/// gradient (candle's), what the rule counts, up to the batch-norms'
+/// parameter gradients, which the rule leaves to the gradients' bill (the
+/// convolution's weight gradient is taken off the measure for the same reason).
+#[cfg(test)]
+mod on_the_device {
+    use candle_core::{DType, Device, Tensor, Var};
+
+    use super::*;
+    use crate::models::lean::Role;
+    use crate::ops::{self, Activation, ConvParams, Norm, Residual, Then};
+
+    const BATCH: usize = 2;
+    const CHANNELS: usize = 8;
+    const SIDE: usize = 6;
+
+    fn tensor(dims: &[usize], dtype: DType, seed: u64) -> Var {
+        let len = dims.iter().product::<usize>();
+        let values: Vec<f32> = (0..len).map(|i| (((i as u64 * 7919 + seed * 104729) % 997) as f32 / 997.0 - 0.45) * 3.0).collect();
+        Var::from_tensor(&Tensor::from_vec(values, dims, &Device::Cpu).unwrap().to_dtype(dtype).unwrap()).unwrap()
+    }
+
+    fn bytes(t: &Tensor) -> u64 {
+        (t.elem_count() * t.dtype().size_in_bytes()) as u64
+    }
+
+    /// `(forward transients, backward bytes beyond the incoming gradient and
+    /// the weight gradient)`, measured.
+    fn measured(forward: impl FnOnce() -> Tensor, weight_gradient: u64) -> (u64, u64) {
+        let (y, used) = ops::on_reference(|| ops::reference_allocations(forward));
+        let forward = used.peak - bytes(&y) - used.left as u64;
+        let (_, backward) = ops::on_reference(|| ops::reference_allocations(|| y.sum_all().unwrap().backward().unwrap()));
+        (forward, backward.peak - weight_gradient)
+    }
+
+    fn assert_counted(what: &str, measured: u64, rule: u64, parameter_gradients: u64) {
+        assert!((rule..=rule + parameter_gradients).contains(&measured), "{what}: {measured} measured, {rule} counted");
+    }
+
+    #[test]
+    fn the_lean_ops_allocate_what_their_device_rule_counts() {
+        let input = Shape::map(CHANNELS, SIDE, SIDE);
+        let conv = Conv2d::new(16, 3, 1, 1);
+        let pool = (3, 2, 1);
+        for (precision, dtype) in [(Precision::F32, DType::F32), (Precision::F16Amp, DType::F16)] {
+            let z = tensor(&[BATCH, CHANNELS, SIDE, SIDE], dtype, 1);
+            let (weight, bias) = (tensor(&[CHANNELS], DType::F32, 2), tensor(&[CHANNELS], DType::F32, 3));
+            let conv_weight = tensor(&[16, CHANNELS, 3, 3], dtype, 4);
+            let norm = Norm { weight: weight.as_tensor(), bias: bias.as_tensor(), eps: 1e-5 };
+            let params = 2 * CHANNELS as u64 * 4;
+            for act in [Activation::Relu, Activation::Identity] {
+                let activated = act != Activation::Identity;
+                let cases: [(Op, Then<'_>, u64); 3] = [
+                    (
+                        Op::Conv2d(conv),
+                        Then::Conv { weight: conv_weight.as_tensor(), params: ConvParams { stride: 1, padding: 1, groups: 1 } },
+                        bytes(conv_weight.as_tensor()),
+                    ),
+                    (
+                        Op::MaxPool2d { kernel: pool.0, stride: pool.1, padding: pool.2 },
+                        Then::MaxPool { kernel: pool.0, stride: pool.1, padding: pool.2 },
+                        0,
+                    ),
+                    (if activated { Op::Relu } else { Op::BatchNorm2d }, Then::Nothing, 0),
+                ];
+                for (op, then, weight_gradient) in cases {
+                    let what = format!("{op:?} after {act:?}, {precision:?}");
+                    let (output, cost) = leaf(&op, input, precision, Layers::Lean, Kernels::Device, false).unwrap();
+                    let rule = lean(Role::End { activated }, &op, input, output, precision, Kernels::Device, cost);
+                    let (forward, backward) = measured(|| ops::norm_act(z.as_tensor(), norm, act, then).unwrap().y, weight_gradient);
+                    let incoming = BATCH as u64 * output.elems() * precision.compute_bytes();
+                    assert_eq!(forward, BATCH as u64 * rule.workspace_bytes, "{what}: forward");
+                    assert_counted(&what, backward, BATCH as u64 * rule.backward_bytes - incoming, params);
+                }
+            }
+            for (projected, act) in [(false, Activation::Relu), (true, Activation::Relu), (false, Activation::Identity)] {
+                let x = tensor(&[BATCH, CHANNELS, SIDE, SIDE], dtype, 5);
+                let side = Norm { weight: weight.as_tensor(), bias: bias.as_tensor(), eps: 1e-5 };
+                let residual = if projected { Residual::Norm(x.as_tensor(), side) } else { Residual::Identity(x.as_tensor()) };
+                let (workspace, rule_backward) = lean_merge(input, precision, Kernels::Device, projected, act != Activation::Identity);
+                let norms = if projected { 2 } else { 1 };
+                let (forward, backward) = measured(|| ops::norm_add_act(z.as_tensor(), norm, residual, act).unwrap().y, 0);
+                let what = format!("norm_add_act projected {projected} {act:?}, {precision:?}");
+                let incoming = BATCH as u64 * input.elems() * precision.compute_bytes();
+                assert_eq!(forward, BATCH as u64 * workspace, "{what}: forward");
+                assert_counted(&what, backward, BATCH as u64 * rule_backward - incoming, norms * params);
+            }
+        }
     }
 }

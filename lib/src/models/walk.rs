@@ -9,7 +9,7 @@ use super::cost::Cost;
 use super::lean::{self, Layers, Place, Role};
 use super::limits;
 use super::precision::Precision;
-use super::rules;
+use super::rules::{self, Kernels};
 use super::shape::Shape;
 use super::spec::{self, Layer, ModelSpec, Op, Stage};
 use super::ModelError;
@@ -120,19 +120,20 @@ impl Scope<'_> {
 }
 
 /// Walks `spec` for one sample of `input`, costing the leaves at `precision`
-/// as `layers` run them.
+/// as `layers` run them on `kernels`.
 pub(super) fn walk<F: Fold>(
     spec: &ModelSpec,
     input: Shape,
     precision: Precision,
     layers: Layers,
+    kernels: Kernels,
     fold: &mut F,
 ) -> Result<Vec<F::Stage>, ModelError> {
     limits::check_input(&spec.name, input)?;
     if input.elems() == 0 {
         return Err(ModelError::EmptyInput { model: spec.name.clone(), input });
     }
-    let mut walker = Walker { model: &spec.name, precision, layers, fold, leaves: 0 };
+    let mut walker = Walker { model: &spec.name, precision, layers, kernels, fold, leaves: 0 };
     let mut shape = input;
     let mut stages = Vec::with_capacity(spec.stages.len());
     for (index, stage) in spec.stages.iter().enumerate() {
@@ -148,6 +149,7 @@ struct Walker<'a, F> {
     model: &'a str,
     precision: Precision,
     layers: Layers,
+    kernels: Kernels,
     fold: &'a mut F,
     /// Leaves walked so far.
     leaves: usize,
@@ -177,9 +179,9 @@ impl<'a, F: Fold> Walker<'a, F> {
                 op => {
                     self.leaves += 1;
                     let reads_images = site.reads_images;
-                    let (output, cost) =
-                        rules::leaf(op, shape, self.precision, self.layers, reads_images).map_err(|reason| site.rejected(reason))?;
-                    let cost = rules::lean(role, op, shape, output, self.precision, cost);
+                    let (output, cost) = rules::leaf(op, shape, self.precision, self.layers, self.kernels, reads_images)
+                        .map_err(|reason| site.rejected(reason))?;
+                    let cost = rules::lean(role, op, shape, output, self.precision, self.kernels, cost);
                     (self.fold.leaf(site, output, cost)?, output)
                 }
             };
