@@ -120,13 +120,9 @@ pub fn attention_scratch(
     dtype: DType,
     keeps: AttentionKeeps,
 ) -> std::result::Result<AttentionScratch, OpError> {
-    let g = Geometry::of_dims(&[batch, tokens, 3 * dim], heads)?;
-    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(OpError::UnsupportedDType { op: OP, dtype });
-    }
-    if g.is_empty() {
+    let Some(g) = scratch_geometry(batch, tokens, dim, heads, dtype)? else {
         return Ok(AttentionScratch::default());
-    }
+    };
     let plan = g.plan();
     let packing = |dims, dst, lhs, rhs| packing_bytes(dims, dst, lhs, rhs, plan.gemm_parallelism());
     let (n, d, dh) = (g.tokens, g.dim, g.head_width());
@@ -161,6 +157,16 @@ pub fn attention_scratch(
     })
 }
 
+/// The geometry a scratch is asked for, `None` for an empty one; a dtype
+/// the op does not compute in is refused.
+fn scratch_geometry(batch: usize, tokens: usize, dim: usize, heads: usize, dtype: DType) -> std::result::Result<Option<Geometry>, OpError> {
+    let g = Geometry::of_dims(&[batch, tokens, 3 * dim], heads)?;
+    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+        return Err(OpError::UnsupportedDType { op: OP, dtype });
+    }
+    Ok((!g.is_empty()).then_some(g))
+}
+
 /// [`AttentionScratch`] of the device passes (`cuda/passes.rs`) for the
 /// same attention, which walk the batch one element at a time: in the
 /// forward one element's f32 scores, and its probabilities or its f32
@@ -177,13 +183,9 @@ pub fn attention_device_scratch(
     dtype: DType,
     keeps: AttentionKeeps,
 ) -> std::result::Result<AttentionScratch, OpError> {
-    let g = Geometry::of_dims(&[batch, tokens, 3 * dim], heads)?;
-    if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-        return Err(OpError::UnsupportedDType { op: OP, dtype });
-    }
-    if g.is_empty() {
+    let Some(g) = scratch_geometry(batch, tokens, dim, heads, dtype)? else {
         return Ok(AttentionScratch::default());
-    }
+    };
     let (square, rows) = ((g.heads * g.tokens * g.tokens) as u64, (g.heads * g.tokens) as u64);
     let (f, e) = (size_of::<f32>() as u64, dtype.size_in_bytes() as u64);
     let (forward, again) = match keeps {
