@@ -593,3 +593,34 @@ async fn the_magics_measure_a_candle_module_and_refuse_what_is_not_a_model_in_on
     let kept = kernel.execute("count + varmap.all_vars().len()").await;
     assert_eq!(kept.result_text().as_deref(), Some("11"), "the variables survive: {:?}", kept.error());
 }
+
+/// Every form of `use` a file takes works in a cell as it would there, and
+/// what it names stays named in later cells and items: renames inside
+/// braces, `self` renamed, nested braces, braces with no path before them,
+/// globs, `pub use`, `_`, and `use` inside a block.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_form_of_use_works_in_cells_as_in_a_file() {
+    let mut kernel = Kernel::start().await;
+    let cells = [
+        ("use std::collections::{self as coll, BTreeMap as Tree};", None),
+        ("coll::HashSet::<u8>::new().len() + Tree::<u8, u8>::new().len()", Some("0")),
+        ("use {std::fmt::Write as _, std::cmp::{self, Ordering}};", None),
+        ("let mut text = String::new(); write!(text, \"{}\", cmp::max(3, 4)).unwrap(); text", Some("\"4\"")),
+        ("format!(\"{:?}\", 1.cmp(&2) == Ordering::Less)", Some("\"true\"")),
+        ("use std::sync::{{atomic::{self, AtomicU8}}, Arc};", None),
+        ("fn shared() -> Arc<AtomicU8> { Arc::new(AtomicU8::new(7)) }", None),
+        ("shared().load(atomic::Ordering::Relaxed)", Some("7")),
+        ("pub use std::iter::{self as it};", None),
+        ("it::repeat(2).take(3).sum::<i32>()", Some("6")),
+        ("use std::f64::consts::*;", None),
+        ("(PI * 100.0).round() as i64", Some("314")),
+        ("{ use std::num::NonZeroU8 as Nz; Nz::new(5).unwrap().get() }", Some("5")),
+    ];
+    for (code, expected) in cells {
+        let run = kernel.execute(code).await;
+        assert_eq!(run.reply.status, ReplyStatus::Ok, "{code}: {:?}", run.error());
+        if let Some(expected) = expected {
+            assert_eq!(run.result_text().as_deref(), Some(expected), "{code}");
+        }
+    }
+}

@@ -36,15 +36,37 @@ impl Import {
     }
 }
 
+/// The name a use tree's `as` gives, `_` included.
+fn renamed(use_tree: &ast::UseTree) -> Option<String> {
+    let rename = use_tree.rename()?;
+    if let Some(name) = ast::HasName::name(&rename) {
+        Some(name.text().to_string())
+    } else {
+        rename.underscore_token().map(|underscore| underscore.text().to_string())
+    }
+}
+
 pub(crate) fn use_tree_names_do(use_tree: &ast::UseTree, out: &mut impl FnMut(Import)) {
     fn process_use_tree(use_tree: &ast::UseTree, prefix: &[String], out: &mut impl FnMut(Import)) {
+        // `{a, b}` with no path before it (`use {a, b};`, `use a::{{b, c}}`):
+        // each subtree under the prefix so far.
+        if use_tree.path().is_none() {
+            if let Some(tree_list) = use_tree.use_tree_list() {
+                for subtree in tree_list.use_trees() {
+                    process_use_tree(&subtree, prefix, out);
+                }
+            }
+            return;
+        }
         if let Some(path) = use_tree.path() {
-            // If we get ::self, ignore it and use what we've got so far.
+            // `self` names what we've got so far, by its own name or by the
+            // one `as` gives it.
             if path.segment().and_then(|segment| segment.kind())
                 == Some(ast::PathSegmentKind::SelfKw)
             {
                 if let Some(last) = prefix.last() {
-                    out(Import::format(last, prefix));
+                    let name = renamed(use_tree).unwrap_or_else(|| last.clone());
+                    out(Import::format(&name, prefix));
                 }
                 return;
             }
@@ -78,12 +100,8 @@ pub(crate) fn use_tree_names_do(use_tree: &ast::UseTree, out: &mut impl FnMut(Im
                 for subtree in tree_list.use_trees() {
                     process_use_tree(&subtree, &new_prefix, out);
                 }
-            } else if let Some(rename) = use_tree.rename() {
-                if let Some(name) = ast::HasName::name(&rename) {
-                    out(Import::format(name.text(), &new_prefix));
-                } else if let Some(underscore) = rename.underscore_token() {
-                    out(Import::format(underscore.text(), &new_prefix));
-                }
+            } else if let Some(name) = renamed(use_tree) {
+                out(Import::format(&name, &new_prefix));
             } else if let Some(star_token) = use_tree.star_token() {
                 new_prefix.push(star_token.text().to_owned());
                 out(Import::format(star_token.text(), &new_prefix));
@@ -148,6 +166,51 @@ mod tests {
         assert_eq!(
             use_tree_names("use foo::bar::MyTrait as _;"),
             vec![unnamed("use foo::bar::MyTrait as _;"),]
+        );
+    }
+
+    #[test]
+    fn test_self_renamed() {
+        assert_eq!(
+            use_tree_names("use vramlab::candle_nn::{self as nn, Module};"),
+            vec![
+                named("nn", "use vramlab::candle_nn as nn;"),
+                named("Module", "use vramlab::candle_nn::Module;")
+            ]
+        );
+        assert_eq!(
+            use_tree_names("use a::b::{self as _};"),
+            vec![unnamed("use a::b as _;")]
+        );
+    }
+
+    #[test]
+    fn test_braces_without_a_path() {
+        assert_eq!(
+            use_tree_names("use {std::fmt::Write, std::io::{self as stdio, Read as _}};"),
+            vec![
+                named("Write", "use std::fmt::Write;"),
+                named("stdio", "use std::io as stdio;"),
+                unnamed("use std::io::Read as _;")
+            ]
+        );
+        assert_eq!(
+            use_tree_names("use std::collections::{{HashMap, hash_map::{Entry as E}}};"),
+            vec![
+                named("HashMap", "use std::collections::HashMap;"),
+                named("E", "use std::collections::hash_map::Entry as E;")
+            ]
+        );
+    }
+
+    #[test]
+    fn test_pub_use() {
+        assert_eq!(
+            use_tree_names("pub use std::collections::{self as c, BTreeMap};"),
+            vec![
+                named("c", "use std::collections as c;"),
+                named("BTreeMap", "use std::collections::BTreeMap;")
+            ]
         );
     }
 
