@@ -313,12 +313,7 @@ impl ConvTranspose2d {
         bias: Option<(&P::Storage, &Layout)>,
     ) -> Result<(P::Storage, Shape)> {
         let inverse = self.0.inverse()?;
-        match bias {
-            Some(bias) => {
-                cuda::forward::<P, 3>(OP, [x, weight, bias], |p, [x, w, b]| cuda::conv_transpose_forward(p, &inverse, x, w, Some(b)))
-            }
-            None => cuda::forward::<P, 2>(OP, [x, weight], |p, [x, w]| cuda::conv_transpose_forward(p, &inverse, x, w, None)),
-        }
+        cuda::forward_with_bias::<P>(OP, x, weight, bias, |p, x, w, b| cuda::conv_transpose_forward(p, &inverse, x, w, b))
     }
 }
 

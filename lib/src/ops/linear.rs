@@ -199,10 +199,7 @@ impl Linear {
         bias: Option<(&P::Storage, &Layout)>,
     ) -> Result<(P::Storage, Shape)> {
         let l = self.0.on_device();
-        match bias {
-            Some(bias) => cuda::forward::<P, 3>(OP, [x, weight, bias], |p, [x, w, b]| cuda::linear_forward(p, l, x, w, Some(b))),
-            None => cuda::forward::<P, 2>(OP, [x, weight], |p, [x, w]| cuda::linear_forward(p, l, x, w, None)),
-        }
+        cuda::forward_with_bias::<P>(OP, x, weight, bias, |p, x, w, b| cuda::linear_forward(p, l, x, w, b))
     }
 }
 

@@ -58,6 +58,21 @@ pub fn forward<P: Primitives, const N: usize>(
     Ok((P::into_storage(out.buffer)?, out.shape))
 }
 
+/// [`forward`] of an op whose bias is optional: `pass` gets the bias where
+/// there is one.
+pub fn forward_with_bias<P: Primitives>(
+    op: &'static str,
+    x: (&P::Storage, &Layout),
+    weight: (&P::Storage, &Layout),
+    bias: Option<(&P::Storage, &Layout)>,
+    pass: impl FnOnce(&P, Arg<'_, P::Buffer>, Arg<'_, P::Buffer>, Option<Arg<'_, P::Buffer>>) -> Result<Made<P::Buffer>>,
+) -> Result<(P::Storage, Shape)> {
+    match bias {
+        Some(bias) => forward::<P, 3>(op, [x, weight, bias], |p, [x, w, b]| pass(p, x, w, Some(b))),
+        None => forward::<P, 2>(op, [x, weight], |p, [x, w]| pass(p, x, w, None)),
+    }
+}
+
 fn element_of<P: Primitives>(op: &'static str, args: &[Arg<'_, P::Buffer>]) -> Result<Element> {
     let dtype = P::dtype(args[0].at.buffer);
     for a in &args[1..] {
