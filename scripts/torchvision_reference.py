@@ -70,7 +70,7 @@ def in_bench_venv() -> None:
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "scripts/bench-requirements.txt")], check=True)
-    os.execv(str(python), [str(python), __file__, *sys.argv[1:]])
+    os.execv(str(python), [str(python), os.path.abspath(sys.argv[0]), *sys.argv[1:]])
 
 
 def fnv1a(name: str) -> int:

@@ -327,13 +327,18 @@ impl Tensor {
                         kernel_size,
                         stride,
                     } => {
-                        if kernel_size != stride {
-                            crate::bail!("backward not supported for avgpool2d if ksize {kernel_size:?} != stride {stride:?}")
-                        }
                         let (_n, _c, h, w) = arg.dims4()?;
-                        let grad_arg = grad.upsample_nearest2d(h, w)?;
-                        let grad_arg =
-                            (grad_arg * (1f64 / (kernel_size.0 * kernel_size.1) as f64))?;
+                        let tiled = kernel_size == stride
+                            && h % kernel_size.0 == 0
+                            && w % kernel_size.1 == 0;
+                        let grad_arg = if tiled {
+                            let grad_arg = grad.upsample_nearest2d(h, w)?;
+                            (grad_arg * (1f64 / (kernel_size.0 * kernel_size.1) as f64))?
+                        } else {
+                            let windows = PoolWindows::new(arg, *kernel_size, *stride)?;
+                            let share = (grad / (kernel_size.0 * kernel_size.1) as f64)?;
+                            windows.scatter_each(&share)?
+                        };
                         grads.accumulate(arg, &grad_arg)?;
                     }
                     Op::MaxPool2D {
@@ -341,18 +346,8 @@ impl Tensor {
                         kernel_size,
                         stride,
                     } => {
-                        if kernel_size != stride {
-                            crate::bail!("backward not supported for maxpool2d if ksize {kernel_size:?} != stride {stride:?}")
-                        }
-                        let (_n, _c, h, w) = arg.dims4()?;
-                        // For computing the max-pool gradient, we compute a mask where a 1 means
-                        // that the element is the maximum, then we apply this mask to the
-                        // upsampled gradient (taking into account that multiple max may exist so
-                        // we scale the gradient for this case).
-                        let node_upsampled = node.upsample_nearest2d(h, w)?;
-                        let mask = arg.eq(&node_upsampled)?.to_dtype(arg.dtype())?;
-                        let avg = mask.avg_pool2d_with_stride(*kernel_size, *stride)?;
-                        let grad_arg = ((grad * avg)?.upsample_nearest2d(h, w)? * mask)?;
+                        let windows = PoolWindows::new(arg, *kernel_size, *stride)?;
+                        let grad_arg = windows.scatter_to_first_max(node, &grad)?;
                         grads.accumulate(arg, &grad_arg)?;
                     }
                     Op::UpsampleNearest1D { arg, target_size } => {
@@ -801,5 +796,78 @@ impl GradStore {
     /// Get the tensor ids of the stored gradient tensors
     pub fn get_ids(&self) -> impl Iterator<Item = &TensorId> {
         self.0.keys()
+    }
+}
+
+/// The input positions each window of a 2D pooling reads, one offset of the window at a time:
+/// for the offset `(i, j)`, the flat `h * w` index of the element that offset reads in every
+/// window, in the windows' order. Built on the host (a `u32` per window per offset) and
+/// moved to the pooled tensor's device, so the backward passes below are composed of
+/// `index_select`, `eq`, `where_cond` and `scatter_add` and run wherever those do.
+struct PoolWindows<'a> {
+    arg: &'a Tensor,
+    offsets: Vec<Tensor>,
+    windows: usize,
+}
+
+impl<'a> PoolWindows<'a> {
+    fn new(arg: &'a Tensor, kernel_size: (usize, usize), stride: (usize, usize)) -> Result<Self> {
+        let (_n, _c, h, w) = arg.dims4()?;
+        let h_out = (h - kernel_size.0) / stride.0 + 1;
+        let w_out = (w - kernel_size.1) / stride.1 + 1;
+        let mut offsets = Vec::with_capacity(kernel_size.0 * kernel_size.1);
+        for i in 0..kernel_size.0 {
+            for j in 0..kernel_size.1 {
+                let read: Vec<u32> = (0..h_out)
+                    .flat_map(|oh| {
+                        (0..w_out).map(move |ow| ((oh * stride.0 + i) * w + ow * stride.1 + j) as u32)
+                    })
+                    .collect();
+                offsets.push(Tensor::from_vec(read, h_out * w_out, arg.device())?);
+            }
+        }
+        Ok(Self { arg, offsets, windows: h_out * w_out })
+    }
+
+    fn flat_shape(&self) -> Result<(usize, usize, usize)> {
+        let (n, c, h, w) = self.arg.dims4()?;
+        Ok((n, c, h * w))
+    }
+
+    fn broadcast(&self, offset: &Tensor) -> Result<Tensor> {
+        let (n, c, _) = self.flat_shape()?;
+        offset.reshape((1, 1, self.windows))?.broadcast_as((n, c, self.windows))
+    }
+
+    /// Adds `grad` (one value per window) to every element each window read.
+    fn scatter_each(&self, grad: &Tensor) -> Result<Tensor> {
+        let (n, c, hw) = self.flat_shape()?;
+        let grad = grad.reshape((n, c, self.windows))?.contiguous()?;
+        let mut grad_arg = Tensor::zeros((n, c, hw), grad.dtype(), grad.device())?;
+        for offset in &self.offsets {
+            let read = self.broadcast(offset)?.contiguous()?;
+            grad_arg = grad_arg.scatter_add(&read, &grad, 2)?;
+        }
+        grad_arg.reshape(self.arg.shape())
+    }
+
+    /// Sends each window's gradient to the first element, in the window's row-major order,
+    /// that equals the window's maximum: the element PyTorch's max pooling records as its
+    /// index, ties included. Walking the offsets from the last to the first and keeping each
+    /// match leaves the first. A window whose maximum matches none of its elements (a NaN)
+    /// sends its gradient to its first element.
+    fn scatter_to_first_max(&self, pooled: &Tensor, grad: &Tensor) -> Result<Tensor> {
+        let (n, c, hw) = self.flat_shape()?;
+        let flat = self.arg.reshape((n, c, hw))?;
+        let pooled = pooled.reshape((n, c, self.windows))?;
+        let mut first_max = self.broadcast(&self.offsets[0])?;
+        for offset in self.offsets.iter().rev() {
+            let is_max = flat.index_select(offset, 2)?.eq(&pooled)?;
+            first_max = is_max.where_cond(&self.broadcast(offset)?, &first_max)?;
+        }
+        let grad = grad.reshape((n, c, self.windows))?.contiguous()?;
+        Tensor::zeros((n, c, hw), grad.dtype(), grad.device())?
+            .scatter_add(&first_max.contiguous()?, &grad, 2)?
+            .reshape(self.arg.shape())
     }
 }
