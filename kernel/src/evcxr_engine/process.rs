@@ -20,5 +20,12 @@ pub(super) fn cell_process_command() -> Result<std::process::Command, evcxr::Err
     if let Ok(joined) = std::env::join_paths(paths) {
         command.env("LD_LIBRARY_PATH", joined);
     }
+    // evcxr sets RUST_BACKTRACE=1 in the cell process for panics' backtraces, which also makes
+    // every candle and anyhow error capture one and print it under its message: an error a cell
+    // returns (a shape mismatch in a training step) would read as a page of `<unknown>` frames.
+    // RUST_LIB_BACKTRACE governs errors alone; a learner who sets it keeps their choice.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        command.env("RUST_LIB_BACKTRACE", "0");
+    }
     Ok(command)
 }

@@ -43,7 +43,9 @@ pub enum MeasureError {
     NotCounting,
     #[error("{what} needs about {}, more than the {} this machine has available: ask for a smaller input", human(*needs), human(*available))]
     TooLarge { what: String, needs: u64, available: u64 },
-    #[error("a step failed: {0}")]
+    #[error("the model's backward failed on a batch of shape {input}: {reason}")]
+    Backward { input: String, reason: String },
+    #[error("a step failed: {}", candle_message(.0))]
     Candle(#[from] candle_core::Error),
     #[error("the optimizer failed: {0}")]
     Optimizer(#[from] crate::train::OptimError),
@@ -51,6 +53,17 @@ pub enum MeasureError {
     Memory(#[from] MemoryError),
     #[error(transparent)]
     Host(#[from] crate::gpus::GpuError),
+}
+
+/// A candle error's message without the backtrace candle captures when
+/// `RUST_BACKTRACE` is set, its context before it on the same line.
+pub fn candle_message(error: &candle_core::Error) -> String {
+    match error {
+        candle_core::Error::WithBacktrace { inner, .. } => candle_message(inner),
+        candle_core::Error::Context { inner, context } => format!("{context}: {}", candle_message(inner)),
+        candle_core::Error::WithPath { inner, path } => format!("{}: {}", path.display(), candle_message(inner)),
+        other => other.to_string().lines().next().unwrap_or_default().trim().to_owned(),
+    }
 }
 
 /// Steps measured at [`MEASURED_BATCHES`], for one sample shape.

@@ -8,7 +8,7 @@ use candle_core::{Device, DeviceLocation, Tensor, Var};
 use serde::Serialize;
 
 use super::graph::{graph_variables, Kept};
-use super::MeasureError;
+use super::{candle_message, MeasureError};
 use crate::ledger::OptimizerKind;
 use crate::memory::StepMeter;
 use crate::train::{Optimizer, OptimizerConfig};
@@ -185,7 +185,7 @@ impl<'a> Stepper<'a> {
         read(StepPart::Forward, 0, true)?;
         let kept = Kept::of(&loss, &x);
         meter.open_window()?;
-        let grads = loss.backward()?;
+        let grads = loss.backward().map_err(|error| MeasureError::Backward { input: shape_of(&x), reason: candle_message(&error) })?;
         let gradients = self.gradient_bytes(&grads);
         read(StepPart::Backward, gradients, true)?;
         drop((loss, output));
@@ -253,7 +253,7 @@ fn loss_of(output: &Tensor, loss: Loss, batch: usize, device: &Device) -> Result
 
 /// The forward on `x`; an error or a panic in it names the batch's shape.
 fn run_forward(forward: Forward<'_>, x: &Tensor) -> Result<Tensor, MeasureError> {
-    let input = x.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x");
+    let input = shape_of(x);
     match catch_unwind(AssertUnwindSafe(|| forward(x))) {
         Ok(Ok(output)) if output.dtype().is_float() => Ok(output),
         Ok(Ok(output)) => Err(MeasureError::Forward {
@@ -261,7 +261,7 @@ fn run_forward(forward: Forward<'_>, x: &Tensor) -> Result<Tensor, MeasureError>
             reason: format!("its output is {:?}, not a float tensor a loss can be taken of", output.dtype()),
             location: None,
         }),
-        Ok(Err(error)) => Err(MeasureError::Forward { input, location: other_device(&error), reason: first_line(&error.to_string()) }),
+        Ok(Err(error)) => Err(MeasureError::Forward { input, location: other_device(&error), reason: candle_message(&error) }),
         Err(panic) => {
             let message = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
             Err(MeasureError::Forward {
@@ -271,6 +271,10 @@ fn run_forward(forward: Forward<'_>, x: &Tensor) -> Result<Tensor, MeasureError>
             })
         }
     }
+}
+
+fn shape_of(x: &Tensor) -> String {
+    x.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
 }
 
 fn first_line(text: &str) -> String {
