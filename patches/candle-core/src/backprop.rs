@@ -367,21 +367,33 @@ impl Tensor {
                         target_h,
                         target_w,
                     } => {
-                        let (_n, c, h, w) = arg.dims4()?;
-                        if target_h % h != 0 || target_w % w != 0 {
-                            crate::bail!("backward not supported for non integer upscaling factors")
-                        }
-                        let scale_h = target_h / h;
-                        let scale_w = target_w / w;
-
-                        if scale_h != scale_w {
-                            crate::bail!("backward not supported for non uniform upscaling factors")
+                        let (n, c, h, w) = arg.dims4()?;
+                        let uniform = target_h % h == 0
+                            && target_w % w == 0
+                            && target_h / h == target_w / w;
+                        let grad_arg = if uniform {
+                            let scale = target_h / h;
+                            let kernel = Tensor::ones((c, 1, scale, scale), arg.dtype(), arg.device())?;
+                            grad.conv2d(&kernel, 0, scale, 1, c)?
+                        } else {
+                            // Each output pixel copied the input pixel the forward's rule picks
+                            // (`cpu_backend::UpsampleNearest2D`): its gradient goes back there.
+                            let (scale_h, scale_w) = (h as f64 / *target_h as f64, w as f64 / *target_w as f64);
+                            let source: Vec<u32> = (0..*target_h)
+                                .flat_map(|i| {
+                                    let row = usize::min(h - 1, (i as f64 * scale_h) as usize);
+                                    (0..*target_w).map(move |j| (row * w + usize::min(w - 1, (j as f64 * scale_w) as usize)) as u32)
+                                })
+                                .collect();
+                            let source = Tensor::from_vec(source, (1, 1, target_h * target_w), arg.device())?
+                                .broadcast_as((n, c, target_h * target_w))?
+                                .contiguous()?;
+                            let grad = grad.reshape((n, c, target_h * target_w))?.contiguous()?;
+                            Tensor::zeros((n, c, h * w), grad.dtype(), grad.device())?
+                                .scatter_add(&source, &grad, 2)?
+                                .reshape((n, c, h, w))?
                         };
-                        let kernel =
-                            Tensor::ones((c, 1, scale_h, scale_w), arg.dtype(), arg.device())?;
-                        let conv_sum = grad.conv2d(&kernel, 0, scale_h, 1, c)?;
-                        let sum_grad = grads.or_insert(arg)?;
-                        *sum_grad = conv_sum;
+                        grads.accumulate(arg, &grad_arg)?;
                     }
                     Op::UpsampleBilinear2D { .. } => {
                         crate::bail!("backward not supported for upsample_bilinear2d")

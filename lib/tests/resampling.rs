@@ -1,8 +1,10 @@
-//! candle's 2D pooling backward (the patched candle-core) against PyTorch's:
-//! `scripts/pooling_reference.py` pooled inputs full of ties with
+//! candle's 2D pooling and nearest upsampling backward (the patched
+//! candle-core) against PyTorch's: `scripts/resampling_reference.py` pooled
+//! inputs full of ties with
 //! `max_pool2d` and `avg_pool2d` for windows and strides that differ,
 //! overlap, leave gaps or leave rows unread, and recorded the gradient each
-//! input element gets (`fixtures/pooling.json`). Max pooling's values are
+//! input element gets (`fixtures/resampling.json`); and it resized inputs
+//! with nearest upsampling by factors that are not integers, or differ. Max pooling's values are
 //! exact in float32, so candle's must be the same numbers; average pooling's
 //! divide by the window's size, and agree within float32's rounding.
 
@@ -14,6 +16,18 @@ use vramlab::candle::{Device, Tensor, Var};
 #[derive(Deserialize)]
 struct Fixture {
     cases: Vec<Case>,
+    upsampling: Vec<Upsampling>,
+}
+
+#[derive(Deserialize)]
+struct Upsampling {
+    name: String,
+    input_shape: Vec<usize>,
+    target: (usize, usize),
+    input: Vec<f32>,
+    output: Vec<f32>,
+    grad_output: Vec<f32>,
+    grad_input: Vec<f32>,
 }
 
 #[derive(Deserialize)]
@@ -32,7 +46,7 @@ struct Case {
 }
 
 fn fixture() -> Fixture {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pooling.json");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/resampling.json");
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
 }
 
@@ -100,4 +114,17 @@ fn tied_windows(case: &Case) -> usize {
         }
     }
     tied
+}
+
+#[test]
+fn nearest_upsampling_gradients_are_pytorchs_for_every_size() {
+    for case in fixture().upsampling {
+        let x = Var::from_vec(case.input.clone(), case.input_shape.clone(), &Device::Cpu).unwrap();
+        let y = x.upsample_nearest2d(case.target.0, case.target.1).unwrap();
+        assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), case.output, "{}: forward", case.name);
+        let arriving = Tensor::from_vec(case.grad_output.clone(), y.shape(), &Device::Cpu).unwrap();
+        let grads = (&y * &arriving).unwrap().sum_all().unwrap().backward().unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        let grad = grads.get(x.as_tensor()).expect("the input has a gradient").flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(grad, case.grad_input, "{}: the input's gradient", case.name);
+    }
 }
