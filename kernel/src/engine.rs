@@ -81,4 +81,6 @@ pub trait Engine: Send + Sync + 'static {
     /// The memory counters of the process the cells run in, for `%mem`;
     /// `None` where they could not be set up.
     fn probe(&self) -> Option<&CellProbe>;
+    /// The names of the variables the cells keep, as of the last cell that finished.
+    fn variables(&self) -> Vec<String>;
 }

@@ -489,7 +489,8 @@ impl Kernel {
                     self.engine.execute(job).await.map_err(|_| engine_stopped())??
                 }
                 Segment::Magic { name, args } => {
-                    let context = magic::Context { probe: self.engine.probe() };
+                    let variables = self.engine.variables();
+                    let context = magic::Context { probe: self.engine.probe(), variables: &variables };
                     self.invoke(magic::run(&context, &name, &args)?, output, payload).await?
                 }
                 Segment::CellMagic { name, .. } => self.invoke(magic::run_cell(&name)?, output, payload).await?,

@@ -64,6 +64,10 @@ impl Engine for Scripted {
     fn probe(&self) -> Option<&CellProbe> {
         None
     }
+
+    fn variables(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 async fn start() -> (ConnectionInfo, tokio::task::JoinHandle<anyhow::Result<()>>) {

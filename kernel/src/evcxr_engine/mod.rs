@@ -35,11 +35,14 @@ enum Job {
     Inspect(String, usize, oneshot::Sender<Result<Option<Bundle>, String>>),
 }
 
-/// The cell process of the cell now running, so that an interrupt can stop it.
+/// What the server reads of the worker between jobs: the cell process of the
+/// cell now running, so that an interrupt can stop it, and the variables the
+/// cells keep, so that a magic knows a variable from a zoo model's name.
 #[derive(Default)]
 struct Running {
     process: Mutex<Option<Arc<Mutex<Child>>>>,
     interrupted: AtomicBool,
+    variables: Mutex<Vec<String>>,
 }
 
 pub struct EvcxrEngine {
@@ -138,5 +141,9 @@ impl Engine for EvcxrEngine {
 
     fn probe(&self) -> Option<&CellProbe> {
         self.probe.as_deref()
+    }
+
+    fn variables(&self) -> Vec<String> {
+        self.running.variables.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

@@ -171,6 +171,8 @@ impl Worker {
             None => run(),
         };
         *self.running.process.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.running.variables.lock().unwrap_or_else(|e| e.into_inner()) =
+            self.ctx.variables_and_types().map(|(name, _)| name.to_owned()).collect();
         dependencies.finish(if result.is_ok() { "Built the crates this cell depends on" } else { "The build stopped" });
         let report = self.pump.detach();
         if after.cleared {

@@ -68,7 +68,7 @@ mod tests {
     #[test]
     fn a_probe_whose_process_has_not_started_says_so() {
         let probe = CellProbe::create().unwrap();
-        let context = Context { probe: Some(&probe) };
+        let context = Context { probe: Some(&probe), ..Context::default() };
         assert!(run(&context, &[]).unwrap_err().contains("has not started"));
         assert!(run(&context, &["--last-cell".into()]).unwrap_err().contains("no cell measured yet"));
     }

@@ -33,6 +33,8 @@ pub enum Invocation {
 pub struct Context<'a> {
     /// The cell process's memory counters; `None` where they could not be set up.
     pub probe: Option<&'a CellProbe>,
+    /// The variables the cells keep.
+    pub variables: &'a [String],
 }
 
 pub struct Magic {
@@ -81,6 +83,31 @@ fn of_variable(variable: &str, method: &str, args: &[String]) -> String {
 
 pub fn usage_error(magic: &Magic, message: &str) -> CellError {
     CellError::new("UsageError", message, vec![format!("\x1b[1;31mUsageError\x1b[0m: {message}"), format!("usage: {}", magic.usage)])
+}
+
+/// Whether a model magic's first word means a cell's variable: one the cells
+/// keep, when `--input` asks for the measured report or the word is not a zoo
+/// model's name (so a learner's `resnet18` is theirs, and the zoo's is one
+/// `--batch` away); otherwise any identifier that is not a zoo model's name
+/// nor a near miss of one. A zoo name with `--input` and no such variable is
+/// an error that says both.
+fn means_a_variable(context: &Context<'_>, word: &str, args: &[String]) -> Result<bool, String> {
+    let kept = context.variables.iter().any(|v| v == word);
+    let zoo = names_a_zoo_model(word);
+    if kept && (asks_for_input(args) || !zoo) {
+        return Ok(true);
+    }
+    if zoo && asks_for_input(args) {
+        return Err(format!(
+            "no variable of the cells is named `{word}`, and the zoo's models take --batch and --res, not --input:              --input SHAPE measures a model built in a cell"
+        ));
+    }
+    Ok(!zoo && is_identifier(word))
+}
+
+fn is_identifier(word: &str) -> bool {
+    let mut chars = word.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Whether `word` names a zoo model or is a near miss of one (within two

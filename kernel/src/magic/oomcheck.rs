@@ -24,11 +24,11 @@ pub const MAGIC: Magic = Magic {
 /// and so does a cell's variable, where it lives (its flags checked here
 /// first, so that a bad one stops before anything compiles); a zoo model or
 /// a spec file is a configuration, judged here.
-fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
+fn run(context: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
     match args {
         [only] if only == LAST_ERROR => Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".to_owned())),
         _ if args.iter().any(|a| a == LAST_ERROR) => Err(format!("{LAST_ERROR} takes no other argument")),
-        [target, rest @ ..] if is_variable(target) => {
+        [target, rest @ ..] if !target.starts_with('-') && super::means_a_variable(context, target, rest)? => {
             let help = if super::asks_for_input(rest) {
                 parse::<OomcheckModuleArgs>("%oomcheck VARIABLE", rest).map_err(|UsageError(e)| e)?.err()
             } else {
@@ -41,15 +41,6 @@ fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
         }
         _ => vramlab::cli::oomcheck(args).map(Invocation::Show).map_err(|e| e.0),
     }
-}
-
-/// A Rust identifier that is not a zoo model's name nor a near miss of one
-/// (those get the parser's "did you mean").
-fn is_variable(word: &str) -> bool {
-    let mut chars = word.chars();
-    let identifier =
-        chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    identifier && !super::names_a_zoo_model(word)
 }
 
 const LAST_ERROR: &str = "--last-error";
@@ -117,6 +108,19 @@ mod tests {
         let err =
             (MAGIC.run)(&Context::default(), &["unte".into(), "--batch".into(), "8".into(), "--res".into(), "64".into()]).unwrap_err();
         assert!(err.contains("unet"), "{err}");
+    }
+
+    #[test]
+    fn a_kept_variable_named_as_a_zoo_model_is_measured_with_input() {
+        let variables = ["resnet18".to_owned()];
+        let context = Context { variables: &variables, ..Context::default() };
+        let argv: Vec<String> = ["resnet18", "--input", "32x3x224x224", "--gpu", "rtx4060-laptop"].map(String::from).into();
+        let Ok(Invocation::Evaluate(code)) = (MAGIC.run)(&context, &argv) else { panic!("expected a cell") };
+        assert!(code.contains(r#"Target(&resnet18, "resnet18")"#), "{code}");
+        let zoo: Vec<String> = ["resnet18", "--batch", "32", "--res", "224", "--gpu", "rtx4060-laptop"].map(String::from).into();
+        assert!(matches!((MAGIC.run)(&context, &zoo), Ok(Invocation::Show(_))));
+        let err = (MAGIC.run)(&Context::default(), &argv).unwrap_err();
+        assert!(err.contains("no variable of the cells is named `resnet18`"), "{err}");
     }
 
     #[test]

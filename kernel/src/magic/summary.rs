@@ -18,14 +18,14 @@ pub const MAGIC: Magic = Magic {
 
 /// A zoo model is summarised here; a cell's variable is summarised in the
 /// cell process, where it lives, by a one-line cell.
-fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
+fn run(context: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
     let Some(target) = args.first().filter(|a| !a.starts_with('-')) else {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     };
-    if super::names_a_zoo_model(target) || !is_identifier(target) {
+    let rest = &args[1..];
+    if !super::means_a_variable(context, target, rest)? {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     }
-    let rest = &args[1..];
     let help = if super::asks_for_input(rest) {
         parse::<SummaryModuleArgs>("%summary VARIABLE", rest).map_err(|UsageError(e)| e)?.err()
     } else {
@@ -35,11 +35,6 @@ fn run(_: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
         return Ok(Invocation::Show(Bundle::plain(help)));
     }
     Ok(Invocation::Evaluate(super::of_variable(target, "vramlab_summary", rest)))
-}
-
-fn is_identifier(word: &str) -> bool {
-    let mut chars = word.chars();
-    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_') && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]
@@ -55,6 +50,29 @@ mod tests {
         assert!(bundle.text().contains("11,689,512"), "{}", bundle.text());
         let err = (MAGIC.run)(&Context::default(), &["resnet19".into()]).unwrap_err();
         assert!(err.contains("resnet18") && !err.contains("\u{1b}["), "{err}");
+    }
+
+    /// A learner's variable named as a zoo model is theirs when they give it an input; the zoo's
+    /// model is theirs to ask for with its own flags.
+    #[test]
+    fn a_kept_variable_named_as_a_zoo_model_is_measured_with_input() {
+        let variables = ["resnet18".to_owned(), "efficientnet_b0".to_owned()];
+        let context = Context { variables: &variables, ..Context::default() };
+        let args = |words: &[&str]| -> Vec<String> { words.iter().map(|w| w.to_string()).collect() };
+        let Ok(Invocation::Evaluate(code)) = (MAGIC.run)(&context, &args(&["resnet18", "--input", "8x3x64x64"])) else {
+            panic!("expected a cell")
+        };
+        assert!(code.contains(r#"Target(&resnet18, "resnet18")"#), "{code}");
+        let Ok(Invocation::Evaluate(code)) = (MAGIC.run)(&context, &args(&["efficientnet_b0", "--input", "8x3x64x64"])) else {
+            panic!("expected a cell")
+        };
+        assert!(code.contains("Target(&efficientnet_b0"), "{code}");
+        let Ok(Invocation::Show(zoo)) = (MAGIC.run)(&context, &args(&["resnet18", "--depth", "1"])) else {
+            panic!("expected the zoo's table")
+        };
+        assert!(zoo.text().contains("11,689,512"), "{}", zoo.text());
+        let err = (MAGIC.run)(&Context::default(), &args(&["resnet18", "--input", "8x3x64x64"])).unwrap_err();
+        assert!(err.contains("no variable of the cells is named `resnet18`") && err.contains("--batch"), "{err}");
     }
 
     #[test]
