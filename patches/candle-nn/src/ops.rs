@@ -434,7 +434,12 @@ impl candle::CustomOp1 for SoftmaxLastDim {
     }
 }
 
+/// The fused kernel has no backward: where `xs` takes part in a gradient, the
+/// composition [`softmax`] computes the same values and carries it.
 pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
+    if xs.track_op() {
+        return softmax(xs, D::Minus1);
+    }
     xs.apply_op1_no_bwd(&SoftmaxLastDim)
 }
 
@@ -680,6 +685,11 @@ pub fn rms_norm(xs: &Tensor, alpha: &Tensor, eps: f32) -> Result<Tensor> {
             xs.shape(),
             alpha.shape()
         )
+    }
+    // The fused kernel has no backward: where an operand takes part in a gradient, the
+    // composition carries it.
+    if xs.track_op() || alpha.track_op() {
+        return rms_norm_slow(xs, alpha, eps);
     }
     xs.apply_op2_no_bwd(alpha, &RmsNorm { eps })
 }
@@ -940,6 +950,11 @@ pub fn layer_norm(xs: &Tensor, alpha: &Tensor, beta: &Tensor, eps: f32) -> Resul
             alpha.shape(),
             beta.shape()
         )
+    }
+    // The fused kernel has no backward: where an operand takes part in a gradient, the
+    // composition carries it.
+    if xs.track_op() || alpha.track_op() || beta.track_op() {
+        return layer_norm_slow(xs, alpha, beta, eps);
     }
     xs.apply_op3_no_bwd(alpha, beta, &LayerNorm { eps })
 }
