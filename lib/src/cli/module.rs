@@ -13,7 +13,7 @@ use clap::{ColorChoice, Parser};
 use super::{oomcheck_of, parse, summary_of, CheckOf, UsageError};
 use crate::gpus::Card;
 use crate::ledger::OptimizerKind;
-use crate::measured::{measure, Forward, ModuleReport};
+use crate::measured::{measure, measure_at, Forward, ModuleReport, MEASURED_BATCHES};
 use crate::models::{Network, Pass};
 use crate::render::{Bundle, Render};
 
@@ -187,7 +187,14 @@ fn measured(name: &str, forward: Forward<'_>, argv: &[&str], magic: Magic) -> Re
             Err(help) => return Ok(Bundle::plain(help)),
         },
     };
-    let measured = measure(forward, &input.sample, opt).map_err(usage)?;
+    // A model that runs only one sample at a time (candle-transformers' DINOv2 concatenates its
+    // one class token with the batch's patches) is measured at batch 1 when that is what is asked.
+    let measured = if input.batch < MEASURED_BATCHES[0] {
+        measure_at(forward, &input.sample, opt, &[input.batch])
+    } else {
+        measure(forward, &input.sample, opt)
+    }
+    .map_err(usage)?;
     Ok(ModuleReport::new(name, measured, input.batch, card).bundle())
 }
 
