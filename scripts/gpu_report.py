@@ -1,6 +1,7 @@
 """The markdown tables of a scripts/gpu_check.sh run, for BENCHMARKS.md.
 
-    python3 scripts/gpu_report.py DIR     # DIR: the run's output folder ($OUT there)
+    python3 scripts/gpu_report.py DIR            # DIR: the run's output folder ($OUT there)
+    python3 scripts/gpu_report.py DIR --record   # also writes benchmarks/card-validation.json
 
 Reads the files of SECTIONS (whichever the run wrote), skipped.json and
 log.txt, and prints the machine, check-ops' largest error per op and dtype
@@ -10,6 +11,14 @@ PyTorch's with cuDNN's plans, and copy bandwidth. A section whose figures
 follow a check-ops mismatch says so under its title; a run that did not
 finish (no "done in" line in log.txt) is said to be cut short; where PyTorch
 gave no figure (a rehearsal without it), the reason stands in its place.
+
+With --record, the run's predicted-against-measured peaks become the library's
+validation record (benchmarks/card-validation.json, compiled in by
+lib/src/ledger/validation.rs): the card, the date, the binary, the fingerprint
+of the rules its ledger followed and the range of its peak errors. Every card
+verdict says the figures are predictions until a record of the same rules has
+all its peaks within 5%. A run whose measure section did not finish, or
+followed a check-ops mismatch, is not recorded.
 """
 from __future__ import annotations
 
@@ -139,11 +148,46 @@ SECTIONS = [("Machine", "env.json", env_lines), ("Ops against the CPU", "ops.jso
             ("Host to device", "h2d.json", h2d_lines)]
 
 
+RECORD = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "card-validation.json"
+
+
+def record(folder: pathlib.Path) -> str:
+    """Writes RECORD from the run in `folder`; returns what it did, in a sentence."""
+    rows = load(folder, "measure.json") or []
+    compared = [row["json"] for row in rows if row.get("json") and "measured_peak" in row["json"]]
+    if not compared or not finished(folder) or after_mismatch(rows):
+        return f"not recorded: the run measured {len(compared)} steps, finished: {finished(folder)}, after a mismatch: {after_mismatch(rows)}"
+    if len(compared) < len(rows):
+        return f"not recorded: {len(rows) - len(compared)} of {len(rows)} configurations gave no comparison"
+    env = load(folder, "env.json") or {}
+    if not env.get("cuda_available") or any("cuda" not in c.get("measured_with", "").lower() for c in compared):
+        return "not recorded: the steps did not run on a card"
+    rules = {c.get("device_rules") for c in compared}
+    if len(rules) != 1:
+        return f"not recorded: the steps name {len(rules)} different rule fingerprints"
+    errors = [(c["measured_peak"] - c["predicted_peak"]) / c["predicted_peak"] * 100 for c in compared]
+    sha = env.get("binary_sha256", "")
+    entry = {
+        "about": "The last GPU run that measured the ledger's predicted steps on a card, written by `scripts/gpu_report.py DIR "
+                 "--record` and compiled into the library (lib/src/ledger/validation.rs).",
+        "device_rules": rules.pop(),
+        "card": env.get("gpu", "an unnamed card"),
+        "date": str(env.get("date", ""))[:10],
+        "build": f"binary sha256 {sha[:16]}" if sha else "an unnamed build",
+        "configurations": len(compared),
+        "peak_error_percent": [round(min(errors), 1), round(max(errors), 1)],
+        "source": str(folder),
+    }
+    RECORD.write_text(json.dumps(entry, indent=1) + "\n")
+    return f"recorded in {RECORD.name}: {len(compared)} steps, peaks {min(errors):+.1f}% to {max(errors):+.1f}% of the ledger's"
+
+
 def main() -> int:
-    if len(sys.argv) != 2 or not pathlib.Path(sys.argv[1]).is_dir():
+    args = [a for a in sys.argv[1:] if a != "--record"]
+    if len(args) != 1 or not pathlib.Path(args[0]).is_dir():
         print(__doc__, file=sys.stderr)
         return 2
-    folder = pathlib.Path(sys.argv[1])
+    folder = pathlib.Path(args[0])
     if not finished(folder):
         print("This run did not finish (log.txt has no \"done in\" line): the figures are those written before it stopped.\n")
     mismatch = (load(folder, "ops.json") or {}).get("mismatch", "see ops.json")
@@ -156,6 +200,8 @@ def main() -> int:
             print("\n".join(render(data)) + "\n")
     skipped = load(folder, "skipped.json") or []
     print(f"Skipped: {'; '.join(skipped) if skipped else 'nothing'}.")
+    if "--record" in sys.argv[1:]:
+        print(f"\nValidation record: {record(folder)}.")
     return 0
 
 

@@ -328,3 +328,22 @@ for line in sys.stdin:
     assert "unfinished" not in bench
     text = report_of(tmp_path)
     assert "| 5.0 MiB | 1.0 MiB |" in text and f"| {bench['label']} | 10.0 ms | 5.0 ms | 2.0x |" in text, text
+
+
+def test_a_card_run_is_recorded_for_the_library_and_a_rehearsal_is_not(tmp_path, monkeypatch):
+    kept = tmp_path / "h200"
+    shutil.copytree(ROOT / "benchmarks/h200-2026-12-04", kept)
+    monkeypatch.setattr(gpu_report, "RECORD", tmp_path / "card-validation.json")
+    said = gpu_report.record(kept)
+    entry = json.loads((tmp_path / "card-validation.json").read_text())
+    assert said.startswith("recorded"), said
+    assert entry["card"] == "NVIDIA H200" and entry["configurations"] == 18
+    assert entry["peak_error_percent"] == [22.3, 244.0] and entry["device_rules"] is None
+    rehearsal = tmp_path / "rehearsal"
+    shutil.copytree(kept, rehearsal)
+    env = json.loads((rehearsal / "env.json").read_text())
+    env["cuda_available"] = False
+    (rehearsal / "env.json").write_text(json.dumps(env))
+    (tmp_path / "card-validation.json").unlink()
+    assert gpu_report.record(rehearsal) == "not recorded: the steps did not run on a card"
+    assert not (tmp_path / "card-validation.json").exists()

@@ -59,6 +59,9 @@ impl Render for Oomcheck {
             Verdict::DoesNotFit => "#b22222",
         };
         let mut composer = Composer::new().headline(&report.verdict_line(), color);
+        if let Some(caveat) = &report.card_caveat {
+            composer = composer.remark(caveat);
+        }
         // Loader settings ask about host RAM: its verdict comes before the card's detail.
         if let Some(host) = &self.host {
             composer = composer.part(&host.bundle());

@@ -7,6 +7,7 @@ mod estimate;
 mod plan;
 mod render;
 mod timeline;
+pub mod validation;
 
 pub use bill::{Bill, BillKind, Line};
 pub use config::{Checkpointing, Mode, OptimizerKind, StepConfig};

@@ -2,6 +2,7 @@
 //! at the measured batches and at the batch asked for, and, against a card,
 //! the verdict and the fixes that need no spec.
 
+use crate::ledger::validation::card_caveat;
 use serde::Serialize;
 
 use super::{Measured, PartBills, Scenario};
@@ -293,7 +294,11 @@ impl Render for ModuleReport {
             Some(Verdict::Fits) => "#2a7d2a",
             None => "#333333",
         };
-        let mut composer = Composer::new().headline(&self.headline(), color).part(&self.bills_table().bundle());
+        let mut composer = Composer::new().headline(&self.headline(), color);
+        if let Some(caveat) = self.card.as_ref().and_then(|check| card_caveat(&check.card)) {
+            composer = composer.remark(&caveat);
+        }
+        composer = composer.part(&self.bills_table().bundle());
         if let Some(fixes) = self.fixes_table() {
             composer = composer.part(&fixes.bundle());
         }

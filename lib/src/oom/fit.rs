@@ -1,6 +1,7 @@
 use serde::Serialize;
 
 use crate::gpus::Card;
+use crate::ledger::validation::card_caveat;
 use crate::ledger::{estimate, Ledger, LedgerError, Mode, StepConfig};
 use crate::models::ModelSpec;
 use crate::units::{human, percent};
@@ -19,6 +20,9 @@ pub struct FitReport {
     pub target_bytes: u64,
     /// Ranked, cheapest first; empty when it fits comfortably.
     pub fixes: Vec<Fix>,
+    /// How the rules behind a card's figures were last checked on a card
+    /// (`ledger::validation`); `None` on the CPU and where a card run confirmed them.
+    pub card_caveat: Option<String>,
 }
 
 /// Estimates `config` on `device`, judges the fit and, unless it fits
@@ -33,6 +37,7 @@ pub fn check(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<Fit
         ledger,
         verdict,
         fixes,
+        card_caveat: card_caveat(device),
     })
 }
 

@@ -21,6 +21,13 @@ impl Composer {
         self
     }
 
+    /// A line of prose that qualifies the headline, in italics in HTML.
+    pub fn remark(mut self, line: &str) -> Self {
+        self.text.push(line.to_owned());
+        self.html.push(format!("<p style=\"font-style:italic\">{}</p>", escape_html(line)));
+        self
+    }
+
     /// A bundle's text and its richest HTML form.
     pub fn part(mut self, bundle: &Bundle) -> Self {
         self.text.push(bundle.text().trim_end().to_owned());

@@ -68,6 +68,9 @@ pub struct Comparison {
     /// The device the ledger predicted for, and how the measurement was read.
     pub device: String,
     pub measured_with: String,
+    /// The fingerprint of the rules the prediction followed (`ledger::validation`), which a
+    /// GPU run records beside its errors.
+    pub device_rules: &'static str,
 }
 
 impl Comparison {
@@ -208,6 +211,7 @@ impl Trainer {
             measured_phases: measured.phases.clone(),
             device: ledger.device.name.clone(),
             measured_with: self.meter().source().to_owned(),
+            device_rules: crate::ledger::validation::device_rules(),
         };
         let snapshot = Snapshot {
             label,
