@@ -89,17 +89,19 @@ pub fn usage_error(magic: &Magic, message: &str) -> CellError {
 /// keep, when `--input` asks for the measured report or the word is not a zoo
 /// model's name (so a learner's `resnet18` is theirs, and the zoo's is one
 /// `--batch` away); otherwise any identifier that is not a zoo model's name
-/// nor a near miss of one. A zoo name with `--input` and no such variable is
-/// an error that says both.
-fn means_a_variable(context: &Context<'_>, word: &str, args: &[String]) -> Result<bool, String> {
+/// nor a near miss of one. Where the zoo's models take no `--input`
+/// (`zoo_takes_input` false), a zoo name with `--input` and no such variable
+/// is an error that says both.
+fn means_a_variable(context: &Context<'_>, word: &str, args: &[String], zoo_takes_input: bool) -> Result<bool, String> {
     let kept = context.variables.iter().any(|v| v == word);
     let zoo = names_a_zoo_model(word);
     if kept && (asks_for_input(args) || !zoo) {
         return Ok(true);
     }
-    if zoo && asks_for_input(args) {
+    if zoo && asks_for_input(args) && !zoo_takes_input {
         return Err(format!(
-            "no variable of the cells is named `{word}`, and the zoo's models take --batch and --res, not --input:              --input SHAPE measures a model built in a cell"
+            "no variable of the cells is named `{word}`, and the zoo's models take --batch and --res, not --input: \
+             --input SHAPE measures a model built in a cell"
         ));
     }
     Ok(!zoo && is_identifier(word))

@@ -28,7 +28,7 @@ fn run(context: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
     match args {
         [only] if only == LAST_ERROR => Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".to_owned())),
         _ if args.iter().any(|a| a == LAST_ERROR) => Err(format!("{LAST_ERROR} takes no other argument")),
-        [target, rest @ ..] if !target.starts_with('-') && super::means_a_variable(context, target, rest)? => {
+        [target, rest @ ..] if !target.starts_with('-') && super::means_a_variable(context, target, rest, false)? => {
             let help = if super::asks_for_input(rest) {
                 parse::<OomcheckModuleArgs>("%oomcheck VARIABLE", rest).map_err(|UsageError(e)| e)?.err()
             } else {
@@ -120,7 +120,7 @@ mod tests {
         let zoo: Vec<String> = ["resnet18", "--batch", "32", "--res", "224", "--gpu", "rtx4060-laptop"].map(String::from).into();
         assert!(matches!((MAGIC.run)(&context, &zoo), Ok(Invocation::Show(_))));
         let err = (MAGIC.run)(&Context::default(), &argv).unwrap_err();
-        assert!(err.contains("no variable of the cells is named `resnet18`"), "{err}");
+        assert!(err.contains("no variable of the cells is named `resnet18`") && !err.contains("  "), "{err}");
     }
 
     #[test]

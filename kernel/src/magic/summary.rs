@@ -23,7 +23,7 @@ fn run(context: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     };
     let rest = &args[1..];
-    if !super::means_a_variable(context, target, rest)? {
+    if !super::means_a_variable(context, target, rest, true)? {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     }
     let help = if super::asks_for_input(rest) {
@@ -71,8 +71,12 @@ mod tests {
             panic!("expected the zoo's table")
         };
         assert!(zoo.text().contains("11,689,512"), "{}", zoo.text());
-        let err = (MAGIC.run)(&Context::default(), &args(&["resnet18", "--input", "8x3x64x64"])).unwrap_err();
-        assert!(err.contains("no variable of the cells is named `resnet18`") && err.contains("--batch"), "{err}");
+        // The zoo's table takes an input shape too.
+        let Ok(Invocation::Show(zoo)) = (MAGIC.run)(&Context::default(), &args(&["resnet18", "--input", "1x3x224x224", "--depth", "1"]))
+        else {
+            panic!("expected the zoo's table")
+        };
+        assert!(zoo.text().contains("11,689,512"), "{}", zoo.text());
     }
 
     #[test]
