@@ -86,16 +86,24 @@ pub fn usage_error(magic: &Magic, message: &str) -> CellError {
 }
 
 /// Whether a model magic's first word means a cell's variable: one the cells
-/// keep, when `--input` asks for the measured report or the word is not a zoo
-/// model's name (so a learner's `resnet18` is theirs, and the zoo's is one
-/// `--batch` away); otherwise any identifier that is not a zoo model's name
-/// nor a near miss of one. Where the zoo's models take no `--input`
-/// (`zoo_takes_input` false), a zoo name with `--input` and no such variable
-/// is an error that says both.
-fn means_a_variable(context: &Context<'_>, word: &str, args: &[String], zoo_takes_input: bool) -> Result<bool, String> {
+/// keep, unless its name is a zoo model's and the arguments are the zoo's
+/// (`--input` with flags only the zoo takes, or no `--input`), so that a
+/// learner's `resnet18` is theirs with `--input`, and the zoo's stays one
+/// `--batch` or `--depth` away; otherwise any identifier that is not a zoo
+/// model's name nor a near miss of one. `variable_parses`: the arguments are
+/// a variable's; `zoo_takes_input`: the zoo's form takes `--input` too. Where
+/// it does not, a zoo name with `--input` and no such variable is an error
+/// that says both.
+fn means_a_variable(
+    context: &Context<'_>,
+    word: &str,
+    args: &[String],
+    variable_parses: bool,
+    zoo_takes_input: bool,
+) -> Result<bool, String> {
     let kept = context.variables.iter().any(|v| v == word);
     let zoo = names_a_zoo_model(word);
-    if kept && (asks_for_input(args) || !zoo) {
+    if kept && (!zoo || (asks_for_input(args) && (variable_parses || !zoo_takes_input))) {
         return Ok(true);
     }
     if zoo && asks_for_input(args) && !zoo_takes_input {

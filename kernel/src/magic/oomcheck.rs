@@ -28,7 +28,7 @@ fn run(context: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
     match args {
         [only] if only == LAST_ERROR => Ok(Invocation::Evaluate("vramlab::diagnose::last_error()?".to_owned())),
         _ if args.iter().any(|a| a == LAST_ERROR) => Err(format!("{LAST_ERROR} takes no other argument")),
-        [target, rest @ ..] if !target.starts_with('-') && super::means_a_variable(context, target, rest, false)? => {
+        [target, rest @ ..] if !target.starts_with('-') && super::means_a_variable(context, target, rest, true, false)? => {
             let help = if super::asks_for_input(rest) {
                 parse::<OomcheckModuleArgs>("%oomcheck VARIABLE", rest).map_err(|UsageError(e)| e)?.err()
             } else {

@@ -23,7 +23,7 @@ fn run(context: &Context<'_>, args: &[String]) -> Result<Invocation, String> {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     };
     let rest = &args[1..];
-    if !super::means_a_variable(context, target, rest, true)? {
+    if !super::means_a_variable(context, target, rest, parse::<SummaryModuleArgs>("%summary VARIABLE", rest).is_ok(), true)? {
         return vramlab::cli::summary(args).map(Invocation::Show).map_err(|e| e.0);
     }
     let help = if super::asks_for_input(rest) {
@@ -68,6 +68,11 @@ mod tests {
         };
         assert!(code.contains("Target(&efficientnet_b0"), "{code}");
         let Ok(Invocation::Show(zoo)) = (MAGIC.run)(&context, &args(&["resnet18", "--depth", "1"])) else {
+            panic!("expected the zoo's table")
+        };
+        assert!(zoo.text().contains("11,689,512"), "{}", zoo.text());
+        // Flags only the zoo's table takes pick the zoo's model, input or not.
+        let Ok(Invocation::Show(zoo)) = (MAGIC.run)(&context, &args(&["resnet18", "--input", "1x3x224x224", "--depth", "1"])) else {
             panic!("expected the zoo's table")
         };
         assert!(zoo.text().contains("11,689,512"), "{}", zoo.text());
