@@ -19,6 +19,7 @@ use crate::errors::SpannedMessage;
 use crate::errors::bail;
 use crate::evcxr_internal_runtime;
 use crate::item;
+use crate::module::Compiler;
 use crate::module::Module;
 use crate::module::SoFile;
 use crate::runtime;
@@ -102,7 +103,7 @@ pub(crate) struct Config {
     pub(crate) target: String,
     pub(crate) allow_static_linking: bool,
     pub(crate) build_envs: HashMap<String, String>,
-    subprocess_path: PathBuf,
+    pub(crate) subprocess_path: PathBuf,
 }
 
 fn create_initial_config(tmpdir: PathBuf, subprocess_path: PathBuf) -> Result<Config> {
@@ -755,6 +756,9 @@ impl EvalContext {
             }
             return Err(errors);
         }
+        if defines_variables {
+            phases.phase_complete("Variable types");
+        }
         // In some circumstances we may need a few tries before we get the code right. Note that
         // we'll generally give up sooner than this if there's nothing left that we think we can
         // fix. The limit is really to prevent retrying indefinitely in case our "fixing" of things
@@ -833,6 +837,7 @@ impl EvalContext {
         callbacks: &mut EvalCallbacks,
     ) -> Result<ExecutionArtifacts, Error> {
         let code = state.code_to_compile(user_code, compilation_mode);
+        phases.phase_complete("Code generation");
         let so_file = self
             .module
             .compile(&code, &state.config, callbacks.build_progress)?;
@@ -844,7 +849,10 @@ impl EvalContext {
                 output: EvalOutputs::new(),
             });
         }
-        phases.phase_complete("Final compile");
+        phases.phase_complete(match so_file.compiler {
+            Compiler::Cargo => "Final compile (cargo)",
+            Compiler::Rustc => "Final compile (rustc)",
+        });
 
         let output = self.run_and_capture_output(state, &so_file, callbacks)?;
         Ok(ExecutionArtifacts { output })
