@@ -1998,13 +1998,17 @@ impl ContextState {
         mut user_code: CodeBlock,
         compilation_mode: CompilationMode,
     ) -> CodeBlock {
-        let needs_variable_store = !self.variable_states.is_empty()
-            || !self.stored_variable_states.is_empty()
+        // Only the variables the code names are checked, loaded and stored back: the rest stay
+        // in the store untouched, so a cell's code does not grow with every variable defined. A
+        // cell that names none passes the store through without the code that handles it.
+        let used = UsedNames::of(&user_code.code_string());
+        let needs_variable_store = self
+            .variable_states
+            .keys()
+            .chain(self.stored_variable_states.keys())
+            .any(|name| used.contains(name))
             || self.async_mode
             || self.allow_question_mark;
-        // Only the variables the code names are checked, loaded and stored back: the rest stay
-        // in the store untouched, so a cell's code does not grow with every variable defined.
-        let used = UsedNames::of(&user_code.code_string());
         let mut code = CodeBlock::new();
         if self.allow_question_mark {
             code = code.add_all(self.error_trait_code(false));
@@ -2709,6 +2713,42 @@ mod tests {
             "use std::fmt::Write as _;",
         ];
         assert!(!all(&mut state, &cells, "1"));
+    }
+
+    #[test]
+    fn a_cell_that_names_no_variable_passes_the_store_through() {
+        let mut state = create_state();
+        state.stored_variable_states.insert(
+            "kept".to_owned(),
+            VariableState {
+                type_name: "String".to_owned(),
+                is_mut: false,
+                move_state: VariableMoveState::Available,
+                definition_span: None,
+            },
+        );
+        state.variable_states = state.stored_variable_states.clone();
+        let compiled = |state: &mut ContextState, cell: &str| {
+            let (user_code, code_info) = CodeBlock::from_original_user_code(cell);
+            let user_code = state.apply(user_code, &code_info.nodes).unwrap();
+            state
+                .code_to_compile(user_code, CompilationMode::RunAndCatchPanics)
+                .code_string()
+        };
+        let plain = compiled(&mut state, "1 + 1");
+        assert!(!plain.contains("mod evcxr_internal_runtime"), "{plain}");
+        assert!(
+            plain.contains("evcxr_variable_store: *mut u8) -> *mut u8"),
+            "{plain}"
+        );
+        let named = compiled(&mut state, "kept.len()");
+        assert!(named.contains("mod evcxr_internal_runtime"), "{named}");
+        assert!(
+            named.contains("take_variable::<String>(stringify!(kept))"),
+            "{named}"
+        );
+        let defines = compiled(&mut state, "let other = 1;");
+        assert!(defines.contains("put_variable::<"), "{defines}");
     }
 
     #[test]
