@@ -9,8 +9,20 @@ then warm `1 + 1` on all kernels in turn (interleaved, so that the machine's
 load falls on each alike). Records the one-minute load average before each
 kernel's part. Prints JSON.
 
+The warm cell (`--only-warm`, and part of the full run): `1 + 1` (p50 of 20) in
+a new kernel, and in a kernel where the library has been used (for vramlab
+`use vramlab::units::human;` then `let x = human(1024);`, as a notebook's first
+cells do), then, in that kernel, a cell naming a kept variable (`x`) and one
+calling the library (`human(5)`). Each kernel waits 3 s after its first cell,
+as a person would, so that rust-analyzer's start does not fall on the samples.
+With `:timing` on, where the kernel prints evcxr's phases, a breakdown of the
+same warm `1 + 1`: each phase's p50, evcxr's whole evaluation, and the rest of
+the round trip (the kernel's own steps and the messages), each the p50 of the
+per-cell values.
+
     .venv/bin/python scripts/bench_kernel.py vramlab evcxr
     .venv/bin/python scripts/bench_kernel.py --only-magics vramlab python3
+    .venv/bin/python scripts/bench_kernel.py --only-warm vramlab
 """
 from __future__ import annotations
 
@@ -18,6 +30,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -45,6 +58,17 @@ CANDLE_LET_CELL = {
     )
     for name, cell in CANDLE_CELL.items()
 }
+# Cells that use the library, run before the warm cells "after the library was used". evcxr_jupyter
+# has no library of its own: candle by `:dep` (its first build takes minutes).
+LIBRARY_CELLS = {
+    "vramlab": ["use vramlab::units::human;", "let x = human(1024);"],
+    "evcxr": [':dep candle-core = "=0.11.1"', "use candle_core::Device;", 'let x = format!("{:?}", Device::Cpu);'],
+}
+# In the kernel where the library was used: a cell naming the kept variable, and one calling the library.
+NAMING_CELLS = {
+    "vramlab": {"names_a_variable": "x.len()", "calls_the_library": "human(5)"},
+    "evcxr": {"names_a_variable": "x.len()", "calls_the_library": "Device::Cpu.is_cpu()"},
+}
 MAGIC_CELLS = {
     "vramlab": {
         "lsmagic": "%lsmagic",
@@ -56,12 +80,23 @@ MAGIC_CELLS = {
 
 
 def execute(client, code: str, timeout: float = 1800) -> float:
+    return execute_collecting(client, code, timeout)[0]
+
+
+def execute_collecting(client, code: str, timeout: float = 1800) -> tuple[float, str]:
+    """The round trip, request to execute_reply, and what the cell printed on stdout."""
+    printed: list[str] = []
+
+    def hook(msg):
+        if msg["msg_type"] == "stream" and msg["content"].get("name") == "stdout":
+            printed.append(msg["content"]["text"])
+
     started = time.perf_counter()
-    reply = client.execute_interactive(code, timeout=timeout, output_hook=lambda msg: None)
+    reply = client.execute_interactive(code, timeout=timeout, output_hook=hook)
     elapsed = time.perf_counter() - started
     if reply["content"]["status"] != "ok":
         raise RuntimeError(f"{code!r} failed: {reply['content'].get('evalue')}")
-    return elapsed
+    return elapsed, "".join(printed)
 
 
 def start(name: str) -> tuple[KernelManager, object, float]:
@@ -91,6 +126,85 @@ def bench_magics(name: str, repeats: int) -> dict:
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+    return result
+
+
+def summary(samples: list[float]) -> dict:
+    return {"p50": p50(samples), "min": min(samples), "max": max(samples), "repeats": len(samples)}
+
+
+TOOK = re.compile(r"Took (\d+) ms: (.*)")
+PHASE = re.compile(r"(.+) (\d+) ms$")
+
+
+def phases_of(printed: str) -> dict[str, float] | None:
+    """evcxr's `:timing` line, `Took 91 ms: Code generation 0 ms, Final compile (rustc) 90 ms, ...`,
+    in seconds (a phase met twice, summed); None when the cell printed none."""
+    match = TOOK.search(printed)
+    if not match:
+        return None
+    phases = {"evcxr_total": int(match.group(1)) / 1e3}
+    for part in match.group(2).strip().split(", "):
+        if found := PHASE.match(part.strip()):
+            phases[found.group(1)] = phases.get(found.group(1), 0.0) + int(found.group(2)) / 1e3
+    return phases
+
+
+def warm_breakdown(client, repeats: int) -> dict | None:
+    """Warm `1 + 1` with `:timing` on: the round trip and evcxr's phases, cell by cell."""
+    execute(client, ":timing")
+    execute(client, "1 + 1")
+    cells = []
+    for _ in range(repeats):
+        round_trip, printed = execute_collecting(client, "1 + 1")
+        phases = phases_of(printed)
+        if phases is None:
+            execute(client, ":timing")
+            return None
+        phases["outside_evcxr"] = round_trip - phases["evcxr_total"]
+        phases["round_trip"] = round_trip
+        cells.append(phases)
+    execute(client, ":timing")
+    names = sorted({name for cell in cells for name in cell}, key=lambda n: (n in ("round_trip", "evcxr_total"), n))
+    return {name: p50([cell.get(name, 0.0) for cell in cells]) for name in names} | {"repeats": len(cells)}
+
+
+def by_kernel(table: dict, name: str):
+    """The entry for a kernelspec named like `vramlab` or `vramlab-dev`."""
+    return next((value for key, value in table.items() if name == key or name.startswith(key + "-")), None)
+
+
+def bench_warm(name: str, repeats: int) -> dict:
+    """Warm `1 + 1` in a new kernel and after the library was used, and where its time goes."""
+    result: dict = {"kernel": name, "load_average_1min_before": os.getloadavg()[0]}
+    manager, client, _ = start(name)
+    try:
+        execute(client, "1 + 1")
+        time.sleep(3)
+        result["new_kernel_1_plus_1_s"] = summary([execute(client, "1 + 1") for _ in range(repeats)])
+        result["new_kernel_breakdown_s"] = warm_breakdown(client, repeats)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    library_cells = by_kernel(LIBRARY_CELLS, name)
+    if library_cells is None:
+        return result
+    result["load_average_1min_before_library"] = os.getloadavg()[0]
+    manager, client, _ = start(name)
+    try:
+        execute(client, "1 + 1")
+        time.sleep(3)
+        result["library_cells_s"] = {cell: execute(client, cell) for cell in library_cells}
+        execute(client, "1 + 1")
+        result["after_library_1_plus_1_s"] = summary([execute(client, "1 + 1") for _ in range(repeats)])
+        result["after_library_breakdown_s"] = warm_breakdown(client, repeats)
+        for label, cell in (by_kernel(NAMING_CELLS, name) or {}).items():
+            execute(client, cell)
+            result[f"after_library_{label}_s"] = {"cell": cell} | summary([execute(client, cell) for _ in range(repeats)])
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    result["load_average_1min_after"] = os.getloadavg()[0]
     return result
 
 
@@ -142,6 +256,7 @@ def bench(name: str, starts: int, repeats: int) -> dict:
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)
+    result["warm_cell"] = bench_warm(name, repeats)
     return result
 
 
@@ -170,6 +285,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--only-interleaved", action="store_true", help="only the interleaved warm `1 + 1` comparison")
     parser.add_argument("--only-magics", action="store_true", help="only warm `1 + 1` and magic round trips, one kernel at a time")
+    parser.add_argument("--only-warm", action="store_true", help="only the warm cell: new kernel, after the library, and its breakdown")
     args = parser.parse_args()
     report = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -182,6 +298,12 @@ def main() -> int:
     }
     if args.only_magics:
         report["results"] = [bench_magics(name, args.repeats) for name in args.kernels]
+        print(json.dumps(report, indent=2))
+        return 0
+    if args.only_warm:
+        for name in args.kernels:
+            print(f"warm cell on {name}...", file=sys.stderr)
+            report["results"].append(bench_warm(name, args.repeats))
         print(json.dumps(report, indent=2))
         return 0
     if not args.only_interleaved:

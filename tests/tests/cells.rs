@@ -624,3 +624,73 @@ async fn every_form_of_use_works_in_cells_as_in_a_file() {
         }
     }
 }
+
+/// The compiler a cell's `:timing` line names: `cargo`, or `rustc` run alone as cargo last ran it.
+fn compiled_by(run: &common::Execution) -> &'static str {
+    let took = run.stdout();
+    if took.contains("Final compile (rustc)") {
+        "rustc"
+    } else if took.contains("Final compile (cargo)") {
+        "cargo"
+    } else {
+        panic!("no compile in {took:?}")
+    }
+}
+
+/// A warm cell is compiled by rustc alone, as cargo compiled the cell before it; whatever cargo
+/// would act on sends the cell to cargo again: a `:dep` added, a path dependency's source
+/// changed. A cell that names none of the stored `use` items compiles without them, and one
+/// that may need them (a trait's method, a path) gets them all.
+#[tokio::test(flavor = "multi_thread")]
+async fn warm_cells_skip_cargo_until_the_dependencies_or_their_sources_change() {
+    let tiny = tempfile::tempdir().unwrap();
+    std::fs::create_dir(tiny.path().join("src")).unwrap();
+    std::fs::write(tiny.path().join("Cargo.toml"), "[package]\nname = \"tiny\"\nversion = \"0.1.0\"\nedition = \"2021\"\n").unwrap();
+    let source = |value: u32| {
+        format!(
+            "pub fn value() -> u32 {{ {value} }}\npub trait Twice {{ fn twice(&self) -> u32; }}\n\
+             impl Twice for u32 {{ fn twice(&self) -> u32 {{ self * 2 }} }}\n"
+        )
+    };
+    std::fs::write(tiny.path().join("src/lib.rs"), source(1)).unwrap();
+
+    let mut kernel = Kernel::start().await;
+    kernel.execute(":timing").await;
+    let ok = |run: &common::Execution, code: &str| assert_eq!(run.reply.status, ReplyStatus::Ok, "{code}: {:?}", run.error());
+    let warm = kernel.execute("1 + 1").await;
+    assert_eq!((warm.result_text().as_deref(), compiled_by(&warm)), (Some("2"), "rustc"), "{}", warm.stdout());
+
+    let dep = format!(":dep tiny = {{ path = {:?} }}\ntiny::value()", tiny.path().display().to_string());
+    let added = kernel.execute(&dep).await;
+    ok(&added, &dep);
+    assert_eq!((added.result_text().as_deref(), compiled_by(&added)), (Some("1"), "cargo"), "a :dep goes to cargo");
+    for code in ["use tiny::{value, Twice};", "let n: u32 = 21;"] {
+        ok(&kernel.execute(code).await, code);
+    }
+    for (code, expected) in [("1 + 1", "2"), ("value()", "1"), ("n.twice()", "42"), ("n", "21")] {
+        let run = kernel.execute(code).await;
+        ok(&run, code);
+        assert_eq!((run.result_text().as_deref(), compiled_by(&run)), (Some(expected), "rustc"), "{code}: {}", run.stdout());
+    }
+
+    // The path dependency's source changes: cargo rebuilds it, and the cells see the new code.
+    std::fs::write(tiny.path().join("src/lib.rs"), source(2)).unwrap();
+    let changed = kernel.execute("value()").await;
+    ok(&changed, "value()");
+    assert_eq!((changed.result_text().as_deref(), compiled_by(&changed)), (Some("2"), "cargo"), "{}", changed.stdout());
+    let after = kernel.execute("value() + n.twice()").await;
+    assert_eq!((after.result_text().as_deref(), compiled_by(&after)), (Some("44"), "rustc"), "{}", after.stdout());
+
+    // An error in the cell is the cell's error, and the next cell still skips cargo.
+    let wrong = kernel.execute("1 + \"a\"").await;
+    let error = wrong.error().expect("a type error");
+    assert_eq!(error.ename, "CompilationError", "{error:?}");
+    let next = kernel.execute("value()").await;
+    assert_eq!((next.result_text().as_deref(), compiled_by(&next)), (Some("2"), "rustc"), "{}", next.stdout());
+
+    // A second :dep (a crate from the registry) after cells compiled by rustc alone takes effect.
+    let itoa = kernel.execute(":dep itoa = \"1\"\nitoa::Buffer::new().format(1234).len()").await;
+    assert_eq!((itoa.result_text().as_deref(), compiled_by(&itoa)), (Some("4"), "cargo"), "{:?}", itoa.error());
+    let again = kernel.execute("itoa::Buffer::new().format(7).len() + value() as usize").await;
+    assert_eq!((again.result_text().as_deref(), compiled_by(&again)), (Some("3"), "rustc"), "{}", again.stdout());
+}

@@ -297,7 +297,8 @@ fn bundle_of(content: std::collections::HashMap<String, String>) -> Bundle {
     })
 }
 
-/// What `:timing` shows: the whole evaluation, then evcxr's phases (a
+/// What `:timing` shows: the whole evaluation, then evcxr's phases (`Final
+/// compile (rustc)` for rustc run alone, `(cargo)` for a build through cargo; a
 /// `Fallback` phase is a compile that failed and was redone).
 fn timing_line(outputs: &evcxr::EvalOutputs) -> String {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;

@@ -19,6 +19,7 @@ use crate::errors::SpannedMessage;
 use crate::errors::bail;
 use crate::evcxr_internal_runtime;
 use crate::item;
+use crate::module::Compiler;
 use crate::module::Module;
 use crate::module::SoFile;
 use crate::runtime;
@@ -102,7 +103,7 @@ pub(crate) struct Config {
     pub(crate) target: String,
     pub(crate) allow_static_linking: bool,
     pub(crate) build_envs: HashMap<String, String>,
-    subprocess_path: PathBuf,
+    pub(crate) subprocess_path: PathBuf,
 }
 
 fn create_initial_config(tmpdir: PathBuf, subprocess_path: PathBuf) -> Result<Config> {
@@ -524,26 +525,33 @@ impl EvalContext {
             return Ok(EvalOutputs::default());
         }
         let mut phases = PhaseDetailsBuilder::new();
+        let cell = CellCode::of(&user_code);
         let code_out = state.apply(user_code.clone(), &code_info.nodes)?;
 
-        let mut outputs =
-            match self.run_statements(code_out, code_info, &mut state, &mut phases, callbacks) {
-                error @ Err(Error::SubprocessTerminated(_)) => {
-                    self.restart_child_process()?;
-                    return error;
+        let mut outputs = match self.run_statements(
+            code_out,
+            code_info,
+            &mut state,
+            &mut phases,
+            callbacks,
+            &cell,
+        ) {
+            error @ Err(Error::SubprocessTerminated(_)) => {
+                self.restart_child_process()?;
+                return error;
+            }
+            Err(Error::CompilationErrors(errors)) => {
+                let mut errors = state.apply_custom_errors(errors, &user_code, code_info);
+                // If we have any errors in user code then remove all errors that aren't from user
+                // code.
+                if errors.iter().any(|error| error.is_from_user_code()) {
+                    errors.retain(|error| error.is_from_user_code())
                 }
-                Err(Error::CompilationErrors(errors)) => {
-                    let mut errors = state.apply_custom_errors(errors, &user_code, code_info);
-                    // If we have any errors in user code then remove all errors that aren't from user
-                    // code.
-                    if errors.iter().any(|error| error.is_from_user_code()) {
-                        errors.retain(|error| error.is_from_user_code())
-                    }
-                    return Err(Error::CompilationErrors(errors));
-                }
-                error @ Err(_) => return error,
-                Ok(x) => x,
-            };
+                return Err(Error::CompilationErrors(errors));
+            }
+            error @ Err(_) => return error,
+            Ok(x) => x,
+        };
 
         // Once, we reach here, our code has successfully executed, so we
         // conclude that variable changes are now applied.
@@ -713,6 +721,7 @@ impl EvalContext {
         state: &mut ContextState,
         phases: &mut PhaseDetailsBuilder,
         callbacks: &mut EvalCallbacks,
+        cell: &CellCode,
     ) -> Result<EvalOutputs, Error> {
         self.write_cargo_toml(state)?;
         let analysis_code = state.execution_analysis_code(user_code.clone());
@@ -755,6 +764,9 @@ impl EvalContext {
             }
             return Err(errors);
         }
+        if defines_variables {
+            phases.phase_complete("Variable types");
+        }
         // In some circumstances we may need a few tries before we get the code right. Note that
         // we'll generally give up sooner than this if there's nothing left that we think we can
         // fix. The limit is really to prevent retrying indefinitely in case our "fixing" of things
@@ -771,6 +783,7 @@ impl EvalContext {
                 state.compilation_mode(),
                 phases,
                 callbacks,
+                Some(cell),
             );
             match result {
                 Ok(execution_artifacts) => {
@@ -805,6 +818,7 @@ impl EvalContext {
                             CompilationMode::NoCatchExpectError,
                             phases,
                             callbacks,
+                            None,
                         )?;
                     }
                     return Err(Error::CompilationErrors(errors));
@@ -831,11 +845,25 @@ impl EvalContext {
         compilation_mode: CompilationMode,
         phases: &mut PhaseDetailsBuilder,
         callbacks: &mut EvalCallbacks,
+        cell: Option<&CellCode>,
     ) -> Result<ExecutionArtifacts, Error> {
-        let code = state.code_to_compile(user_code, compilation_mode);
-        let so_file = self
+        let (code, left_out_uses) =
+            state.code_to_compile_for(user_code.clone(), compilation_mode, cell);
+        phases.phase_complete("Code generation");
+        let compiled = self
             .module
-            .compile(&code, &state.config, callbacks.build_progress)?;
+            .compile(&code, &state.config, callbacks.build_progress);
+        let so_file = match compiled {
+            // A `use` left out may have been needed after all (a trait's method, a name a macro
+            // expands to): the errors that count are those of the code with all of them.
+            Err(Error::CompilationErrors(_)) if left_out_uses => {
+                phases.phase_complete("Compile without unneeded uses (failed)");
+                let code = state.code_to_compile(user_code, compilation_mode);
+                self.module
+                    .compile(&code, &state.config, callbacks.build_progress)?
+            }
+            compiled => compiled?,
+        };
 
         if compilation_mode == CompilationMode::NoCatchExpectError {
             // Uh-oh, caller was expecting an error, return OK and the caller can return the
@@ -844,7 +872,10 @@ impl EvalContext {
                 output: EvalOutputs::new(),
             });
         }
-        phases.phase_complete("Final compile");
+        phases.phase_complete(match so_file.compiler {
+            Compiler::Cargo => "Final compile (cargo)",
+            Compiler::Rustc => "Final compile (rustc)",
+        });
 
         let output = self.run_and_capture_output(state, &so_file, callbacks)?;
         Ok(ExecutionArtifacts { output })
@@ -1305,6 +1336,101 @@ impl UsedNames {
         self.0
             .contains(variable.strip_prefix("r#").unwrap_or(variable))
     }
+
+    fn extend(&mut self, other: &UsedNames) {
+        self.0.extend(other.0.iter().cloned());
+    }
+}
+
+/// A stored `use` item: evcxr stores each name a `use` brings as `use path;` or
+/// `use path as name;`.
+fn is_use_item(code: &str) -> bool {
+    code.trim_start().starts_with("use ")
+}
+
+/// What the code a person wrote may refer to, read from its text (string literals and comments
+/// included, which only makes it say more).
+#[derive(Clone, Debug, Default)]
+struct CellCode {
+    /// It has an identifier other than a keyword.
+    names_anything: bool,
+    /// It calls a method or names a path (a trait in scope may be what they resolve to), or calls
+    /// a macro that may expand to either.
+    may_use_traits: bool,
+}
+
+impl CellCode {
+    fn of(user_code: &CodeBlock) -> CellCode {
+        let mut cell = CellCode::default();
+        for segment in &user_code.segments {
+            if matches!(segment.kind, CodeKind::OriginalUserCode(_)) {
+                cell.add(&segment.code);
+            }
+        }
+        cell
+    }
+
+    fn add(&mut self, code: &str) {
+        /// Macros whose expansion calls no method that a `use` could bring into scope.
+        const PLAIN_MACROS: [&str; 12] = [
+            "assert",
+            "assert_eq",
+            "assert_ne",
+            "dbg",
+            "eprint",
+            "eprintln",
+            "format",
+            "matches",
+            "panic",
+            "print",
+            "println",
+            "vec",
+        ];
+        const KEYWORDS: [&str; 39] = [
+            "as", "async", "await", "break", "const", "continue", "crate", "dyn", "else", "enum",
+            "extern", "false", "fn", "for", "if", "impl", "in", "let", "loop", "match", "mod",
+            "move", "mut", "pub", "ref", "return", "self", "Self", "static", "struct", "super",
+            "trait", "true", "type", "unsafe", "use", "where", "while", "_",
+        ];
+        let bytes = code.as_bytes();
+        let is_ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b >= 0x80;
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            if b == b':' && bytes.get(i + 1) == Some(&b':') {
+                self.may_use_traits = true;
+            }
+            if b == b'.'
+                && bytes
+                    .get(i + 1)
+                    .is_some_and(|&next| next.is_ascii_alphabetic() || next == b'_' || next >= 0x80)
+            {
+                self.may_use_traits = true;
+            }
+            if is_ident(b) {
+                let start = i;
+                while i < bytes.len() && is_ident(bytes[i]) {
+                    i += 1;
+                }
+                let word = &code[start..i];
+                if word.as_bytes()[0].is_ascii_digit() {
+                    continue;
+                }
+                if !KEYWORDS.contains(&word) {
+                    self.names_anything = true;
+                }
+                let rest = code[i..].trim_start();
+                if rest.starts_with('!')
+                    && rest[1..].trim_start().starts_with(['(', '[', '{'])
+                    && !PLAIN_MACROS.contains(&word)
+                {
+                    self.may_use_traits = true;
+                }
+                continue;
+            }
+            i += 1;
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -1360,6 +1486,9 @@ pub struct ContextState {
     /// execution completes.
     stored_variable_states: HashMap<String, VariableState>,
     attributes: HashMap<String, CodeBlock>,
+    /// The stored items defined by a cell after which `use` items were stored: their code may
+    /// need any of those.
+    items_defined_with_uses: HashSet<String>,
     async_mode: bool,
     allow_question_mark: bool,
     build_num: i32,
@@ -1376,6 +1505,7 @@ impl ContextState {
             variable_states: HashMap::new(),
             stored_variable_states: HashMap::new(),
             attributes: HashMap::new(),
+            items_defined_with_uses: HashSet::new(),
             async_mode: false,
             allow_question_mark: false,
             build_num: 0,
@@ -1717,24 +1847,108 @@ impl ContextState {
         user_code: CodeBlock,
         compilation_mode: CompilationMode,
     ) -> CodeBlock {
-        let mut code = CodeBlock::new()
-            .generated("#![allow(unused_imports, unused_mut, dead_code)]")
-            .add_all(self.attributes_code())
-            .add_all(self.items_code());
+        self.code_to_compile_for(user_code, compilation_mode, None)
+            .0
+    }
+
+    /// The code that runs `user_code`. Given the cell's own code, the stored `use` items that
+    /// neither it nor the stored items can need are left out (and the second value says whether
+    /// any was): a `use` of a crate makes rustc load that crate and link everything it depends
+    /// on, even when nothing of it is used.
+    fn code_to_compile_for(
+        &self,
+        user_code: CodeBlock,
+        compilation_mode: CompilationMode,
+        cell: Option<&CellCode>,
+    ) -> (CodeBlock, bool) {
         let has_user_code = !user_code.is_empty();
-        if has_user_code {
-            code = code.add_all(self.wrap_user_code(user_code, compilation_mode));
+        let wrapped = if has_user_code {
+            self.wrap_user_code(user_code, compilation_mode)
         } else {
             // TODO: Add a mechanism to load a crate without any function to call then remove this.
-            code = code
+            CodeBlock::new()
                 .generated("#[unsafe(no_mangle)]")
                 .generated(format!(
                     "pub extern \"C\" fn {}(",
                     self.current_user_fn_name()
                 ))
-                .generated("mut x: *mut std::os::raw::c_void) -> *mut std::os::raw::c_void {x}");
+                .generated("mut x: *mut std::os::raw::c_void) -> *mut std::os::raw::c_void {x}")
+        };
+        let (items, left_out) = match cell {
+            Some(cell) => self.items_code_for(cell, &wrapped),
+            None => (self.items_code(), false),
+        };
+        let code = CodeBlock::new()
+            .generated("#![allow(unused_imports, unused_mut, dead_code)]")
+            .add_all(self.attributes_code())
+            .add_all(items)
+            .add_all(wrapped);
+        (code, left_out)
+    }
+
+    /// The stored items for compiling a cell, with the `use` items it may need:
+    /// - every one, when the cell's own code may call a trait's method (a method call, a path,
+    ///   a macro other than a few of std's), or a stored item defined while `use` items were
+    ///   stored may;
+    /// - otherwise, each whose name occurs in the code compiled (the cell's, the code evcxr
+    ///   generates around it, which names the types of the variables it uses, the stored items
+    ///   and the `use` items kept), and the globs and `as _` ones when the cell's own code or
+    ///   such an item names anything at all.
+    fn items_code_for(&self, cell: &CellCode, wrapped: &CodeBlock) -> (CodeBlock, bool) {
+        let mut own = cell.clone();
+        let mut others = CodeBlock::new().add_all(self.get_imports());
+        let mut uses = Vec::new();
+        let named_items = self
+            .items_by_name
+            .iter()
+            .map(|(name, item)| (Some(name.as_str()), item));
+        let unnamed_items = self.unnamed_items.iter().map(|item| (None, item));
+        for (name, item) in named_items.chain(unnamed_items) {
+            let text = item.code_string();
+            if is_use_item(&text) {
+                uses.push((name, item, text));
+                continue;
+            }
+            // An item defined before any `use` was stored compiled without them: it needs only
+            // those it names.
+            if name.is_none_or(|name| self.items_defined_with_uses.contains(name)) {
+                own.add(&text);
+            }
+            others = others.add_all(item.clone());
         }
-        code
+        if own.may_use_traits || uses.is_empty() {
+            return (self.items_code(), false);
+        }
+        let generated = wrapped
+            .code_string()
+            .replace(include_str!("evcxr_internal_runtime.rs"), "");
+        let mut names = UsedNames::of(&generated);
+        names.extend(&UsedNames::of(&others.code_string()));
+        let mut kept = vec![false; uses.len()];
+        loop {
+            let mut grew = false;
+            for (index, (name, _, text)) in uses.iter().enumerate() {
+                let needed = match name {
+                    Some(name) => names.contains(name),
+                    None => own.names_anything,
+                };
+                if needed && !kept[index] {
+                    kept[index] = true;
+                    names.extend(&UsedNames::of(text));
+                    grew = true;
+                }
+            }
+            if !grew {
+                break;
+            }
+        }
+        let mut code = others;
+        for ((_, item, _), kept) in uses.iter().zip(&kept) {
+            if *kept {
+                code = code.add_all((*item).clone());
+            }
+        }
+        (code, kept.iter().any(|kept| !kept))
     }
 
     fn items_code(&self) -> CodeBlock {
@@ -1784,13 +1998,17 @@ impl ContextState {
         mut user_code: CodeBlock,
         compilation_mode: CompilationMode,
     ) -> CodeBlock {
-        let needs_variable_store = !self.variable_states.is_empty()
-            || !self.stored_variable_states.is_empty()
+        // Only the variables the code names are checked, loaded and stored back: the rest stay
+        // in the store untouched, so a cell's code does not grow with every variable defined. A
+        // cell that names none passes the store through without the code that handles it.
+        let used = UsedNames::of(&user_code.code_string());
+        let needs_variable_store = self
+            .variable_states
+            .keys()
+            .chain(self.stored_variable_states.keys())
+            .any(|name| used.contains(name))
             || self.async_mode
             || self.allow_question_mark;
-        // Only the variables the code names are checked, loaded and stored back: the rest stay
-        // in the store untouched, so a cell's code does not grow with every variable defined.
-        let used = UsedNames::of(&user_code.code_string());
         let mut code = CodeBlock::new();
         if self.allow_question_mark {
             code = code.add_all(self.error_trait_code(false));
@@ -1973,6 +2191,7 @@ impl ContextState {
 
         let mut code_out = CodeBlock::new();
         let mut previous_item_name = None;
+        let mut defined_items = Vec::new();
         let num_statements = user_code.segments.len();
         for (statement_index, segment) in user_code.segments.into_iter().enumerate() {
             let node = if let CodeKind::OriginalUserCode(meta) = &segment.kind {
@@ -2056,6 +2275,7 @@ impl ContextState {
                     ast::Item::MacroRules(macro_rules) => {
                         if let Some(name) = ast::HasName::name(&macro_rules) {
                             let item_block = CodeBlock::new().with_segment(segment);
+                            defined_items.push(name.text().to_string());
                             self.items_by_name
                                 .insert(name.text().to_string(), item_block);
                         } else {
@@ -2109,6 +2329,7 @@ impl ContextState {
                     item => {
                         let item_block = CodeBlock::new().with_segment(segment);
                         if let Some(item_name) = item::item_name(&item) {
+                            defined_items.push(item_name.to_owned());
                             *self.items_by_name.entry(item_name.to_owned()).or_default() =
                                 item_block;
                             previous_item_name = Some(item_name);
@@ -2128,6 +2349,20 @@ impl ContextState {
                 }
             } else {
                 code_out = code_out.with_segment(segment);
+            }
+        }
+        // An item compiles with the `use` items stored once its cell has run, those of the same
+        // cell included.
+        let uses_stored = self
+            .items_by_name
+            .values()
+            .chain(self.unnamed_items.iter())
+            .any(|item| is_use_item(&item.code_string()));
+        for name in defined_items {
+            if uses_stored {
+                self.items_defined_with_uses.insert(name);
+            } else {
+                self.items_defined_with_uses.remove(&name);
             }
         }
         Ok(code_out)
@@ -2384,6 +2619,148 @@ mod tests {
                 "#![allow(unused_imports,unused_mut,dead_code)]".to_owned(),
                 "#![feature(some_other_feature)]".to_owned(),
             ]
+        );
+    }
+
+    /// Runs `cells` through `state` as cells that compiled, then returns the stored `use` items
+    /// the code compiled for `cell` carries, and whether any was left out.
+    fn uses_compiled_for(
+        state: &mut ContextState,
+        cells: &[&str],
+        cell: &str,
+    ) -> (Vec<String>, bool) {
+        for code in cells {
+            let (user_code, code_info) = CodeBlock::from_original_user_code(code);
+            state.apply(user_code, &code_info.nodes).unwrap();
+            state.commit_old_user_code();
+        }
+        let (user_code, code_info) = CodeBlock::from_original_user_code(cell);
+        let own = CellCode::of(&user_code);
+        let user_code = state.apply(user_code, &code_info.nodes).unwrap();
+        let (code, left_out) =
+            state.code_to_compile_for(user_code, CompilationMode::NoCatch, Some(&own));
+        let mut uses: Vec<String> = code
+            .code_string()
+            .lines()
+            .filter(|line| is_use_item(line))
+            .map(str::to_owned)
+            .collect();
+        uses.sort();
+        (uses, left_out)
+    }
+
+    #[test]
+    fn a_cell_that_names_nothing_compiles_without_the_stored_uses() {
+        let mut state = create_state();
+        let cells = [
+            "use vramlab::units::human;",
+            "use vramlab::render::{Table, Chart};",
+        ];
+        assert_eq!(
+            uses_compiled_for(&mut state, &cells, "1 + 1"),
+            (vec![], true)
+        );
+        // A name the cell uses keeps its `use`, and what that `use` names keeps its own.
+        let mut state = create_state();
+        let cells = [
+            "use vramlab::units;",
+            "use units::human;",
+            "use vramlab::render::Table;",
+        ];
+        assert_eq!(
+            uses_compiled_for(&mut state, &cells, "human(1024)"),
+            (
+                vec![
+                    "use units::human;".to_owned(),
+                    "use vramlab::units;".to_owned()
+                ],
+                true
+            )
+        );
+    }
+
+    #[test]
+    fn what_may_call_a_traits_method_keeps_every_use() {
+        let all = |state: &mut ContextState, cells: &[&str], cell: &str| {
+            let (uses, left_out) = uses_compiled_for(state, cells, cell);
+            !left_out && !uses.is_empty()
+        };
+        let uses = ["use std::fmt::Write as _;", "use vramlab::candle::Module;"];
+        for cell in [
+            "x.len()",
+            "String::new()",
+            "write!(s, \"a\")",
+            "my_macro! { }",
+        ] {
+            assert!(all(&mut create_state(), &uses, cell), "{cell}");
+        }
+        // std's printing macros call no method a `use` could bring.
+        assert!(!all(&mut create_state(), &uses, "println!(\"{}\", 1 + 1)"));
+        // An item defined while `use` items were stored may need them; one defined before does
+        // not.
+        let mut state = create_state();
+        assert!(all(
+            &mut state,
+            &[
+                "use std::fmt::Write as _;",
+                "fn f(s: &mut String) { s.push('a') }"
+            ],
+            "1"
+        ));
+        let mut state = create_state();
+        let cells = [
+            "fn f(s: &mut String) { s.push('a') }",
+            "use std::fmt::Write as _;",
+        ];
+        assert!(!all(&mut state, &cells, "1"));
+    }
+
+    #[test]
+    fn a_cell_that_names_no_variable_passes_the_store_through() {
+        let mut state = create_state();
+        state.stored_variable_states.insert(
+            "kept".to_owned(),
+            VariableState {
+                type_name: "String".to_owned(),
+                is_mut: false,
+                move_state: VariableMoveState::Available,
+                definition_span: None,
+            },
+        );
+        state.variable_states = state.stored_variable_states.clone();
+        let compiled = |state: &mut ContextState, cell: &str| {
+            let (user_code, code_info) = CodeBlock::from_original_user_code(cell);
+            let user_code = state.apply(user_code, &code_info.nodes).unwrap();
+            state
+                .code_to_compile(user_code, CompilationMode::RunAndCatchPanics)
+                .code_string()
+        };
+        let plain = compiled(&mut state, "1 + 1");
+        assert!(!plain.contains("mod evcxr_internal_runtime"), "{plain}");
+        assert!(
+            plain.contains("evcxr_variable_store: *mut u8) -> *mut u8"),
+            "{plain}"
+        );
+        let named = compiled(&mut state, "kept.len()");
+        assert!(named.contains("mod evcxr_internal_runtime"), "{named}");
+        assert!(
+            named.contains("take_variable::<String>(stringify!(kept))"),
+            "{named}"
+        );
+        let defines = compiled(&mut state, "let other = 1;");
+        assert!(defines.contains("put_variable::<"), "{defines}");
+    }
+
+    #[test]
+    fn a_glob_is_kept_when_the_cell_names_anything() {
+        let uses = ["use std::f64::consts::*;"];
+        assert_eq!(
+            uses_compiled_for(&mut create_state(), &uses, "2 * 3").0,
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            uses_compiled_for(&mut create_state(), &uses, "PI > 3.0").0,
+            ["use std::f64::consts::*;"]
         );
     }
 }

@@ -28,11 +28,14 @@ use std::process::Command;
 
 mod artifacts;
 pub(crate) mod cache;
+pub(crate) mod direct;
 
 pub(crate) const CORE_EXTERN_ENV: &str = "EVCXR_CORE_EXTERN";
 pub(crate) const CACHE_ENABLED_ENV: &str = "EVCXR_CACHE_ENABLED";
 const EXECUTION_SO_PATH_FILE: &str = ".evcxr-execution-so";
 const EXECUTION_SO_PATH_ENV: &str = "EVCXR_EXECUTION_SO_PATH";
+/// Where the wrapper writes how cargo ran rustc for the cells' crate.
+const RECORDED_RUSTC_FILE: &str = ".evcxr-rustc.json";
 
 pub(crate) fn shared_object_prefix() -> &'static str {
     if cfg!(target_os = "macos") {
@@ -124,6 +127,8 @@ fn rename_or_copy_so_file(src: &Path, dest: &Path) -> Result<(), Error> {
 pub(crate) struct Module {
     build_num: i32,
     last_allow_static: Option<bool>,
+    /// How cargo last ran rustc for the cells' crate, to run again without cargo.
+    recorded: Option<direct::Recorded>,
 }
 
 const CRATE_NAME: &str = "ctx";
@@ -133,6 +138,7 @@ impl Module {
         Ok(Module {
             build_num: 0,
             last_allow_static: None,
+            recorded: None,
         })
     }
 
@@ -181,6 +187,7 @@ impl Module {
         if self.last_allow_static == Some(!config.allow_static_linking) {
             // If allow_static_linking has changed, then we need to rebuild everything.
             config.cargo_command("clean").output()?;
+            self.recorded = None;
         }
         self.last_allow_static = Some(config.allow_static_linking);
         let mut command = config.cargo_command("build");
@@ -194,13 +201,51 @@ impl Module {
         let so_path_file = config.crate_dir().join(EXECUTION_SO_PATH_FILE);
         command.env(EXECUTION_SO_PATH_ENV, &so_path_file);
 
+        // Recorded only where cargo runs rustc itself: a wrapper (evcxr's own for the cache and
+        // forced dylibs, sccache) does more than run rustc, and time_passes prints through cargo.
+        let direct = command.get_envs().all(|(key, _)| key != "RUSTC_WRAPPER")
+            && std::env::var_os("RUSTC_WRAPPER").is_none()
+            && !config.time_passes;
+        let command_hash = direct::command_hash(&command);
+        let recorded = self.recorded.take().filter(|recorded| {
+            direct && recorded.still_valid(direct::cargo_inputs(command_hash, config.crate_dir()))
+        });
+        if let Some(recorded) = recorded {
+            // `None` is a failure that is not the cell's: cargo builds what needs building and
+            // records the command again.
+            if let Some(compiled) = recorded.compile(code_block) {
+                self.recorded = Some(recorded);
+                return self.keep_so_file(&compiled?, next_build_num, config, Compiler::Rustc);
+            }
+        }
+
         match fs::remove_file(&so_path_file) {
             Ok(()) => {}
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
             Err(error) => return Err(error.into()),
         }
-
+        let record_file = config.crate_dir().join(RECORDED_RUSTC_FILE);
+        if direct {
+            match fs::remove_file(&record_file) {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error.into()),
+            }
+            command
+                .env("RUSTC_WORKSPACE_WRAPPER", &config.subprocess_path)
+                .env(direct::RECORD_ENV, &record_file);
+        }
+        let cargo_started = std::time::SystemTime::now();
         let cargo_output = run_cargo(command, code_block, progress)?;
+        if direct {
+            self.recorded = direct::Recorded::read(
+                &record_file,
+                direct::cargo_inputs(command_hash, config.crate_dir()),
+                cargo_started,
+                &cargo_output.stdout,
+                config.crate_dir(),
+            );
+        }
         if config.time_passes {
             let output = String::from_utf8_lossy(&cargo_output.stderr);
             eprintln!("{output}");
@@ -213,13 +258,23 @@ impl Module {
             }
             Err(error) => return Err(error.into()),
         };
+        self.keep_so_file(&so_file, next_build_num, config, Compiler::Cargo)
+    }
 
+    /// Moves a compiled shared object to a name of its own, which the cell process loads.
+    fn keep_so_file(
+        &mut self,
+        so_file: &Path,
+        build_num: i32,
+        config: &Config,
+        compiler: Compiler,
+    ) -> Result<SoFile, Error> {
         let copied_so_file = so_file.with_file_name(shared_object_name_from_crate_name(&format!(
-            "code_{next_build_num}"
+            "code_{build_num}"
         )));
 
-        rename_or_copy_so_file(&so_file, &copied_so_file)?;
-        self.build_num = next_build_num;
+        rename_or_copy_so_file(so_file, &copied_so_file)?;
+        self.build_num = build_num;
 
         if config.cache_bytes() > 0 {
             crate::module::cache::cleanup(config.cache_bytes())?;
@@ -227,6 +282,7 @@ impl Module {
 
         Ok(SoFile {
             path: copied_so_file,
+            compiler,
         })
     }
 
@@ -298,6 +354,12 @@ offline = {}
             state.offline_mode()
         )
     }
+}
+
+/// In a process cargo started as `RUSTC_WORKSPACE_WRAPPER`: records the rustc command for the
+/// cells' crate, then runs rustc.
+pub(crate) fn record_then_run_rustc() -> ! {
+    direct::record_then_run_rustc(CRATE_NAME)
 }
 
 pub(crate) fn wrap_rustc() {
@@ -667,4 +729,13 @@ fn errors_from_cargo_output(
 
 pub(crate) struct SoFile {
     pub(crate) path: PathBuf,
+    /// What compiled it.
+    pub(crate) compiler: Compiler,
+}
+
+/// What compiled a cell: cargo, or rustc alone as cargo last ran it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Compiler {
+    Cargo,
+    Rustc,
 }

@@ -20,14 +20,18 @@ pub(crate) const WRAP_RUSTC_ENV: &str = "EVCXR_RUSTC_WRAPPER";
 pub(crate) const FORCE_DYLIB_ENV: &str = "EVCXR_FORCE_DYLIB";
 
 /// Binaries can call this just after staring. If we detect that we're actually running as a
-/// subprocess, control will not return. There are two kinds of subprocesses that we may be acting
-/// as (1) the process that loads and runs the user code and (2) a wrapper around rustc.
+/// subprocess, control will not return. There are three kinds of subprocesses that we may be acting
+/// as (1) the process that loads and runs the user code, (2) a wrapper around rustc and (3) the
+/// wrapper that records how cargo runs rustc for the cells' crate.
 pub fn runtime_hook() {
     if std::env::var(EVCXR_IS_RUNTIME_VAR).is_ok() {
         Runtime::new().run_loop();
     }
     if std::env::var(WRAP_RUSTC_ENV).is_ok() {
         crate::module::wrap_rustc();
+    }
+    if std::env::var_os(crate::module::direct::RECORD_ENV).is_some() {
+        crate::module::record_then_run_rustc();
     }
 }
 
