@@ -220,7 +220,7 @@ impl Config {
             );
         }
 
-        if command_name == "build" || command_name == "check" {
+        if matches!(command_name, "build" | "check" | "rustc") {
             command
                 .arg("--target")
                 .arg(&self.target)
