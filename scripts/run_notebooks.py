@@ -65,10 +65,12 @@ def main() -> int:
     args = parser.parse_args()
     parameters = {name: parse_value(value) for name, value in args.parameter}
     failed = 0
+    total = 0.0
     for path in args.notebooks:
         out = path if args.in_place else args.out / path.name
         try:
             seconds = run(path, out, parameters)
+            total += seconds
             print(f"{path}: ran in {seconds:.1f} s -> {out}")
         except ParameterError as err:
             failed += 1
@@ -76,6 +78,8 @@ def main() -> int:
         except CellExecutionError as err:
             failed += 1
             print(f"{path}: a cell failed (outputs so far saved to {out}):\n{err}", file=sys.stderr)
+    ran = len(args.notebooks) - failed
+    print(f"{ran} notebook{'' if ran == 1 else 's'} ran in {total / 60:.1f} minutes" + (f"; {failed} failed" if failed else ""))
     return 1 if failed else 0
 
 

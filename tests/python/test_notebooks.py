@@ -19,6 +19,11 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 # the tests run the same notebooks with these, so that they stay inside CI's time.
 QUICK = {
     "03-three-levers.ipynb": {
+        "checkpoint_rounds": 1,
+        "checkpoint_res": 64,
+        "checkpoint_batch": 2,
+    },
+    "03b-beyond-resnet.ipynb": {
         "unet_photos": 96,
         "unet_res": 64,
         "unet_epochs": 1,
