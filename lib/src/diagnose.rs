@@ -239,7 +239,7 @@ impl<'a> Investigation<'a> {
                 if let Some(card) = &card {
                     fixes = verified_fixes(&mut trials, &step.spec, &failed, card, self.limits.fixes);
                 }
-                steps.push(fixes_finding(&fixes, card.is_some(), shared));
+                steps.push(fixes_finding(&fixes, &failed, card.is_some(), shared));
                 crate::train::remember_step_oom(step);
             }
             _ => {
@@ -503,8 +503,8 @@ fn verified_fixes(
         .collect()
 }
 
-fn fixes_finding(fixes: &[CheckedFix], simulated: bool, shared: u64) -> Finding {
-    let name = "7. ranked fixes, verified";
+fn fixes_finding(fixes: &[CheckedFix], failed: &StepConfig, simulated: bool, shared: u64) -> Finding {
+    let name = "7. ranked fixes";
     if !simulated {
         return skipped(name, "the fixes are judged against a simulated card's budget; on CUDA, %oomcheck --gpu with this card ranks them");
     }
@@ -525,11 +525,12 @@ fn fixes_finding(fixes: &[CheckedFix], simulated: bool, shared: u64) -> Finding 
         name: name.to_owned(),
         finding: format!(
             "the ledger finds {} fix{} that fit{} the card with 10% to spare, cheapest first (accuracy risk, then a changed effective batch, then time): {}; \
-             {verified} verified with real steps where the failed step ran. The lesson's order, AMP, then accumulation, then checkpointing, is in the ranking where each fits",
+             {verified} of them verified with real steps where the failed step ran. {}",
             fixes.len(),
             if fixes.len() == 1 { "" } else { "es" },
             if fixes.len() == 1 { "s" } else { "" },
-            fixes.iter().map(|f| f.change.as_str()).collect::<Vec<_>>().join("; ")
+            fixes.iter().map(|f| f.change.as_str()).collect::<Vec<_>>().join("; "),
+            lesson_levers(fixes, failed)
         ),
         outcome: match verified {
             0 if fixes.iter().all(|f| f.check.starts_with("not run")) => Outcome::Skipped,
@@ -537,6 +538,20 @@ fn fixes_finding(fixes: &[CheckedFix], simulated: bool, shared: u64) -> Finding 
             _ => Outcome::Remedied,
         },
     }
+}
+
+/// Where the lesson's three levers, in its order, stand in the ranking.
+fn lesson_levers(fixes: &[CheckedFix], failed: &StepConfig) -> String {
+    let levers = [(FixKind::MixedPrecision, "AMP"), (FixKind::Accumulation, "accumulation"), (FixKind::Checkpointing, "checkpointing")];
+    let placed: Vec<String> = levers
+        .iter()
+        .map(|&(kind, lever)| match fixes.iter().position(|fix| fix.kind == kind) {
+            Some(rank) => format!("{lever} is #{}", rank + 1),
+            None if kind == FixKind::MixedPrecision && failed.precision.is_mixed() => format!("{lever} was already on"),
+            None => format!("{lever} alone does not fit"),
+        })
+        .collect();
+    format!("The lesson's levers, in its order: {}", placed.join("; "))
 }
 
 /// Runs real steps for the investigation, each in the failed step's room.
@@ -730,7 +745,7 @@ impl Outcome {
             Outcome::Clear => " (ruled out)",
             Outcome::Problem => " (a cause)",
             Outcome::Skipped => " (skipped)",
-            Outcome::Remedied => " (a fix verified)",
+            Outcome::Remedied => " (verified by real steps)",
             Outcome::Unremedied => " (no fix found)",
             Outcome::Unverified => " (none verified)",
         }
@@ -739,10 +754,44 @@ impl Outcome {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use crate::oom::Risk;
+
     /// The kernel investigates every cell error that reads as an
     /// out-of-memory error: saying that there is none must not read as one.
     #[test]
     fn no_error_yet_does_not_read_as_an_out_of_memory_error() {
         assert!(!crate::train::is_out_of_memory(&super::NoError.to_string()));
+    }
+
+    fn fix(kind: FixKind) -> CheckedFix {
+        let cost =
+            FixCost { extra_time_pct: 0, accuracy_risk: Risk::None, effective_batch: 32, effective_batch_kept: true, note: String::new() };
+        CheckedFix {
+            kind,
+            change: format!("{kind:?}"),
+            flags: None,
+            predicted_peak_bytes: 0,
+            peak_bytes: 0,
+            verified: true,
+            check: String::new(),
+            cost,
+        }
+    }
+
+    /// The sentence says where each of the lesson's levers stands in the ranking shown above it.
+    #[test]
+    fn the_lesson_levers_are_placed_by_the_ranking() {
+        let f32_step = StepConfig::training(128, 64);
+        let ranked = [fix(FixKind::Accumulation), fix(FixKind::LargestBatch), fix(FixKind::Checkpointing)];
+        assert_eq!(
+            lesson_levers(&ranked, &f32_step),
+            "The lesson's levers, in its order: AMP alone does not fit; accumulation is #1; checkpointing is #3"
+        );
+        let amp_step = StepConfig { precision: Precision::F16Amp, ..f32_step };
+        assert_eq!(
+            lesson_levers(&[fix(FixKind::SmallerResolution)], &amp_step),
+            "The lesson's levers, in its order: AMP was already on; accumulation alone does not fit; checkpointing alone does not fit"
+        );
     }
 }
