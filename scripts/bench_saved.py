@@ -33,7 +33,11 @@ with a fixed seed, and the mean cross-entropy over every pixel), such as
 `unet:8:128`. Linux only (the peak reads /proc).
 
 The venv is created from scripts/bench-requirements.txt when it does not exist.
-Prints a Markdown table for BENCHMARKS.md.
+Prints a Markdown table for BENCHMARKS.md. With `--record`, each row is also
+written into benchmarks/pytorch-saved.json (a row of the same model, batch and
+resolution replaced), which the library compiles in, so that notebooks set
+vramlab's measurements beside PyTorch's from this record rather than from
+figures copied into their text.
 """
 from __future__ import annotations
 
@@ -164,12 +168,14 @@ def main() -> int:
             subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", str(ROOT / "scripts/bench-requirements.txt")], check=True)
         env = dict(os.environ, VRAMLAB_BENCH_INSIDE="1")
         return subprocess.run([str(python), __file__, *sys.argv[1:]], env=env).returncode
+    record = "--record" in sys.argv[1:]
+    given = [arg for arg in sys.argv[1:] if arg != "--record"]
     rows = ROWS
-    if len(sys.argv) > 1:
+    if given:
         try:
-            rows = [(model, int(batch), int(res)) for model, batch, res in (arg.split(":") for arg in sys.argv[1:])]
+            rows = [(model, int(batch), int(res)) for model, batch, res in (arg.split(":") for arg in given)]
         except ValueError:
-            print(f"usage: {sys.argv[0]} [MODEL:BATCH:RES ...], e.g. resnet50:32:224", file=sys.stderr)
+            print(f"usage: {sys.argv[0]} [--record] [MODEL:BATCH:RES ...], e.g. resnet50:32:224", file=sys.stderr)
             return 2
     import torch
 
@@ -180,16 +186,43 @@ def main() -> int:
     print()
     print("| model, batch @ resolution | kept: lean | plain | PyTorch | lean / PyTorch | peak: lean | plain | PyTorch (RSS) | lean / PyTorch |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    measured = []
     for model, batch, res in rows:
         lean, plain = (vramlab_measure(model, batch, res, layers) for layers in ("lean", "plain"))
         kept, peak = torch_kept(model, batch, res), torch_peak(model, batch, res)
+        measured.append({
+            "model": model, "batch": batch, "res": res, "classes": classes_of(model),
+            "kept_by_forward": {"lean": lean["measured_kept_by_forward"], "plain": plain["measured_kept_by_forward"], "pytorch": kept},
+            "peak": {"lean": lean["measured_peak"], "plain": plain["measured_peak"], "pytorch_rss": peak},
+        })
         print(
             f"| {model} b{batch}@{res} | {lean['measured_kept_by_forward'] / MIB:.1f} MiB | {plain['measured_kept_by_forward'] / MIB:.1f} MiB"
             f" | {kept / MIB:.1f} MiB | {lean['measured_kept_by_forward'] / kept:.2f}x"
             f" | {lean['measured_peak'] / MIB:.1f} MiB | {plain['measured_peak'] / MIB:.1f} MiB | {peak / MIB:.1f} MiB"
             f" | {lean['measured_peak'] / peak:.2f}x |"
         )
+    if record:
+        write_record(measured, torch.__version__)
     return 0
+
+
+RECORD = ROOT / "benchmarks" / "pytorch-saved.json"
+
+
+def write_record(measured: list[dict], torch_version: str) -> None:
+    """Adds the rows to the record, each replacing one of the same model, batch and resolution."""
+    import datetime
+    import platform
+
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cpu = next((line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.machine())
+    rows = json.loads(RECORD.read_text())["rows"] if RECORD.exists() else []
+    for row in measured:
+        row.update(date=when, torch=torch_version, threads=2, cpu=cpu, optimizer="SGD with momentum", dtype="f32")
+        rows = [r for r in rows if (r["model"], r["batch"], r["res"]) != (row["model"], row["batch"], row["res"])] + [row]
+    rows.sort(key=lambda r: (r["model"], r["batch"], r["res"]))
+    RECORD.write_text(json.dumps({"rows": rows}, indent=1) + "\n")
+    print(f"\nrecorded {len(measured)} row{'' if len(measured) == 1 else 's'} in {RECORD.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ pub mod memory;
 pub mod models;
 pub mod oom;
 pub mod ops;
+pub mod peers;
 pub mod render;
 pub mod smoke;
 pub mod train;
