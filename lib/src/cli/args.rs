@@ -120,6 +120,9 @@ pub struct OomcheckArgs {
     /// Show only the loader's host memory (needs --workers), not the card's bills
     #[arg(long, requires = "workers")]
     pub host: bool,
+    /// Only the verdict (the peak against the card) and, when it does not fit, one line per fix
+    #[arg(long, conflicts_with_all = ["sweep", "host"])]
+    pub brief: bool,
 }
 
 /// A model spec read from a JSON file, and where it came from.

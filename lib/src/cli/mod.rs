@@ -62,7 +62,7 @@ pub fn run_oomcheck(args: &OomcheckArgs) -> Result<Oomcheck, UsageError> {
     let sweep = args.sweep.as_ref().map(|plan| sweep(&spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
     let masks = analyze(&spec, config.input, config.precision, config.layers).is_ok_and(|cost| cost.labels_per_sample() > 1);
     let host = args.loader_shape(masks).map(|shape| host_check(shape, args.host_ram));
-    Ok(Oomcheck { report, sweep, host })
+    Ok(Oomcheck { report, sweep, host, brief: args.brief })
 }
 
 /// `%summary MODEL [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]` as a bundle.
@@ -135,7 +135,7 @@ pub fn oomcheck_of(model: &dyn CheckOf, argv: &[&str]) -> Result<Bundle, UsageEr
     let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
     let report = check(spec, &config, &args.gpu).map_err(usage)?;
     let sweep = args.sweep.as_ref().map(|plan| sweep(spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
-    Ok(Oomcheck { report, sweep, host: None }.bundle())
+    Ok(Oomcheck { report, sweep, host: None, brief: false }.bundle())
 }
 
 /// `%oomcheck MODEL --batch B --res R [...]` as a bundle: verdict, ledger

@@ -15,6 +15,9 @@ pub struct Oomcheck {
     pub sweep: Option<Sweep>,
     /// The data loader's host memory, when loader settings were given.
     pub host: Option<HostReport>,
+    /// Only the verdict and, where the step does not fit, one line per fix.
+    #[serde(skip)]
+    pub brief: bool,
 }
 
 impl FitReport {
@@ -42,11 +45,30 @@ impl FitReport {
             ]);
         }
         if self.fixes.is_empty() {
-            table = table.note("No single change or combination fits: a smaller model or a larger card is needed.");
+            table = table.note(NO_FIX);
         }
         table
     }
+
+    /// The ranked fixes, one line each: the change, its peak and its share of the card.
+    pub fn fixes_brief(&self) -> String {
+        if self.fixes.is_empty() {
+            return NO_FIX.to_owned();
+        }
+        let card = self.ledger.device.usable_bytes;
+        let lines: Vec<String> = self
+            .fixes
+            .iter()
+            .enumerate()
+            .map(|(i, fix)| {
+                format!("{}. {}: peak {} ({} of the card)", i + 1, fix.change, human(fix.peak_bytes), percent(fix.peak_bytes, card))
+            })
+            .collect();
+        format!("Fixes that peak under {} (90% of the card), cheapest first:\n{}", human(self.target_bytes), lines.join("\n"))
+    }
 }
+
+const NO_FIX: &str = "No single change or combination fits: a smaller model or a larger card is needed.";
 
 crate::render::shown_as_bundles!(Oomcheck);
 
@@ -61,6 +83,13 @@ impl Render for Oomcheck {
         let mut composer = Composer::new().headline(&report.verdict_line(), color);
         if let Some(caveat) = &report.card_caveat {
             composer = composer.remark(caveat);
+        }
+        if self.brief {
+            let training = report.ledger.config.mode == crate::ledger::Mode::Training;
+            if report.verdict != Verdict::Fits && training {
+                composer = composer.part(&Bundle::plain(report.fixes_brief()));
+            }
+            return composer.finish();
         }
         // Loader settings ask about host RAM: its verdict comes before the card's detail.
         if let Some(host) = &self.host {

@@ -320,3 +320,22 @@ fn synth_writes_masks_beside_the_photos_or_alone_for_photos_already_written() {
     let json = serde_json::to_value(plain.run().unwrap()).unwrap();
     assert_eq!(json.as_object().unwrap().keys().collect::<Vec<_>>(), ["entries"], "without --masks the JSON is the manifest, as before");
 }
+
+#[test]
+fn brief_oomcheck_shows_the_verdict_and_one_line_per_fix() {
+    let args = |line: &str| parse::<OomcheckArgs>("oomcheck", &line.split_whitespace().map(str::to_owned).collect::<Vec<_>>());
+    let over = run_oomcheck(&args("resnet50 --batch 128 --res 224 --gpu rtx4060-laptop --brief").unwrap().unwrap()).unwrap();
+    let text = over.bundle().text().to_owned();
+    assert!(text.starts_with("DOES NOT FIT"), "{text}");
+    assert!(!text.contains("1. parameters"), "the bills are not part of the brief view:\n{text}");
+    let fixes: Vec<&str> =
+        text.lines().filter(|line| line.split_once(". ").is_some_and(|(rank, _)| rank.parse::<usize>().is_ok())).collect();
+    assert_eq!(fixes.len(), over.report.fixes.len(), "{text}");
+    assert!(fixes[0].starts_with(&format!("1. {}: peak ", over.report.fixes[0].change)), "{text}");
+    let fits = run_oomcheck(&args("resnet50 --batch 128 --res 224 --gpu rtx4060-laptop --amp bf16 --brief").unwrap().unwrap()).unwrap();
+    let text = fits.bundle().text().to_owned();
+    assert!(text.starts_with("FITS: peak"), "{text}");
+    assert!(!text.contains("Fixes that peak"), "{text}");
+    let clash = args("resnet50 --batch 128 --res 224 --brief --sweep batch=8..16").unwrap_err();
+    assert!(clash.0.contains("--sweep"), "{}", clash.0);
+}
