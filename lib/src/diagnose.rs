@@ -248,7 +248,7 @@ impl<'a> Investigation<'a> {
                 steps.push(skipped("4. batch 1", why));
                 steps.push(skipped("5. mixed precision off", why));
                 steps.push(host_side(&memory));
-                steps.push(skipped("7. ranked fixes, verified", why));
+                steps.push(skipped("7. ranked fixes", why));
             }
         }
         let reproduce = match (self.step, budget) {
@@ -561,6 +561,22 @@ struct Trials<'a> {
     deadline: Instant,
 }
 
+/// A trial's out-of-memory error said against the card: the trial's budget is the card's less what
+/// the process held besides the failed step, counted from the trial's start, a figure of no card.
+fn in_the_failed_steps_room(oom: &OutOfMemory, card: Budget, room: u64) -> String {
+    let phase = oom.phase.as_deref().map_or(String::new(), |phase| format!(" during {phase}"));
+    let others = if oom.others > 0 { format!(", {} other processes", human(oom.others)) } else { String::new() };
+    format!(
+        "out of memory (simulated device budget, CPU): tried to allocate {}{phase}, with the room the failed step had, {} of the {} card \
+         ({} CUDA context, {} cuDNN workspace{others})",
+        human(oom.requested),
+        human(room),
+        human(card.usable),
+        human(card.context),
+        human(card.workspace)
+    )
+}
+
 /// At most this many steps a trial: the first creates the optimizer state,
 /// the second runs with it; f16's loss scaler may skip some first.
 const TRIAL_STEPS: usize = 4;
@@ -592,7 +608,16 @@ impl Trials<'_> {
                 trial.loss = Some(loss);
                 trial.peak_bytes = peak.map(|p| p + context);
             }
-            Err(error) => trial.error = Some(error.to_string()),
+            Err(error) => {
+                let trial_budget = budget.zip(self.room).map(|(card, room)| (card, room, start + room + card.held_by_card()));
+                let in_the_room = crate::memory::last_out_of_memory()
+                    .zip(trial_budget)
+                    .filter(|(oom, (_, _, usable))| oom.budget.usable == *usable && crate::train::is_out_of_memory(&error.to_string()));
+                trial.error = Some(match in_the_room {
+                    Some((oom, (card, room, _))) => in_the_failed_steps_room(&oom, card, room),
+                    None => error.to_string(),
+                });
+            }
         }
         trial.seconds = started.elapsed().as_secs_f64();
         Some(trial)

@@ -169,9 +169,32 @@ fn the_simulated_budget_fails_where_oomcheck_says_it_will() {
                 report.contains("4. batch 1 (skipped)\n   skipped: the investigation's time for real steps was spent"),
                 "no time, no real steps: {report}"
             );
-            assert!(report.contains("7. ranked fixes, verified (skipped)"), "{report}");
+            assert!(report.contains("7. ranked fixes (skipped)"), "{report}");
         }
     }
+}
+
+/// A trial of the investigation that runs out of memory is said against the card, never with the
+/// trial's own budget (the card's less what the process held besides the failed step, counted from
+/// the trial's start), which is the size of no card.
+#[test]
+fn a_trial_that_runs_out_of_memory_is_said_against_the_card() {
+    let binary = common::kernel_binary().with_file_name("vramlab");
+    let output = Command::new(&binary)
+        .args(["measure", "--model", "resnet18", "--batch", "8", "--res", "64", "--classes", "10", "--budget", "470MiB"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1), "{}", String::from_utf8_lossy(&output.stderr));
+    let report = String::from_utf8_lossy(&output.stdout);
+    let batch_one = report.split("4. batch 1").nth(1).and_then(|rest| rest.split("\n5. ").next()).unwrap_or_else(|| panic!("{report}"));
+    let said = batch_one.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(said.contains("batch 1 fails too"), "{report}");
+    assert!(
+        said.contains("with the room the failed step had,")
+            && said.contains("of the 470 MiB card (300 MiB CUDA context, 64.0 MiB cuDNN workspace)"),
+        "{said}"
+    );
+    assert!(!said.contains("budget "), "the trial's own budget is no card's: {said}");
 }
 
 /// Three configurations that fail on their card: the investigation's JSON

@@ -49,7 +49,7 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
         "4. batch 1",
         "5. mixed precision off",
         "6. host side",
-        "7. ranked fixes, verified",
+        "7. ranked fixes",
     ] {
         assert!(report.contains(step), "{step} missing:\n{report}");
     }
@@ -59,10 +59,7 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
 
     let again = kernel.execute("%oomcheck --last-error").await;
     let again_text = again.result_text().unwrap_or_else(|| panic!("{:?}", again.error()));
-    assert!(
-        again_text.starts_with("Out of memory: tried to allocate") && again_text.contains("\n7. ranked fixes, verified"),
-        "{again_text}"
-    );
+    assert!(again_text.starts_with("Out of memory: tried to allocate") && again_text.contains("\n7. ranked fixes"), "{again_text}");
     let html = again.outputs.iter().find_map(|m| match &m.content {
         JupyterMessageContent::ExecuteResult(r) => {
             serde_json::to_value(&r.data).ok().and_then(|v| v["text/html"].as_str().map(str::to_owned))
