@@ -563,7 +563,9 @@ struct Trials<'a> {
 
 /// A trial's out-of-memory error said against the card: the trial's budget is the card's less what
 /// the process held besides the failed step, counted from the trial's start, a figure of no card.
+/// The room is what the card left the trial once its other processes' share is taken.
 fn in_the_failed_steps_room(oom: &OutOfMemory, card: Budget, room: u64) -> String {
+    let room = room.saturating_sub(oom.others);
     let phase = oom.phase.as_deref().map_or(String::new(), |phase| format!(" during {phase}"));
     let others = if oom.others > 0 { format!(", {} other processes", human(oom.others)) } else { String::new() };
     format!(
