@@ -596,8 +596,10 @@ impl Trials<'_> {
             Trial { config: config.clone(), ran: false, peak_bytes: None, card_bytes, loss: None, steps: 0, seconds: 0.0, error: None };
         let started = Instant::now();
         let start = HostMemory::sample().in_use;
-        if let (Some(budget), Some(room)) = (budget, self.room) {
-            let _ = crate::memory::set_trial_budget(Some(Budget { usable: start + room + budget.held_by_card(), ..budget }));
+        let trial_budget =
+            budget.zip(self.room).map(|(card, room)| (card, room, Budget { usable: start + room + card.held_by_card(), ..card }));
+        if let Some((_, _, trial_budget)) = trial_budget {
+            let _ = crate::memory::set_trial_budget(Some(trial_budget));
         }
         let result = self.steps(config, start);
         if budget.is_some() {
@@ -611,10 +613,9 @@ impl Trials<'_> {
                 trial.peak_bytes = peak.map(|p| p + context);
             }
             Err(error) => {
-                let trial_budget = budget.zip(self.room).map(|(card, room)| (card, room, start + room + card.held_by_card()));
                 let in_the_room = crate::memory::last_out_of_memory()
                     .zip(trial_budget)
-                    .filter(|(oom, (_, _, usable))| oom.budget.usable == *usable && crate::train::is_out_of_memory(&error.to_string()));
+                    .filter(|(oom, (_, _, trial))| oom.budget == *trial && crate::train::is_out_of_memory(&error.to_string()));
                 trial.error = Some(match in_the_room {
                     Some((oom, (card, room, _))) => in_the_failed_steps_room(&oom, card, room),
                     None => error.to_string(),
