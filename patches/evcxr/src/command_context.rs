@@ -484,7 +484,7 @@ Panic detected. Here's some useful information if you're filing a bug report.
             ),
             AvailableCommand::new(
                 ":opt",
-                "Set optimization level (0/1/2)",
+                "Set the cells' optimization level (0/1/2); the libraries they call stay optimized",
                 |_ctx, state, args| {
                     let new_level = if let Some(n) = args {
                         n
