@@ -458,7 +458,7 @@ impl Kernel {
     /// Under a cell that ran out of memory, the lesson's investigation, run
     /// in the cell process where the failed trainer's record is.
     async fn investigate(&self, error: &CellError, output: &Output) {
-        let code = format!("vramlab::diagnose::diagnose({:?}, &vramlab::diagnose::Limits::default())", error.evalue);
+        let code = format!("vramlab::diagnose::investigate({:?}, &vramlab::diagnose::Limits::default())", error.evalue);
         let job = ExecuteJob { code, output: output.clone(), input: None };
         match self.engine.execute(job).await {
             Ok(Ok(Some(report))) => output.display(&report),

@@ -64,6 +64,8 @@ pub enum Outcome {
 pub struct Finding {
     pub name: String,
     pub finding: String,
+    /// The finding in a line, for the brief report.
+    pub brief: String,
     pub outcome: Outcome,
 }
 
@@ -142,6 +144,35 @@ pub fn diagnose(message: &str, limits: &Limits) -> Diagnosis {
     diagnosis
 }
 
+/// How much of the investigation the kernel shows under a failed cell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Detail {
+    /// Every step's finding in full, and the fixes' table.
+    #[default]
+    Full,
+    /// One line a step and a fix; `%oomcheck --last-error` shows the rest.
+    Brief,
+}
+
+const DETAIL: &str = "diagnosis_detail";
+
+/// Sets how much the investigations shown from now on in this process say.
+pub fn set_detail(detail: Detail) {
+    crate::memory::shared::store(DETAIL, Some(&detail));
+}
+
+/// What the kernel shows under a cell whose step ran out of memory: the
+/// investigation in the detail [`set_detail`] chose. The whole report is
+/// kept for [`last_error`] either way.
+pub fn investigate(message: &str, limits: &Limits) -> Bundle {
+    let diagnosis = diagnose(message, limits);
+    match crate::memory::shared::load(DETAIL).unwrap_or_default() {
+        Detail::Full => diagnosis.bundle(),
+        Detail::Brief => diagnosis.brief(),
+    }
+}
+
 /// There is no out-of-memory error to investigate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("no out-of-memory error in this process yet: the investigation appears under the cell whose step fails, and here after it")]
@@ -185,6 +216,7 @@ impl<'a> Investigation<'a> {
         let tenants = budget.map_or_else(Vec::new, |b| crate::memory::tenants(b.usable));
         let shared = tenants.iter().map(|t| t.bytes).sum::<u64>();
         let mut others = processes.finding();
+        let mut others_brief = first_clause(&others);
         if !tenants.is_empty() {
             let named: Vec<String> = tenants
                 .iter()
@@ -198,6 +230,7 @@ impl<'a> Investigation<'a> {
                 named.join(", "),
                 human(shared)
             );
+            others_brief = format!("on this simulated card: {}", named.join(", "));
         }
         if self.step.is_some_and(|s| s.cuda.is_some()) {
             others.push_str(&match nvidia_smi() {
@@ -213,6 +246,7 @@ impl<'a> Investigation<'a> {
             Finding {
                 name: "2. who else holds the device".into(),
                 finding: others,
+                brief: others_brief,
                 outcome: if !tenants.is_empty() { Outcome::Problem } else { Outcome::Clear },
             },
         ];
@@ -274,6 +308,11 @@ impl<'a> Investigation<'a> {
 
     fn failed_allocation(&self) -> Finding {
         let name = "1. the failed allocation".to_owned();
+        let phase = self.step.map_or(String::new(), |s| format!(" during {}", s.phase_name));
+        let brief = match &self.simulated {
+            Some(oom) => format!("tried to allocate {}{phase}, with {} of the card left", human(oom.requested), human(oom.free())),
+            None => format!("the error does not say how much was asked for{phase}"),
+        };
         let finding = match (&self.simulated, self.step) {
             (Some(oom), step) => {
                 let during = step.map_or(String::new(), |s| format!(" during {}, when {}", s.phase_name, s.phase.what_grows()));
@@ -298,7 +337,7 @@ impl<'a> Investigation<'a> {
             ),
             (None, None) => format!("\"{}\": the error does not say how much was asked for", first_line(&self.message)),
         };
-        Finding { name, finding, outcome: Outcome::Found }
+        Finding { name, finding, brief, outcome: Outcome::Found }
     }
 }
 
@@ -316,7 +355,12 @@ fn first_line(text: &str) -> &str {
 }
 
 fn skipped(name: &str, why: &str) -> Finding {
-    Finding { name: name.to_owned(), finding: format!("skipped: {why}"), outcome: Outcome::Skipped }
+    Finding {
+        name: name.to_owned(),
+        finding: format!("skipped: {why}"),
+        brief: format!("skipped: {}", first_clause(why)),
+        outcome: Outcome::Skipped,
+    }
 }
 
 fn step_config(step: &StepOom) -> StepConfig {
@@ -368,7 +412,14 @@ fn summary(memory: &HostMemory, budget: Option<Budget>, ledger: Option<&Ledger>)
             human(ledger.device.usable_bytes)
         ));
     }
-    Finding { name: "3. memory summary".into(), finding, outcome: Outcome::Found }
+    let mut brief = format!("in use {}, held {}", human(memory.in_use), human(memory.held));
+    if let Some(peak) = memory.peak {
+        brief.push_str(&format!(", peak {} during the failed step", human(peak)));
+    }
+    if let Some(ledger) = ledger {
+        brief.push_str(&format!("; the ledger's peak {} against {} usable", human(ledger.peak.bytes), human(ledger.device.usable_bytes)));
+    }
+    Finding { name: "3. memory summary".into(), finding, brief, outcome: Outcome::Found }
 }
 
 fn batch_one(trial: Option<&Trial>, failed: &StepConfig, ledger: Option<&Ledger>) -> Finding {
@@ -387,6 +438,11 @@ fn batch_one(trial: Option<&Trial>, failed: &StepConfig, ledger: Option<&Ledger>
                 trial.describe_peak(),
                 failed.batch
             ),
+            brief: format!(
+                "batch 1 runs{}: what grows with the batch of {} does not fit",
+                trial.peak_bytes.map_or(String::new(), |p| format!(", peak {}", human(p))),
+                failed.batch
+            ),
             outcome: Outcome::Clear,
         }
     } else {
@@ -398,6 +454,7 @@ fn batch_one(trial: Option<&Trial>, failed: &StepConfig, ledger: Option<&Ledger>
                 trial.error.as_deref().map_or("out of memory", first_line),
                 state.map_or(String::new(), |s| format!(" (the ledger: {})", human(s)))
             ),
+            brief: "batch 1 fails too: the model's state or the context does not fit, whatever the batch".to_owned(),
             outcome: Outcome::Problem,
         }
     }
@@ -411,6 +468,11 @@ fn precision_off(trials: &mut Trials<'_>, failed: &StepConfig, mixed_one: Option
     let f32_one = trials.run(&StepConfig { batch: 1, accumulation: 1, precision: Precision::F32, ..failed.clone() });
     let (Some(mixed_one), Some(f32_one)) = (mixed_one, f32_one) else { return skipped(name, SKIPPED_FOR_TIME) };
     let finite = |t: &Trial| t.loss.is_some_and(f32::is_finite);
+    let brief = match (finite(mixed_one), finite(&f32_one)) {
+        (true, true) => "both give a finite loss: mixed precision is not what breaks this step".to_owned(),
+        (false, true) => format!("the loss is finite in f32 but not with {}", failed.precision),
+        (_, false) => "the loss is not finite even in f32".to_owned(),
+    };
     let behaviour = match (finite(mixed_one), finite(&f32_one)) {
         (true, true) => format!(
             "both give a finite loss ({} with {}, {} in f32): mixed precision is not what breaks this step",
@@ -431,6 +493,7 @@ fn precision_off(trials: &mut Trials<'_>, failed: &StepConfig, mixed_one: Option
             failed.precision,
             if mixed_one.ran { format!("runs ({})", mixed_one.describe_peak()) } else { "fails".to_owned() },
         ),
+        brief,
         outcome: if finite(&f32_one) && !finite(mixed_one) { Outcome::Problem } else { Outcome::Clear },
     }
 }
@@ -453,6 +516,8 @@ fn host_side(memory: &HostMemory) -> Finding {
         ),
     };
     let share = total.map(|t| memory.rss as f64 / t as f64);
+    let verdict = if share.is_some_and(|s| s > 0.5) { "the host, not the card, is what runs out" } else { "host RAM is not the problem" };
+    let brief = format!("RSS {}{}: {verdict}", human(memory.rss), total.map_or(String::new(), |t| format!(" of {} host RAM", human(t))));
     let finding = format!(
         "this process's RSS is {} (high-water {}){}{}; {loader_text}{}",
         human(memory.rss),
@@ -468,6 +533,7 @@ fn host_side(memory: &HostMemory) -> Finding {
     Finding {
         name: "6. host side".into(),
         finding,
+        brief,
         outcome: if share.is_some_and(|s| s > 0.5) { Outcome::Problem } else { Outcome::Clear },
     }
 }
@@ -519,7 +585,12 @@ fn fixes_finding(fixes: &[CheckedFix], failed: &StepConfig, simulated: bool, sha
         } else {
             "the ledger finds no configuration of this model that fits this card: a smaller model or a larger card".to_owned()
         };
-        return Finding { name: name.to_owned(), finding, outcome: Outcome::Unremedied };
+        let brief = if shared > 0 {
+            "no configuration fits what the card's other processes leave: stop them first"
+        } else {
+            "no configuration of this model fits this card"
+        };
+        return Finding { name: name.to_owned(), finding, brief: brief.to_owned(), outcome: Outcome::Unremedied };
     }
     Finding {
         name: name.to_owned(),
@@ -531,6 +602,11 @@ fn fixes_finding(fixes: &[CheckedFix], failed: &StepConfig, simulated: bool, sha
             if fixes.len() == 1 { "s" } else { "" },
             fixes.iter().map(|f| f.change.as_str()).collect::<Vec<_>>().join("; "),
             lesson_levers(fixes, failed)
+        ),
+        brief: format!(
+            "{} fix{} with 10% to spare, {verified} verified by real steps",
+            fixes.len(),
+            if fixes.len() == 1 { "" } else { "es" }
         ),
         outcome: match verified {
             0 if fixes.iter().all(|f| f.check.starts_with("not run")) => Outcome::Skipped,
@@ -749,6 +825,52 @@ impl Diagnosis {
     }
 }
 
+impl Diagnosis {
+    /// Each step and each fix in a line: what a reader needs to act, with
+    /// the way to the whole report.
+    pub fn brief(&self) -> Bundle {
+        let mut steps = Table::new(["step", "found"]).title(self.headline());
+        for step in &self.steps {
+            steps.push_row([format!("{}{}", step.name, step.outcome.mark()), step.brief.clone()]);
+        }
+        let mut fixes = Table::new(["#", "fix", "predicted peak", "measured peak"]).right_align(&[0, 2, 3]);
+        for (i, fix) in self.fixes.iter().enumerate() {
+            let measured = if fix.verified { human(fix.peak_bytes) } else { "not run".into() };
+            fixes.push_row([(i + 1).to_string(), fix.change.clone(), human(fix.predicted_peak_bytes), measured]);
+        }
+        let whole = format!("({:.1} s, real steps included.) The whole report: %oomcheck --last-error", self.seconds);
+        let fixes = (!self.fixes.is_empty()).then_some(fixes);
+        let text = match &fixes {
+            Some(fixes) => format!("{steps}\n{fixes}{whole}\n"),
+            None => format!("{steps}{whole}\n"),
+        };
+        let mut composer = Composer::new().html_only(&steps.bundle());
+        if let Some(fixes) = &fixes {
+            composer = composer.html_only(&fixes.bundle());
+        }
+        let html = composer.html_only(&Bundle::plain(whole.clone())).finish();
+        Bundle::plain(text).with("text/html", html.get("text/html").cloned().unwrap_or_default())
+    }
+}
+
+/// A sentence's opening: up to the first semicolon, colon or parenthesis
+/// after a few words, and never more than a line.
+fn first_clause(finding: &str) -> String {
+    const LONGEST: usize = 110;
+    let cut = finding
+        .char_indices()
+        .skip(24)
+        .find(|&(i, c)| matches!(c, ';' | ':' | '(') && (c == '(' || finding[i + 1..].starts_with(' ')))
+        .map_or(finding.len(), |(i, _)| i);
+    let clause = finding[..cut].trim_end();
+    if clause.chars().count() <= LONGEST {
+        return clause.to_owned();
+    }
+    let end = clause.char_indices().nth(LONGEST - 1).map_or(clause.len(), |(i, _)| i);
+    let end = clause[..end].rfind(' ').unwrap_or(end);
+    format!("{}...", &clause[..end])
+}
+
 /// The report as text: the headline, each step wrapped under its name, the fixes' table.
 impl std::fmt::Display for Diagnosis {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -805,6 +927,56 @@ mod tests {
             check: String::new(),
             cost,
         }
+    }
+
+    #[test]
+    fn a_brief_finding_is_its_first_clause_within_a_line() {
+        assert_eq!(
+            first_clause("no other vramlab process is running on this machine: nothing else competes for the card"),
+            "no other vramlab process is running on this machine"
+        );
+        assert_eq!(
+            first_clause("on this simulated card: vramlab command 22103 holds 364 MiB (each its own CUDA context)"),
+            "on this simulated card: vramlab command 22103 holds 364 MiB"
+        );
+        assert_eq!(first_clause("batch 1 runs where the failed step ran"), "batch 1 runs where the failed step ran");
+        let long = "word ".repeat(40);
+        let cut = first_clause(&long);
+        assert!(cut.ends_with("...") && cut.chars().count() <= 113, "{cut}");
+    }
+
+    #[test]
+    fn the_brief_report_has_a_line_a_step_and_a_fix_and_names_the_whole() {
+        let diagnosis = Diagnosis {
+            message: "out of memory".into(),
+            requested_bytes: Some(32 << 20),
+            phase: Some("backward head".into()),
+            growing: None,
+            steps: vec![
+                Finding {
+                    name: "1. the failed allocation".into(),
+                    finding: "tried to allocate 32.0 MiB; more".into(),
+                    brief: "tried to allocate 32.0 MiB".into(),
+                    outcome: Outcome::Found,
+                },
+                Finding {
+                    name: "2. who else holds the device".into(),
+                    finding: "no other vramlab process is running here: nothing else competes".into(),
+                    brief: "no other vramlab process is running here".into(),
+                    outcome: Outcome::Clear,
+                },
+            ],
+            fixes: vec![fix(FixKind::Accumulation)],
+            reproduce: None,
+            processes: Processes { processes: Vec::new() },
+            seconds: 1.5,
+        };
+        let text = diagnosis.brief().text().to_owned();
+        assert!(text.starts_with("Out of memory: tried to allocate 32.0 MiB during backward head."), "{text}");
+        assert!(text.contains("2. who else holds the device (ruled out)  no other vramlab process is running here"), "{text}");
+        assert!(text.contains("Accumulation") && text.ends_with("The whole report: %oomcheck --last-error\n"), "{text}");
+        assert!(!text.contains("nothing else") && !text.contains("more"), "{text}");
+        assert_eq!(text.lines().count(), 10, "{text}");
     }
 
     /// The sentence says where each of the lesson's levers stands in the ranking shown above it.

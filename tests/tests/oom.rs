@@ -68,6 +68,19 @@ async fn a_cell_that_runs_out_of_memory_gets_the_investigation_and_the_kernel_go
     });
     assert!(html.is_some_and(|h| h.contains("<table")), "the report shows as tables");
 
+    let brief =
+        kernel.execute("vramlab::diagnose::set_detail(vramlab::diagnose::Detail::Brief);\ntrainer.step(&[batch.clone()], 0)?;").await;
+    assert_eq!(brief.reply.status, ReplyStatus::Error);
+    let short = displayed_text(&brief).join("\n");
+    assert!(short.starts_with("Out of memory: tried to allocate") && short.contains("7. ranked fixes"), "{short}");
+    assert!(
+        short.ends_with("The whole report: %oomcheck --last-error\n") && short.lines().count() < 20,
+        "one line a step and a fix:\n{short}"
+    );
+    let whole = kernel.execute("%oomcheck --last-error").await;
+    let whole = whole.result_text().unwrap_or_else(|| panic!("{:?}", whole.error()));
+    assert!(whole.contains("memory::SimulatedCard models a caching allocator") && !short.contains("SimulatedCard"), "{whole}");
+
     let survived = kernel.execute("kept + 1").await;
     assert_eq!(survived.result_text().as_deref(), Some("42"), "{:?}", survived.error());
     let processes = kernel.execute("%mem --processes").await;
