@@ -13,9 +13,8 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 use serde::Serialize;
 
-use crate::cli::measure_flags;
 use crate::gpus::Card;
-use crate::ledger::{estimate, BillKind, Ledger, Mode, StepConfig};
+use crate::ledger::{estimate, measure_flags, BillKind, Ledger, Mode, StepConfig};
 use crate::memory::{Budget, HostMemory, OutOfMemory, Processes};
 use crate::models::{Network, Precision, Shape};
 use crate::oom::{search, Fix, FixCost, FixKind};

@@ -123,6 +123,9 @@ pub struct OomcheckArgs {
     /// Only the verdict (the peak against the card) and, when it does not fit, one line per fix
     #[arg(long, conflicts_with_all = ["sweep", "host"])]
     pub brief: bool,
+    /// Only the verdict and, when it does not fit, the fixes' table (extra time, accuracy risk, flags): no bills, no timeline
+    #[arg(long, conflicts_with_all = ["sweep", "host", "brief"])]
+    pub fixes: bool,
 }
 
 /// A model spec read from a JSON file, and where it came from.

@@ -6,7 +6,6 @@ mod check;
 mod data;
 mod device;
 mod fit;
-mod flags;
 mod module;
 mod report;
 mod train;
@@ -18,7 +17,6 @@ pub use data::BenchH2dArgs;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs, SynthOutput};
 pub use device::{DeviceArg, HoldArgs, SmokeArgs};
 pub use fit::FitArgs;
-pub use flags::{measure_flags, oomcheck_flags};
 pub use module::{BatchInput, ByModule, ByNothing, BySpec, Measurable, OomcheckModuleArgs, SummaryModuleArgs, Target};
 pub use report::Oomcheck;
 pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
@@ -62,7 +60,7 @@ pub fn run_oomcheck(args: &OomcheckArgs) -> Result<Oomcheck, UsageError> {
     let sweep = args.sweep.as_ref().map(|plan| sweep(&spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
     let masks = analyze(&spec, config.input, config.precision, config.layers).is_ok_and(|cost| cost.labels_per_sample() > 1);
     let host = args.loader_shape(masks).map(|shape| host_check(shape, args.host_ram));
-    Ok(Oomcheck { report, sweep, host, brief: args.brief })
+    Ok(Oomcheck { report, sweep, host, brief: args.brief, fixes_only: args.fixes })
 }
 
 /// `%summary MODEL [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]` as a bundle.
@@ -135,7 +133,7 @@ pub fn oomcheck_of(model: &dyn CheckOf, argv: &[&str]) -> Result<Bundle, UsageEr
     let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
     let report = check(spec, &config, &args.gpu).map_err(usage)?;
     let sweep = args.sweep.as_ref().map(|plan| sweep(spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
-    Ok(Oomcheck { report, sweep, host: None, brief: false }.bundle())
+    Ok(Oomcheck { report, sweep, host: None, brief: false, fixes_only: false }.bundle())
 }
 
 /// `%oomcheck MODEL --batch B --res R [...]` as a bundle: verdict, ledger

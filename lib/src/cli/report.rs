@@ -18,6 +18,9 @@ pub struct Oomcheck {
     /// Only the verdict and, where the step does not fit, one line per fix.
     #[serde(skip)]
     pub brief: bool,
+    /// Only the verdict and, where the step does not fit, the fixes' table.
+    #[serde(skip)]
+    pub fixes_only: bool,
 }
 
 impl FitReport {
@@ -41,7 +44,7 @@ impl FitReport {
                 format!("{:+}%", fix.cost.extra_time_pct),
                 format!("{}: {}", fix.cost.accuracy_risk, fix.cost.note),
                 batch,
-                super::oomcheck_flags(&fix.config).unwrap_or_else(|| "-".to_owned()),
+                crate::ledger::oomcheck_flags(&fix.config).unwrap_or_else(|| "-".to_owned()),
             ]);
         }
         if self.fixes.is_empty() {
@@ -84,10 +87,11 @@ impl Render for Oomcheck {
         if let Some(caveat) = &report.card_caveat {
             composer = composer.remark(caveat);
         }
-        if self.brief {
+        if self.brief || self.fixes_only {
             let training = report.ledger.config.mode == crate::ledger::Mode::Training;
             if report.verdict != Verdict::Fits && training {
-                composer = composer.part(&Bundle::plain(report.fixes_brief()));
+                let fixes = if self.brief { Bundle::plain(report.fixes_brief()) } else { report.fixes_table().bundle() };
+                composer = composer.part(&fixes);
             }
             return composer.finish();
         }

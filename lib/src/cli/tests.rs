@@ -1,4 +1,5 @@
 use super::*;
+use crate::ledger::{measure_flags, oomcheck_flags};
 
 fn words(line: &str) -> Vec<String> {
     line.split_whitespace().map(str::to_owned).collect()
@@ -338,4 +339,20 @@ fn brief_oomcheck_shows_the_verdict_and_one_line_per_fix() {
     assert!(!text.contains("Fixes that peak"), "{text}");
     let clash = args("resnet50 --batch 128 --res 224 --brief --sweep batch=8..16").unwrap_err();
     assert!(clash.0.contains("--sweep"), "{}", clash.0);
+}
+
+#[test]
+fn oomcheck_with_fixes_shows_the_verdict_and_the_fixes_table_alone() {
+    let args = |line: &str| parse::<OomcheckArgs>("oomcheck", &line.split_whitespace().map(str::to_owned).collect::<Vec<_>>());
+    let over = run_oomcheck(&args("resnet50 --batch 128 --res 224 --gpu rtx4060-laptop --fixes").unwrap().unwrap()).unwrap();
+    let text = over.bundle().text().to_owned();
+    let full = run_oomcheck(&args("resnet50 --batch 128 --res 224 --gpu rtx4060-laptop").unwrap().unwrap()).unwrap();
+    let table = over.report.fixes_table().to_string().trim_end().to_owned();
+    assert!(text.starts_with("DOES NOT FIT") && text.contains(&table), "{text}");
+    assert!(full.bundle().text().contains(&table), "the same table as the whole report's");
+    assert!(!text.contains("1. parameters") && !text.contains("step timeline"), "no bills, no timeline:\n{text}");
+    let fits = run_oomcheck(&args("resnet50 --batch 128 --res 224 --gpu rtx4060-laptop --amp bf16 --fixes").unwrap().unwrap()).unwrap();
+    assert!(!fits.bundle().text().contains("fixes that peak"), "{}", fits.bundle().text());
+    let clash = args("resnet50 --batch 128 --res 224 --fixes --brief").unwrap_err();
+    assert!(clash.0.contains("--brief"), "{}", clash.0);
 }

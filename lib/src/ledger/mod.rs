@@ -4,6 +4,7 @@
 mod bill;
 mod config;
 mod estimate;
+mod flags;
 mod plan;
 mod render;
 mod timeline;
@@ -12,6 +13,7 @@ pub mod validation;
 pub use bill::{Bill, BillKind, Line};
 pub use config::{Checkpointing, Mode, OptimizerKind, StepConfig};
 pub use estimate::{estimate, Ledger};
+pub use flags::{measure_flags, oomcheck_flags};
 pub use plan::{Segment, StepPhase, StepPlan};
 pub use timeline::{Part, Peak, PeakLine, Phase};
 

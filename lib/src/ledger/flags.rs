@@ -1,8 +1,9 @@
-//! A configuration written as the flags that reproduce it, next to the
-//! parsers that read them back: `oomcheck`'s for a configuration, `vramlab
-//! measure`'s for a step to run. Every fix's flags round-trip (tests).
+//! A configuration written as the command-line flags that reproduce it:
+//! `oomcheck`'s for a configuration, `vramlab measure`'s for a step to run.
+//! Kept beside the configuration, below everything that shows them (the
+//! investigation, the reports); `cli`'s tests parse every fix's flags back.
 
-use crate::ledger::{Checkpointing, Mode, StepConfig};
+use super::{Checkpointing, Mode, StepConfig};
 use crate::models::{Layers, Shape};
 
 /// The `oomcheck MODEL` flags of `config`; `None` for an input that is not
