@@ -8,7 +8,21 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-say() { printf '\n==> %s\n' "$*"; }
+# Each stage is timed: `say` closes the one before it with its seconds, and the
+# command ends (or stops) with its total.
+stage=""
+stage_started=$SECONDS
+end_stage() {
+    if [ -n "$stage" ]; then printf '    (%s: %d s)\n' "$stage" $((SECONDS - stage_started)); fi
+    stage=""
+}
+say() {
+    end_stage
+    stage="$*"
+    stage_started=$SECONDS
+    printf '\n==> %s\n' "$*"
+}
+trap 'end_stage; printf "\n==> %d min %02d s in all\n" $((SECONDS / 60)) $((SECONDS % 60))' EXIT
 
 if ! rustup component list --installed 2>/dev/null | grep -q '^rust-src'; then
     say "installing the rust-src component"

@@ -119,6 +119,9 @@ impl Table {
     }
 }
 
+/// The narrowest a note is wrapped to, in characters.
+const NOTE_WIDTH: usize = 100;
+
 fn css(align: Align) -> &'static str {
     match align {
         Align::Left => "left",
@@ -162,8 +165,10 @@ impl fmt::Display for Table {
             writeln!(f, "{}", "=".repeat(total))?;
             line(f, &mut footer.iter().map(String::as_str))?;
         }
+        // A note reads as a paragraph under the table: as wide as the table, and no narrower than a page.
+        let width = total.max(NOTE_WIDTH);
         for note in &self.notes {
-            writeln!(f, "{note}")?;
+            writeln!(f, "{}", textwrap::fill(note, width))?;
         }
         Ok(())
     }
@@ -201,6 +206,19 @@ mod tests {
         assert!(html.contains("fc &lt;out&gt;"));
         assert!(html.contains("<tfoot"));
         assert!(bundle.text().contains("522,408"));
+    }
+
+    #[test]
+    fn a_long_note_wraps_to_the_table_or_a_page_whichever_is_wider() {
+        let note = "word ".repeat(60);
+        let narrow = sample().note(note.clone()).to_string();
+        let lines: Vec<&str> = narrow.lines().skip(6).collect();
+        assert!(lines.len() == 3 && lines.iter().all(|l| l.chars().count() <= NOTE_WIDTH), "{narrow}");
+        let wide = Table::new(["a".repeat(150)]).note(note).to_string();
+        assert!(
+            wide.lines().skip(2).all(|l| l.chars().count() <= 150) && wide.lines().nth(2).unwrap().chars().count() > NOTE_WIDTH,
+            "{wide}"
+        );
     }
 
     #[test]
