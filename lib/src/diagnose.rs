@@ -834,7 +834,11 @@ impl Diagnosis {
         }
         let mut fixes = Table::new(["#", "fix", "predicted peak", "measured peak"]).right_align(&[0, 2, 3]);
         for (i, fix) in self.fixes.iter().enumerate() {
-            let measured = if fix.verified { human(fix.peak_bytes) } else { "not run".into() };
+            let measured = match (fix.verified, fix.check.starts_with("failed")) {
+                (true, _) => human(fix.peak_bytes),
+                (false, true) => "failed".to_owned(),
+                (false, false) => "not run".to_owned(),
+            };
             fixes.push_row([(i + 1).to_string(), fix.change.clone(), human(fix.predicted_peak_bytes), measured]);
         }
         let whole = format!("({:.1} s, real steps included.) The whole report: %oomcheck --last-error", self.seconds);
