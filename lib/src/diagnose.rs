@@ -14,7 +14,7 @@ use candle_core::{DType, Tensor};
 use serde::Serialize;
 
 use crate::gpus::Card;
-use crate::ledger::{estimate, measure_flags, BillKind, Ledger, Mode, StepConfig};
+use crate::ledger::{estimate, measure_flags, BillKind, Ledger, Levers, Mode, StepConfig};
 use crate::memory::{Budget, HostMemory, OutOfMemory, Processes};
 use crate::models::{Network, Precision, Shape};
 use crate::oom::{search, Fix, FixCost, FixKind};
@@ -265,7 +265,8 @@ impl<'a> Investigation<'a> {
             (Some(step), Some(failed)) => {
                 let room = budget.map(|b| b.room().saturating_sub(step.outside));
                 let mut trials = Trials { step, room, deadline };
-                let one = trials.run(&StepConfig { batch: 1, accumulation: 1, ..failed.clone() });
+                let one =
+                    trials.run(&StepConfig { batch: 1, levers: Levers { accumulation: 1, ..failed.levers.clone() }, ..failed.clone() });
                 steps.push(batch_one(one.as_ref(), &failed, ledger.as_ref()));
                 steps.push(precision_off(&mut trials, &failed, one.as_ref()));
                 steps.push(host_side(&memory));
@@ -363,16 +364,7 @@ fn skipped(name: &str, why: &str) -> Finding {
 }
 
 fn step_config(step: &StepOom) -> StepConfig {
-    StepConfig {
-        batch: step.batch,
-        input: step.input,
-        precision: step.config.precision,
-        optimizer: step.config.optimizer.kind(),
-        accumulation: step.config.accumulation,
-        checkpointing: step.config.checkpointing.clone(),
-        mode: Mode::Training,
-        layers: step.layers,
-    }
+    StepConfig { batch: step.batch, input: step.input, levers: step.config.levers(step.layers), mode: Mode::Training }
 }
 
 /// Step 3: PyTorch's `memory_summary`, for this process.
@@ -461,26 +453,33 @@ fn batch_one(trial: Option<&Trial>, failed: &StepConfig, ledger: Option<&Ledger>
 
 fn precision_off(trials: &mut Trials<'_>, failed: &StepConfig, mixed_one: Option<&Trial>) -> Finding {
     let name = "5. mixed precision off";
-    if !failed.precision.is_mixed() {
+    if !failed.levers.precision.is_mixed() {
         return skipped(name, "the step ran in f32: there is no mixed precision to turn off (step 7 tries turning it on)");
     }
-    let f32_one = trials.run(&StepConfig { batch: 1, accumulation: 1, precision: Precision::F32, ..failed.clone() });
+    let f32_one = trials.run(&StepConfig {
+        batch: 1,
+        levers: Levers { accumulation: 1, precision: Precision::F32, ..failed.levers.clone() },
+        ..failed.clone()
+    });
     let (Some(mixed_one), Some(f32_one)) = (mixed_one, f32_one) else { return skipped(name, SKIPPED_FOR_TIME) };
     let finite = |t: &Trial| t.loss.is_some_and(f32::is_finite);
     let brief = match (finite(mixed_one), finite(&f32_one)) {
         (true, true) => "both give a finite loss: mixed precision is not what breaks this step".to_owned(),
-        (false, true) => format!("the loss is finite in f32 but not with {}", failed.precision),
+        (false, true) => format!("the loss is finite in f32 but not with {}", failed.levers.precision),
         (_, false) => "the loss is not finite even in f32".to_owned(),
     };
     let behaviour = match (finite(mixed_one), finite(&f32_one)) {
         (true, true) => format!(
             "both give a finite loss ({} with {}, {} in f32): mixed precision is not what breaks this step",
             mixed_one.loss.map_or("-".into(), |l| format!("{l:.4}")),
-            failed.precision,
+            failed.levers.precision,
             f32_one.loss.map_or("-".into(), |l| format!("{l:.4}"))
         ),
         (false, true) => {
-            format!("the loss is finite in f32 but not with {}: an op misbehaves in half precision; keep it in f32", failed.precision)
+            format!(
+                "the loss is finite in f32 but not with {}: an op misbehaves in half precision; keep it in f32",
+                failed.levers.precision
+            )
         }
         (_, false) => "the loss is not finite even in f32: the problem is not half precision".to_owned(),
     };
@@ -489,7 +488,7 @@ fn precision_off(trials: &mut Trials<'_>, failed: &StepConfig, mixed_one: Option
         finding: format!(
             "batch 1 in f32 {}, with {} {}; {behaviour}",
             if f32_one.ran { format!("runs ({})", f32_one.describe_peak()) } else { "fails".to_owned() },
-            failed.precision,
+            failed.levers.precision,
             if mixed_one.ran { format!("runs ({})", mixed_one.describe_peak()) } else { "fails".to_owned() },
         ),
         brief,
@@ -622,7 +621,7 @@ fn lesson_levers(fixes: &[CheckedFix], failed: &StepConfig) -> String {
         .iter()
         .map(|&(kind, lever)| match fixes.iter().position(|fix| fix.kind == kind) {
             Some(rank) => format!("{lever} is #{}", rank + 1),
-            None if kind == FixKind::MixedPrecision && failed.precision.is_mixed() => format!("{lever} was already on"),
+            None if kind == FixKind::MixedPrecision && failed.levers.precision.is_mixed() => format!("{lever} was already on"),
             None => format!("{lever} alone does not fit"),
         })
         .collect();
@@ -704,21 +703,21 @@ impl Trials<'_> {
     fn steps(&self, config: &StepConfig, start: u64) -> Result<(usize, f32, Option<u64>), crate::train::TrainError> {
         let step = self.step;
         let device = step.device()?;
-        let net = Network::with_layers(&step.spec, config.input, &device, 0, config.layers)?;
+        let net = Network::with_layers(&step.spec, config.input, &device, 0, config.levers.layers)?;
         let mut train = TrainConfig {
-            precision: config.precision,
-            accumulation: config.accumulation,
-            checkpointing: config.checkpointing.clone(),
+            precision: config.levers.precision,
+            accumulation: config.levers.accumulation,
+            checkpointing: config.levers.checkpointing.clone(),
             ..step.config.clone()
         };
-        if train.optimizer.kind() != config.optimizer {
-            train.optimizer = OptimizerConfig::for_kind(config.optimizer, step.config.optimizer.learning_rate());
+        if train.optimizer.kind() != config.levers.optimizer {
+            train.optimizer = OptimizerConfig::for_kind(config.levers.optimizer, step.config.optimizer.learning_rate());
         }
         // Memory does not depend on the loss scale; a small first scale spares the skipped steps.
         train.scaler.init_scale = 1024.0;
         train.schedule = None;
         let mut trainer = Trainer::new(net, train)?;
-        let micro_batches = (0..config.accumulation)
+        let micro_batches = (0..config.levers.accumulation)
             .map(|i| synthetic_batch(config.batch, config.input, step.spec.num_classes, &device, i as u64))
             .collect::<candle_core::Result<Vec<_>>>()?;
         let (mut peak, mut loss, mut applied) = (None::<u64>, f32::NAN, false);
@@ -991,7 +990,7 @@ mod tests {
             lesson_levers(&ranked, &f32_step),
             "The lesson's levers, in its order: AMP alone does not fit; accumulation is #1; checkpointing is #3"
         );
-        let amp_step = StepConfig { precision: Precision::F16Amp, ..f32_step };
+        let amp_step = StepConfig { levers: Levers { precision: Precision::F16Amp, ..f32_step.levers.clone() }, ..f32_step };
         assert_eq!(
             lesson_levers(&[fix(FixKind::SmallerResolution)], &amp_step),
             "The lesson's levers, in its order: AMP was already on; accumulation alone does not fit; checkpointing alone does not fit"

@@ -1,6 +1,13 @@
 //! Training straight from an image folder, above both the data pipeline and
 //! the trainer: the loader as the Trainer's batch source, and the validation accuracy per class beside the majority-class
 //! and colour-histogram baselines (is a dataset learnable, and how hard?).
+//!
+//! # The room
+//!
+//! Training from an image folder: the loader as the trainer's batch source, with AMP, accumulation
+//! and a cosine schedule; per-class accuracy and the confusion matrix beside the baselines; from a
+//! folder with masks, segmentation (`learn/segment.rs`: each class's IoU beside the trivial mask's)
+//! (above both `data` and `train`).
 
 use std::time::Instant;
 
@@ -10,10 +17,11 @@ use serde::Serialize;
 use crate::data::{
     histogram_baseline, BaselineReport, DataError, DataLoader, Dataset, ImageFolder, LoaderConfig, Split, Symptom, Transform, Transforms,
 };
-use crate::models::{ModelError, ModelName, Network, Pass, Precision, Shape};
+use crate::ledger::Checkpointing;
+use crate::models::{Layers, ModelError, ModelName, Network, Pass, Precision, Shape};
 use crate::train::{BatchSource, GradScalerConfig, OptimizerConfig, Schedule, TrainConfig, TrainError, TrainEvent, Trainer};
 
-mod report;
+mod scores;
 mod segment;
 
 pub use segment::{fit_segmentation, SegmentReport};
@@ -97,6 +105,9 @@ pub struct LearnConfig {
     pub accumulation: usize,
     pub precision: Precision,
     pub optimizer: OptimizerConfig,
+    pub checkpointing: Checkpointing,
+    /// The layers the network is built from.
+    pub layers: Layers,
     /// Anneal the learning rate to zero over the run on a cosine
     /// (`CosineAnnealingLR`), so the last epochs settle instead of jumping.
     pub cosine: bool,
@@ -124,6 +135,8 @@ impl Default for LearnConfig {
             accumulation: 1,
             precision: Precision::F32,
             optimizer: OptimizerConfig::for_kind(crate::ledger::OptimizerKind::Adam, 0.002),
+            checkpointing: Checkpointing::None,
+            layers: Layers::Lean,
             cosine: false,
             workers: 2,
             augment: false,
@@ -325,13 +338,14 @@ fn train_on<D: Dataset>(
     let mut val = OnDevice { source: loader(&split.val, Transforms::resize(res), false)?, device: device.clone() };
 
     let spec = config.model.spec(classes);
-    let net = Network::new(&spec, Shape::map(3, res as usize, res as usize), device, config.seed)?;
+    let net = Network::with_layers(&spec, Shape::map(3, res as usize, res as usize), device, config.seed, config.layers)?;
     let steps = (config.epochs * (train.batches_per_epoch() / config.accumulation)) as u64;
     let schedule =
         if config.cosine { Some(Schedule::cosine(config.optimizer.learning_rate(), steps, 0.0).map_err(TrainError::from)?) } else { None };
     let train_config = TrainConfig {
         precision: config.precision,
         accumulation: config.accumulation,
+        checkpointing: config.checkpointing.clone(),
         optimizer: config.optimizer.clone(),
         schedule,
         scaler: config.scaler.clone(),

@@ -6,6 +6,12 @@
 //! simulated budget failing a step where the ledger says it will, on a CUDA
 //! GPU the device pool's readings following a tensor of known size. Each
 //! check keeps the figure behind its verdict.
+//!
+//! # The room
+//!
+//! `vramlab smoke`: the loader, a step with each lever, the levers and the loader together in a
+//! short run from a folder, and the memory readings (the simulated budget on the CPU, the pool's
+//! probes on CUDA) checked on this machine.
 
 use std::time::Instant;
 
@@ -14,7 +20,7 @@ use serde::Serialize;
 
 use crate::data::{DataLoader, ImageFolder, LeafDiseaseSynth, LoaderConfig, OnError, Transforms};
 use crate::gpus::Card;
-use crate::ledger::{estimate, Checkpointing, StepConfig};
+use crate::ledger::{estimate, Checkpointing, Levers, StepConfig};
 use crate::memory::{Budget, HostMemory};
 use crate::models::{ModelName, Precision};
 use crate::render::{Bundle, Render, Table};
@@ -214,7 +220,8 @@ fn combined(device: &Device) -> Result<String, String> {
 /// must fail with an out-of-memory error, above 1 it must run.
 fn budget(device: &Device, share: f64) -> Result<String, String> {
     let spec = spec(TrainConfig::default());
-    let config = StepConfig { optimizer: spec.config.optimizer.kind(), ..StepConfig::training(BATCH, RES) };
+    let config =
+        StepConfig { levers: Levers { optimizer: spec.config.optimizer.kind(), ..Levers::default() }, ..StepConfig::training(BATCH, RES) };
     let host = Card::host().map_err(|e| e.to_string())?;
     let predicted = estimate(&spec.model.spec(spec.classes), &config, &host).map_err(|e| e.to_string())?.peak.bytes;
     let held = HostMemory::sample().in_use;

@@ -56,6 +56,14 @@ pub fn parse_bytes(text: &str) -> Result<u64, SizeError> {
     Ok(bytes as u64)
 }
 
+/// A whole number of at least 1, as a flag takes it.
+pub fn parse_positive(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("expected a whole number of at least 1".to_owned()),
+    }
+}
+
 /// `1,234,567`.
 pub fn grouped(n: u64) -> String {
     let digits = n.to_string();

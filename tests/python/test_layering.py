@@ -30,7 +30,7 @@ FLOORS = [
 KNOWN_CIRCLES = {
     ("memory", frozenset({"answer", "counters", "cuda", "host", "region", "shared"})),
     ("ops", frozenset({"activation", "cuda", "silu"})),
-    ("ops", frozenset({"composed", "lean"})),
+    ("ops", frozenset({"composed", "fused_norm"})),
     ("ops/cuda", frozenset({"primitives", "reference"})),
     ("ops/cpu", frozenset({"conv", "winograd"})),
 }

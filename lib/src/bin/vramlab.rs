@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, ColorChoice, Parser, Subcommand};
 use serde::Serialize;
 use vramlab::cli::{
-    run_oomcheck, run_summary, BenchLoaderArgs, FitArgs, MeasureArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs, TrainRunArgs,
+    run_oomcheck, run_summary, BenchLoaderArgs, LearnArgs, MeasureArgs, OomcheckArgs, PreprocessArgs, SummaryArgs, SynthArgs, TrainRunArgs,
     TrainSetup, UsageError,
 };
 use vramlab::data::{bench_loader, preprocess};
@@ -38,7 +38,7 @@ enum Command {
     /// Run real training steps: every bill predicted and measured, and both peaks
     Measure(WithJson<MeasureArgs>),
     /// Train a zoo model on an image folder through the loader: validation accuracy per class against the baselines
-    Train(WithJson<FitArgs>),
+    Train(WithJson<LearnArgs>),
     /// Check that the loader, a training step with each lever and the memory readings work on this machine
     Smoke(WithJson<vramlab::cli::SmokeArgs>),
     /// Hold memory on a simulated card, as another program on the same GPU would, until stopped
@@ -155,7 +155,7 @@ fn data_error<T>(result: Result<T, vramlab::data::DataError>) -> Result<T, Usage
 }
 
 /// Trains with a progress bar on stderr.
-fn train(args: &FitArgs) -> Result<LearnReport, LearnError> {
+fn train(args: &LearnArgs) -> Result<LearnReport, LearnError> {
     let (folder, split) = args.open()?;
     let steps = args.epochs * (split.train.len() / args.batch);
     let mut progress = vramlab::train::ProgressView::new(format!("train {}", args.model.as_str()), steps as u64);
@@ -164,7 +164,7 @@ fn train(args: &FitArgs) -> Result<LearnReport, LearnError> {
     report
 }
 
-fn segment(args: &FitArgs, masks: &std::path::Path) -> Result<SegmentReport, LearnError> {
+fn segment(args: &LearnArgs, masks: &std::path::Path) -> Result<SegmentReport, LearnError> {
     let (folder, split) = args.open_segmentation(masks)?;
     let steps = args.epochs * (split.train.len() / args.batch);
     let mut progress = vramlab::train::ProgressView::new(format!("train {}", args.model.as_str()), steps as u64);
@@ -190,7 +190,7 @@ fn spec(setup: &TrainSetup, warmup: usize, steps: usize) -> vramlab::train::Benc
         batch: setup.batch,
         res: setup.res,
         config: setup.train_config(),
-        layers: setup.layers,
+        layers: setup.levers().layers,
         warmup,
         steps,
         seed: setup.seed,

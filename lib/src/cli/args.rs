@@ -1,13 +1,13 @@
 //! Argument structs shared by the `vramlab` binary and the kernel's magics.
 
-use clap::builder::TypedValueParser as _;
-use clap::{ColorChoice, Parser, ValueEnum};
+use clap::{ColorChoice, Parser};
 
 use crate::data::LoaderShape;
 use crate::gpus::Card;
-use crate::ledger::{Checkpointing, Mode, OptimizerKind, StepConfig};
-use crate::models::{Layers, ModelName, ModelSpec, Precision, Shape, MAX_CLASSES};
+use crate::ledger::{LayersFlag, LeverFlags, Levers, Mode, StepConfig};
+use crate::models::{ModelName, ModelSpec, Precision, Shape, MAX_CLASSES};
 use crate::oom::SweepSpec;
+use crate::units::parse_positive;
 
 /// `summary MODEL|--spec FILE.json [--input 32x3x224x224] [--dtype f16] [--depth N] [--eval]`
 #[derive(Debug, Clone, Parser)]
@@ -34,9 +34,8 @@ pub struct SummaryArgs {
     /// Number of classes (default: 1000 for a classifier, 2 for unet: background and lesion)
     #[arg(long, value_parser = |s: &str| whole(s, 1..=MAX_CLASSES))]
     pub classes: Option<usize>,
-    /// Layers: lean (batch-norm fused with what reads it) or plain (what an ordinary autograd keeps)
-    #[arg(long, value_enum, default_value_t = Layers::Lean)]
-    pub layers: Layers,
+    #[command(flatten)]
+    pub layers: LayersFlag,
 }
 
 /// `%summary VARIABLE [--batch N] [--dtype f32|f16|bf16] [--depth D] [--eval]`:
@@ -46,7 +45,7 @@ pub struct SummaryArgs {
 #[command(name = "summary", color = ColorChoice::Never, about = "The layer table of a model built in a cell")]
 pub struct SummaryOfArgs {
     /// Samples in the batch
-    #[arg(long, default_value_t = 1, value_parser = positive)]
+    #[arg(long, default_value_t = 1, value_parser = parse_positive)]
     pub batch: usize,
     /// Arithmetic (default: the trainer's, or f32 for a bare network)
     #[arg(long, value_enum)]
@@ -70,32 +69,18 @@ pub struct OomcheckArgs {
     #[arg(long, value_parser = parse_spec_file, conflicts_with = "model")]
     pub spec: Option<SpecFile>,
     /// Samples per forward pass (the micro-batch when accumulating)
-    #[arg(long, value_parser = positive)]
+    #[arg(long, value_parser = parse_positive)]
     pub batch: usize,
     /// Square input resolution in pixels
-    #[arg(long, value_parser = positive)]
+    #[arg(long, value_parser = parse_positive)]
     pub res: usize,
     /// Input channels
-    #[arg(long, default_value_t = 3, value_parser = positive)]
+    #[arg(long, default_value_t = 3, value_parser = parse_positive)]
     pub channels: usize,
-    /// Mixed precision
-    #[arg(long, value_parser = amp_parser())]
-    pub amp: Option<Precision>,
-    /// Optimizer
-    #[arg(long, value_enum, default_value_t = OptimizerKind::Adam)]
-    pub opt: OptimizerKind,
-    /// Gradient accumulation steps per optimizer step
-    #[arg(long, default_value_t = 1, value_parser = positive)]
-    pub accum: usize,
-    /// Activation checkpointing: none, stages, or stage names (layer3,layer4)
-    #[arg(long, value_parser = parse_checkpointing, default_value = "none")]
-    pub ckpt: Checkpointing,
-    /// Layers: lean (batch-norm fused with what reads it) or plain (what an ordinary autograd keeps)
-    #[arg(long, value_enum, default_value_t = Layers::Lean)]
-    pub layers: Layers,
-    /// A catalogue GPU (4090, a100-80gb, rtx4060-laptop...), a size (8GiB, 12GB) or cpu
-    #[arg(long, value_parser = parse_device, default_value = "rtx4060-laptop")]
-    pub gpu: Card,
+    #[command(flatten)]
+    pub levers: LeverFlags,
+    #[command(flatten)]
+    pub card: CardFlag,
     /// Peak against batch or resolution: batch=8..64, res=128..512:32, batch=8,16,32
     #[arg(long, value_parser = parse_sweep)]
     pub sweep: Option<SweepSpec>,
@@ -126,6 +111,14 @@ pub struct OomcheckArgs {
     /// Only the verdict and, when it does not fit, the fixes' table (extra time, accuracy risk, flags): no bills, no timeline
     #[arg(long, conflicts_with_all = ["sweep", "host", "brief"])]
     pub fixes: bool,
+}
+
+/// `--gpu`: the card a step is checked against.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CardFlag {
+    /// A catalogue GPU (4090, a100-80gb, rtx4060-laptop...), a size (8GiB, 12GB) or cpu
+    #[arg(long, value_parser = parse_device, default_value = "rtx4060-laptop")]
+    pub gpu: Card,
 }
 
 /// A model spec read from a JSON file, and where it came from.
@@ -164,29 +157,17 @@ impl SummaryArgs {
 #[command(name = "oomcheck", color = ColorChoice::Never, about = "Will a training step of a model built in a cell fit?")]
 pub struct OomcheckOfArgs {
     /// Samples per forward pass (the micro-batch when accumulating)
-    #[arg(long, value_parser = positive)]
+    #[arg(long, value_parser = parse_positive)]
     pub batch: usize,
     /// Square input resolution in pixels; default: the model's own input
-    #[arg(long, value_parser = positive)]
+    #[arg(long, value_parser = parse_positive)]
     pub res: Option<usize>,
-    /// Mixed precision; default: the trainer's
-    #[arg(long, value_parser = amp_parser())]
-    pub amp: Option<Precision>,
-    /// Optimizer; default: the trainer's, or adam for a network
-    #[arg(long, value_enum)]
-    pub opt: Option<OptimizerKind>,
-    /// Gradient accumulation steps per optimizer step; default: the trainer's
-    #[arg(long, value_parser = positive)]
-    pub accum: Option<usize>,
-    /// Activation checkpointing: none, stages, or stage names; default: the trainer's
-    #[arg(long, value_parser = parse_checkpointing)]
-    pub ckpt: Option<Checkpointing>,
-    /// Layers: lean or plain; default: the ones the model was built with
-    #[arg(long, value_enum)]
-    pub layers: Option<Layers>,
-    /// A catalogue GPU (4090, a100-80gb, rtx4060-laptop...), a size (8GiB, 12GB) or cpu
-    #[arg(long, value_parser = parse_device, default_value = "rtx4060-laptop")]
-    pub gpu: Card,
+    /// The levers; a flag left out keeps the trainer's own (a bare network's: f32, adam, no accumulation
+    /// or checkpointing, the layers it was built with)
+    #[command(flatten)]
+    pub levers: LeverFlags,
+    #[command(flatten)]
+    pub card: CardFlag,
     /// Peak against batch or resolution: batch=8..64, res=128..512:32, batch=8,16,32
     #[arg(long, value_parser = parse_sweep)]
     pub sweep: Option<SweepSpec>,
@@ -223,16 +204,13 @@ impl OomcheckArgs {
         })
     }
 
+    /// The step checked: the batch and input, the levers laid over the lesson's defaults.
     pub fn step_config(&self) -> StepConfig {
         StepConfig {
             batch: self.batch,
             input: Shape::map(self.channels, self.res, self.res),
-            precision: self.amp.unwrap_or(Precision::F32),
-            optimizer: self.opt,
-            accumulation: self.accum,
-            checkpointing: self.ckpt.clone(),
+            levers: self.levers.over(&Levers::default()),
             mode: if self.eval { Mode::Inference } else { Mode::Training },
-            layers: self.layers,
         }
     }
 }
@@ -268,21 +246,8 @@ pub struct InputShape {
     pub sample: Shape,
 }
 
-/// `--amp f16|bf16`: the mixed precisions (f32 is what leaving the flag out means).
-pub(crate) fn amp_parser() -> impl clap::builder::TypedValueParser<Value = Precision> {
-    let mixed = Precision::value_variants().iter().filter(|p| p.is_mixed()).map(|p| p.flag());
-    clap::builder::PossibleValuesParser::new(mixed).try_map(|flag| Precision::from_str(&flag, true))
-}
-
 pub(crate) fn parse_model(text: &str) -> Result<ModelName, String> {
     text.parse().map_err(|e: crate::models::ModelError| e.to_string())
-}
-
-pub(crate) fn positive(text: &str) -> Result<usize, String> {
-    match text.parse::<usize>() {
-        Ok(n) if n > 0 => Ok(n),
-        _ => Err("expected a whole number of at least 1".to_owned()),
-    }
 }
 
 /// A whole number in `range`.
@@ -303,21 +268,6 @@ fn parse_input(text: &str) -> Result<InputShape, String> {
         [batch, c, h, w] => Ok(InputShape { batch, sample: Shape::map(c, h, w) }),
         [c, h, w] => Ok(InputShape { batch: 1, sample: Shape::map(c, h, w) }),
         _ => Err("expected BATCHxCxHxW such as 32x3x224x224".to_owned()),
-    }
-}
-
-pub(crate) fn parse_checkpointing(text: &str) -> Result<Checkpointing, String> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "none" | "off" => Ok(Checkpointing::None),
-        "stages" | "all" => Ok(Checkpointing::Stages),
-        names => {
-            let names: Vec<String> = names.split(',').map(|n| n.trim().to_owned()).filter(|n| !n.is_empty()).collect();
-            if names.is_empty() {
-                Err("expected none, stages, or stage names such as layer3,layer4".to_owned())
-            } else {
-                Ok(Checkpointing::Segments(names))
-            }
-        }
     }
 }
 

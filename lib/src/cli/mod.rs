@@ -1,30 +1,38 @@
 //! The `summary` and `oomcheck` commands: one parser and one report for the
 //! `vramlab` binary and the kernel's `%summary` / `%oomcheck` magics.
+//!
+//! # The room
+//!
+//! The clap argument structs shared by the `vramlab` binary and the kernel's magics, each
+//! flattening the levers' one group (`ledger::LeverFlags`) or the single lever it takes (its tests
+//! parse back every fix's flags that `ledger/flags.rs` writes); `module.rs`: `%summary`/`%oomcheck`
+//! of a cell's variable, whichever kind it is (`Target` and the `BySpec`/`ByModule`/`ByNothing`
+//! traits, resolved by the variable's concrete type in the cell).
 
 mod args;
-mod check;
+mod check_ops;
 mod data;
 mod device;
-mod fit;
+mod learn;
 mod module;
-mod report;
-mod train;
+mod oomcheck;
+mod steps;
 
-pub use args::{InputShape, MemArgs, OomcheckArgs, OomcheckOfArgs, SpecFile, SummaryArgs, SummaryOfArgs};
-pub use check::{CheckDevice, CheckDtypes, CheckOpsArgs};
+pub use args::{CardFlag, InputShape, MemArgs, OomcheckArgs, OomcheckOfArgs, SpecFile, SummaryArgs, SummaryOfArgs};
+pub use check_ops::{CheckDevice, CheckDtypes, CheckOpsArgs};
 #[cfg(feature = "cuda")]
 pub use data::BenchH2dArgs;
 pub use data::{BenchLoaderArgs, DecoderChoice, PreprocessArgs, SynthArgs, SynthOutput};
 pub use device::{DeviceArg, HoldArgs, SmokeArgs};
-pub use fit::FitArgs;
+pub use learn::LearnArgs;
 pub use module::{BatchInput, ByModule, ByNothing, BySpec, Measurable, OomcheckModuleArgs, SummaryModuleArgs, Target};
-pub use report::Oomcheck;
-pub use train::{MeasureArgs, TrainRunArgs, TrainSetup};
+pub use oomcheck::Oomcheck;
+pub use steps::{MeasureArgs, TrainRunArgs, TrainSetup};
 
 use clap::error::ErrorKind;
 use clap::Parser;
 
-use crate::ledger::{Checkpointing, Mode, OptimizerKind, StepConfig};
+use crate::ledger::{Levers, Mode, StepConfig};
 use crate::models::{analyze, Summary};
 use crate::oom::{check, host_check, sweep};
 use crate::render::{Bundle, Render};
@@ -48,7 +56,8 @@ pub fn parse<T: Parser>(command: &str, argv: &[String]) -> Result<Result<T, Stri
 /// The summary a [`SummaryArgs`] asks for.
 pub fn run_summary(args: &SummaryArgs) -> Result<Summary, UsageError> {
     let spec = args.model_spec()?;
-    Summary::new(&spec, args.input.batch, args.input.sample, args.dtype, args.layers, !args.eval).map_err(|e| UsageError(e.to_string()))
+    Summary::new(&spec, args.input.batch, args.input.sample, args.dtype, args.layers.layers.unwrap_or_default(), !args.eval)
+        .map_err(|e| UsageError(e.to_string()))
 }
 
 /// The fit report (and sweep) an [`OomcheckArgs`] asks for.
@@ -56,9 +65,9 @@ pub fn run_oomcheck(args: &OomcheckArgs) -> Result<Oomcheck, UsageError> {
     let spec = args.model_spec()?;
     let config = args.step_config();
     let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
-    let report = check(&spec, &config, &args.gpu).map_err(usage)?;
-    let sweep = args.sweep.as_ref().map(|plan| sweep(&spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
-    let masks = analyze(&spec, config.input, config.precision, config.layers).is_ok_and(|cost| cost.labels_per_sample() > 1);
+    let report = check(&spec, &config, &args.card.gpu).map_err(usage)?;
+    let sweep = args.sweep.as_ref().map(|plan| sweep(&spec, &config, &args.card.gpu, plan)).transpose().map_err(usage)?;
+    let masks = analyze(&spec, config.input, config.levers.precision, config.levers.layers).is_ok_and(|cost| cost.labels_per_sample() > 1);
     let host = args.loader_shape(masks).map(|shape| host_check(shape, args.host_ram));
     Ok(Oomcheck { report, sweep, host, brief: args.brief, fixes_only: args.fixes })
 }
@@ -85,22 +94,21 @@ pub fn summary_of(model: &dyn crate::models::Summarize, argv: &[&str]) -> Result
 /// What `%oomcheck VARIABLE` needs of a model built in a cell beyond its
 /// spec and input: the levers of its training step.
 pub trait CheckOf: crate::models::Summarize {
-    /// The optimizer, accumulation and checkpointing it trains with.
-    fn levers(&self) -> (OptimizerKind, usize, Checkpointing);
+    fn levers(&self) -> Levers;
 }
 
 /// A bare network is checked as a zoo model is, with Adam and neither
-/// accumulation nor checkpointing unless a flag says otherwise.
+/// accumulation nor checkpointing unless a flag says otherwise, on the
+/// layers it was built with.
 impl CheckOf for crate::models::Network {
-    fn levers(&self) -> (OptimizerKind, usize, Checkpointing) {
-        (OptimizerKind::Adam, 1, Checkpointing::None)
+    fn levers(&self) -> Levers {
+        Levers { layers: self.layers(), ..Levers::default() }
     }
 }
 
 impl CheckOf for crate::train::Trainer {
-    fn levers(&self) -> (OptimizerKind, usize, Checkpointing) {
-        let c = self.config();
-        (c.optimizer.kind(), c.accumulation, c.checkpointing.clone())
+    fn levers(&self) -> Levers {
+        self.levers()
     }
 }
 
@@ -118,21 +126,12 @@ pub fn oomcheck_of(model: &dyn CheckOf, argv: &[&str]) -> Result<Bundle, UsageEr
         (Some(res), crate::models::Shape::Map { c, .. }) => crate::models::Shape::map(c, res, res),
         (Some(_), flat) => return Err(UsageError(format!("--res needs an image input; this model takes {flat}"))),
     };
-    let (optimizer, accumulation, checkpointing) = model.levers();
-    let config = StepConfig {
-        batch: args.batch,
-        input,
-        precision: args.amp.unwrap_or(model.summary_precision()),
-        optimizer: args.opt.unwrap_or(optimizer),
-        accumulation: args.accum.unwrap_or(accumulation),
-        checkpointing: args.ckpt.unwrap_or(checkpointing),
-        mode: if args.eval { Mode::Inference } else { Mode::Training },
-        layers: args.layers.unwrap_or(model.summary_layers()),
-    };
+    let mode = if args.eval { Mode::Inference } else { Mode::Training };
+    let config = StepConfig { batch: args.batch, input, levers: args.levers.over(&model.levers()), mode };
     let spec = model.summary_spec();
     let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
-    let report = check(spec, &config, &args.gpu).map_err(usage)?;
-    let sweep = args.sweep.as_ref().map(|plan| sweep(spec, &config, &args.gpu, plan)).transpose().map_err(usage)?;
+    let report = check(spec, &config, &args.card.gpu).map_err(usage)?;
+    let sweep = args.sweep.as_ref().map(|plan| sweep(spec, &config, &args.card.gpu, plan)).transpose().map_err(usage)?;
     Ok(Oomcheck { report, sweep, host: None, brief: false, fixes_only: false }.bundle())
 }
 

@@ -10,9 +10,8 @@
 
 use clap::{ColorChoice, Parser};
 
-use super::{oomcheck_of, parse, summary_of, CheckOf, UsageError};
-use crate::gpus::Card;
-use crate::ledger::OptimizerKind;
+use super::{oomcheck_of, parse, summary_of, CardFlag, CheckOf, UsageError};
+use crate::ledger::{Levers, OptimizerFlag};
 use crate::measured::{measure, measure_at, Forward, ModuleReport, MEASURED_BATCHES};
 use crate::models::{Network, Pass};
 use crate::render::{Bundle, Render};
@@ -24,9 +23,9 @@ pub struct SummaryModuleArgs {
     /// The batch the model's forward takes: BATCHxDIMS such as 32x3x224x224, or 64x784 for an MLP
     #[arg(long, value_parser = parse_batch_input)]
     pub input: BatchInput,
-    /// The optimizer of the measured steps
-    #[arg(long, value_enum, default_value_t = OptimizerKind::Adam)]
-    pub opt: OptimizerKind,
+    // The optimizer of the measured steps.
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
 }
 
 /// `%oomcheck VARIABLE --input SHAPE [--gpu CARD] [--opt adam]`: will a step of
@@ -37,12 +36,11 @@ pub struct OomcheckModuleArgs {
     /// The batch the model's forward takes: BATCHxDIMS such as 32x3x224x224, or 64x784 for an MLP
     #[arg(long, value_parser = parse_batch_input)]
     pub input: BatchInput,
-    /// A catalogue GPU (4090, a100-80gb, rtx4060-laptop...), a size (8GiB, 12GB) or cpu
-    #[arg(long, value_parser = |s: &str| Card::parse(s).map_err(|e| e.to_string()), default_value = "rtx4060-laptop")]
-    pub gpu: Card,
-    /// The optimizer of the measured steps
-    #[arg(long, value_enum, default_value_t = OptimizerKind::Adam)]
-    pub opt: OptimizerKind,
+    #[command(flatten)]
+    pub card: CardFlag,
+    // The optimizer of the measured steps.
+    #[command(flatten)]
+    pub optimizer: OptimizerFlag,
 }
 
 /// A batch of any shape: its size and one sample's dimensions.
@@ -179,14 +177,15 @@ fn measured(name: &str, forward: Forward<'_>, argv: &[&str], magic: Magic) -> Re
     let usage = |e: crate::measured::MeasureError| UsageError(format!("{name}: {e}"));
     let (input, opt, card) = match magic {
         Magic::Summary => match parse::<SummaryModuleArgs>("%summary VARIABLE", &argv)? {
-            Ok(args) => (args.input, args.opt, None),
+            Ok(args) => (args.input, args.optimizer, None),
             Err(help) => return Ok(Bundle::plain(help)),
         },
         Magic::Oomcheck => match parse::<OomcheckModuleArgs>("%oomcheck VARIABLE", &argv)? {
-            Ok(args) => (args.input, args.opt, Some(args.gpu)),
+            Ok(args) => (args.input, args.optimizer, Some(args.card.gpu)),
             Err(help) => return Ok(Bundle::plain(help)),
         },
     };
+    let opt = opt.opt.unwrap_or(Levers::default().optimizer);
     // A model that runs only one sample at a time (candle-transformers' DINOv2 concatenates its
     // one class token with the batch's patches) is measured at batch 1 when that is what is asked.
     let measured = if input.batch < MEASURED_BATCHES[0] {

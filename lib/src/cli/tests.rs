@@ -160,7 +160,7 @@ fn every_fix_flag_round_trips_through_the_parser() {
         "resnet34 --batch 64 --res 320 --ckpt layer1,layer2 --accum 2 --opt sgd-momentum --gpu 3GiB",
     ] {
         let args = OomcheckArgs::try_parse_from(std::iter::once("oomcheck").chain(line.split_whitespace())).unwrap();
-        let report = crate::oom::check(&args.model_spec().unwrap(), &args.step_config(), &args.gpu).unwrap();
+        let report = crate::oom::check(&args.model_spec().unwrap(), &args.step_config(), &args.card.gpu).unwrap();
         assert!(!report.fixes.is_empty(), "{line}: no fixes to check");
         for fix in &report.fixes {
             let flags = oomcheck_flags(&fix.config).expect("oomcheck's fixes keep a square input");
@@ -192,10 +192,16 @@ fn measure_flags_parse_back_to_the_step_they_describe() {
     let base = crate::ledger::StepConfig::training(48, 96);
     let configs = [
         base.clone(),
-        crate::ledger::StepConfig { precision: crate::models::Precision::F16Amp, accumulation: 3, ..base.clone() },
         crate::ledger::StepConfig {
-            optimizer: crate::ledger::OptimizerKind::Adam8bit,
-            checkpointing: crate::ledger::Checkpointing::Segments(vec!["layer2".into(), "layer3".into()]),
+            levers: crate::ledger::Levers { precision: crate::models::Precision::F16Amp, accumulation: 3, ..base.levers.clone() },
+            ..base.clone()
+        },
+        crate::ledger::StepConfig {
+            levers: crate::ledger::Levers {
+                optimizer: crate::ledger::OptimizerKind::Adam8bit,
+                checkpointing: crate::ledger::Checkpointing::Segments(vec!["layer2".into(), "layer3".into()]),
+                ..base.levers.clone()
+            },
             ..base.clone()
         },
     ];
@@ -205,11 +211,7 @@ fn measure_flags_parse_back_to_the_step_they_describe() {
         let args = MeasureArgs::try_parse_from(line.split_whitespace()).unwrap_or_else(|e| panic!("{line}: {e}"));
         let setup = &args.setup;
         assert_eq!((setup.batch, setup.res, setup.classes()), (48, 96, 7), "{line}");
-        assert_eq!(
-            (setup.precision(), setup.opt, setup.accum, &setup.ckpt),
-            (config.precision, config.optimizer, config.accumulation, &config.checkpointing),
-            "{line}"
-        );
+        assert_eq!(setup.levers(), config.levers, "{line}");
     }
     let grey = crate::ledger::StepConfig { input: crate::models::Shape::map(1, 96, 96), ..base.clone() };
     assert_eq!(measure_flags(&grey, 7), None, "measure reads RGB only");
@@ -355,4 +357,44 @@ fn oomcheck_with_fixes_shows_the_verdict_and_the_fixes_table_alone() {
     assert!(!fits.bundle().text().contains("fixes that peak"), "{}", fits.bundle().text());
     let clash = args("resnet50 --batch 128 --res 224 --fixes --brief").unwrap_err();
     assert!(clash.0.contains("--brief"), "{}", clash.0);
+}
+
+#[test]
+fn the_lever_flags_read_the_same_in_every_command_over_each_commands_base() {
+    use crate::ledger::{Checkpointing, Levers, OptimizerKind};
+    use crate::models::{Layers, Precision};
+    use clap::Parser;
+    let pulled = " --amp f16 --opt adamw --accum 2 --ckpt layer1,layer2 --layers plain";
+    let expected = Levers {
+        precision: Precision::F16Amp,
+        optimizer: OptimizerKind::AdamW,
+        accumulation: 2,
+        checkpointing: Checkpointing::Segments(vec!["layer1".into(), "layer2".into()]),
+        layers: Layers::Plain,
+    };
+    let oomcheck =
+        |flags: &str| parse::<OomcheckArgs>("oomcheck", &words(&format!("resnet18 --batch 8 --res 64{flags}"))).unwrap().unwrap();
+    let measure = |flags: &str| {
+        MeasureArgs::try_parse_from(format!("measure --model resnet18 --batch 8 --res 64{flags}").split_whitespace()).unwrap()
+    };
+    let learn = |flags: &str| LearnArgs::try_parse_from(format!("train --root data{flags}").split_whitespace()).unwrap().config();
+    assert_eq!(oomcheck(pulled).step_config().levers, expected);
+    assert_eq!(measure(pulled).setup.levers(), expected);
+    let learned = learn(pulled);
+    assert_eq!(
+        (learned.precision, learned.optimizer.kind(), learned.accumulation, &learned.checkpointing, learned.layers),
+        (expected.precision, expected.optimizer, expected.accumulation, &expected.checkpointing, expected.layers)
+    );
+    // A flag left out keeps the command's base: the lesson's levers, with SGD and momentum where real steps are timed.
+    assert_eq!(oomcheck("").step_config().levers, Levers::default());
+    assert_eq!(measure("").setup.levers(), Levers { optimizer: OptimizerKind::SgdMomentum, ..Levers::default() });
+    assert_eq!(learn("").optimizer.kind(), OptimizerKind::Adam);
+    // One flag changes one lever.
+    assert_eq!(oomcheck(" --accum 4").step_config().levers, Levers { accumulation: 4, ..Levers::default() });
+    let err = oomcheck_err("resnet18 --batch 8 --res 64 --accum 0");
+    assert!(err.contains("--accum") && err.contains("at least 1"), "{err}");
+}
+
+fn oomcheck_err(line: &str) -> String {
+    parse::<OomcheckArgs>("oomcheck", &words(line)).unwrap_err().0
 }

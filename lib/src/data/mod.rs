@@ -1,4 +1,11 @@
 //! From disk to device: datasets, decoding, transforms, the loader, splits and the synthetic leaf-disease data.
+//!
+//! # The room
+//!
+//! Datasets, decoding, transforms, the loader, a folder's inventory (read from headers), splits
+//! (every class of two or more plants on both sides), the synthetic leaf-disease set and its lesion
+//! masks (`mask.rs`; `segmentation.rs` pairs each photo with its mask and gives both the same
+//! transforms, `Transforms::apply_with_mask`).
 
 mod baseline;
 mod bench;
@@ -12,10 +19,10 @@ mod mask;
 mod mix;
 mod pinned;
 mod preprocess;
-mod report;
 mod segmentation;
 mod split;
 mod synth;
+mod tables;
 mod transform;
 
 pub use baseline::{colour_histogram, histogram_baseline, BaselineReport, HISTOGRAM_BINS};
@@ -32,10 +39,10 @@ pub use mix::{cutmix, mixup, one_hot, Mixed};
 pub use pinned::bench_h2d;
 pub use pinned::{H2dBench, H2dRecord, Pinning, TorchH2d};
 pub use preprocess::{preprocess, PreprocessReport};
-pub use report::{contact_sheet, decoder_table, loader_bench_table};
 pub use segmentation::{SegmentationDataset, SegmentationFolder, SegmentationItem};
 pub use split::{group_split, stratified_group_kfold, stratified_split, Split};
 pub use synth::{LeafDiseaseSynth, LesionShare, PhotoPlan, SizeShare, Symptom, CLASSES, MASK_CLASSES};
+pub use tables::{contact_sheet, decoder_table, loader_bench_table};
 pub use transform::{to_image, ColorJitter, Normalize, Transform, Transforms};
 
 use std::path::PathBuf;

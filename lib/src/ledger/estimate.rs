@@ -7,8 +7,9 @@ use crate::models::{analyze_on, ConvLayer, Kernels, ModelCost, ModelSpec, Precis
 use crate::ops::{ConvScratch, CUDNN_WORKSPACE_BYTES};
 
 use super::bill::{line, Bill, BillKind, Line};
-use super::config::{Mode, OptimizerKind, StepConfig};
+use super::levers::OptimizerKind;
 use super::plan::{StepPhase, StepPlan};
+use super::step_config::{Mode, StepConfig};
 use super::timeline::{Part, Parts, Peak, Phase, Recorder};
 use super::LedgerError;
 
@@ -51,7 +52,7 @@ impl Ledger {
 
 /// Costs one step of `spec` with `config` on `device`.
 pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<Ledger, LedgerError> {
-    for (what, value) in [("batch", config.batch), ("accumulation steps", config.accumulation)] {
+    for (what, value) in [("batch", config.batch), ("accumulation steps", config.levers.accumulation)] {
         if value == 0 {
             return Err(LedgerError::Zero { what });
         }
@@ -64,7 +65,7 @@ pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<
         CardKind::Cpu | CardKind::Simulated => Kernels::Host,
         CardKind::Catalogue | CardKind::Sized => Kernels::Device,
     };
-    let cost = analyze_on(spec, config.input, config.precision, config.layers, kernels)?;
+    let cost = analyze_on(spec, config.input, config.levers.precision, config.levers.layers, kernels)?;
     let stage_names: Vec<&str> = cost.stages.iter().map(|s| s.name.as_str()).collect();
     let plan = StepPlan::of(&stage_names, config)?;
     let batch = config.batch as u64;
@@ -112,16 +113,16 @@ struct LayerScratch {
 
 fn layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<LayerScratch> {
     let attentions = cost.attentions.iter().map(|a| {
-        let scratch = a.host_scratch(batch, config.precision, config.layers);
+        let scratch = a.host_scratch(batch, config.levers.precision, config.levers.layers);
         LayerScratch { stage: a.stage, forward: scratch.forward, backward: scratch.backward }
     });
     let linears = cost.linears.iter().map(|l| {
-        let scratch = l.host_scratch(batch, config.precision);
+        let scratch = l.host_scratch(batch, config.levers.precision);
         let backward = scratch.input_gradient.max(scratch.weight_gradient).max(scratch.bias_gradient);
         LayerScratch { stage: l.stage, forward: scratch.forward, backward }
     });
     let transposed_convs = cost.transposed_convs.iter().map(|t| {
-        let scratch = t.host_scratch(batch, config.precision);
+        let scratch = t.host_scratch(batch, config.levers.precision);
         let backward = scratch.input_gradient.max(scratch.weight_gradient).max(scratch.bias_gradient);
         LayerScratch { stage: t.stage, forward: scratch.forward, backward }
     });
@@ -132,8 +133,8 @@ fn layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<Layer
 /// batch one element at a time (`ops::attention_device_scratch`); the
 /// linear layers and up-convolutions hold none beyond their results there.
 fn device_layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<LayerScratch> {
-    let keeps = config.layers.attention_keeps();
-    let dtype = config.precision.compute_dtype();
+    let keeps = config.levers.layers.attention_keeps();
+    let dtype = config.levers.precision.compute_dtype();
     cost.attentions
         .iter()
         .map(|a| {
@@ -150,8 +151,8 @@ impl Step<'_> {
     }
 
     fn amp_copies(&self, params: u64) -> u64 {
-        if self.config.precision.is_mixed() {
-            params * self.config.precision.compute_bytes()
+        if self.config.levers.precision.is_mixed() {
+            params * self.config.levers.precision.compute_bytes()
         } else {
             0
         }
@@ -168,7 +169,7 @@ impl Step<'_> {
 
     fn optimizer_state(&self) -> Vec<Line> {
         let params = self.cost.total.params;
-        match self.config.optimizer {
+        match self.config.levers.optimizer {
             OptimizerKind::Sgd => vec![],
             OptimizerKind::SgdMomentum => vec![line("momentum buffer (f32)", params * F32_BYTES)],
             OptimizerKind::Adam | OptimizerKind::AdamW => {
@@ -188,7 +189,7 @@ impl Step<'_> {
     }
 
     fn optimizer_temporaries(&self) -> u64 {
-        self.config.optimizer.step_temporary_bytes(self.device.is_cpu()) * self.cost.total.largest_param_elems
+        self.config.levers.optimizer.step_temporary_bytes(self.device.is_cpu()) * self.cost.total.largest_param_elems
     }
 
     fn context_line(&self) -> Line {
@@ -211,7 +212,7 @@ impl Step<'_> {
             * if !self.plan.is_checkpointed(i) {
                 self.saved_in_forward(i)
             } else if self.keeps_half_images(i) {
-                stage.boundary_bytes + stage.input.elems() * self.config.precision.compute_bytes()
+                stage.boundary_bytes + stage.input.elems() * self.config.levers.precision.compute_bytes()
             } else {
                 stage.boundary_bytes
             }
@@ -238,7 +239,7 @@ impl Step<'_> {
     }
 
     fn keeps_half_images(&self, i: usize) -> bool {
-        i == 0 && self.plan.is_checkpointed(i) && self.config.precision.is_mixed()
+        i == 0 && self.plan.is_checkpointed(i) && self.config.levers.precision.is_mixed()
     }
 
     /// The largest conv workspace of the step, for its bill line. A device's
@@ -292,7 +293,7 @@ impl Step<'_> {
         self.host_convs(i).map(move |(c, scratch)| {
             let mut during = *live;
             during.remove(Part::Gradients, (c.params_before - stage_start) * F32_BYTES);
-            let precision = self.config.precision;
+            let precision = self.config.levers.precision;
             let input_gradient = if c.reads_images { 0 } else { c.input.elems() };
             let gradients = (input_gradient + c.output.elems()) * precision.compute_bytes();
             during.add(Part::BackwardTemporaries, self.batch * gradients + root);
@@ -316,7 +317,7 @@ impl Step<'_> {
     /// in f32 it is the gradient; under AMP the f32 gradient is a copy of
     /// the half one.
     fn weight_gradient_temporary_bytes(&self) -> u64 {
-        let precision = self.config.precision;
+        let precision = self.config.levers.precision;
         if precision.is_mixed() {
             precision.compute_bytes()
         } else {
@@ -328,7 +329,7 @@ impl Step<'_> {
     /// and checks it for inf/NaN before the step: two f32 copies of the
     /// largest gradient at most (measured).
     fn unscale_temporaries(&self) -> u64 {
-        if self.config.precision.is_mixed() {
+        if self.config.levers.precision.is_mixed() {
             2 * self.cost.total.largest_param_elems * F32_BYTES
         } else {
             0
@@ -349,14 +350,14 @@ impl Step<'_> {
 
     fn training_bills(&self) -> Vec<Bill> {
         let c = self.config;
-        let half = c.precision.flag();
+        let half = c.levers.precision.flag();
         let params = vec![
             line("weights (f32 master copy)", self.weights()),
             line("batch-norm running statistics", self.cost.total.buffers * F32_BYTES),
             line("gradients (f32)", self.weights()),
             line(
-                format!("accumulated gradients (f32, {} micro-batches)", c.accumulation),
-                if c.accumulation > 1 { self.weights() } else { 0 },
+                format!("accumulated gradients (f32, {} micro-batches)", c.levers.accumulation),
+                if c.levers.accumulation > 1 { self.weights() } else { 0 },
             ),
         ];
         let mut activations: Vec<Line> = self
@@ -392,7 +393,7 @@ impl Step<'_> {
                     line(self.workspace_label(), self.workspace()),
                     line("backward temporaries (the largest layer's gradients and scratch)", self.backward_temporaries()),
                     line(
-                        format!("{} step temporaries (or AMP's unscaling, the larger)", c.optimizer),
+                        format!("{} step temporaries (or AMP's unscaling, the larger)", c.levers.optimizer),
                         self.optimizer_temporaries().max(self.unscale_temporaries()),
                     ),
                 ],
@@ -417,7 +418,7 @@ impl Step<'_> {
         let mut lines = vec![line(format!("images (f32, {} x {input})", self.batch), self.images())];
         if training {
             lines.push(line("labels (u32)", self.labels()));
-            let more = self.config.accumulation as u64 - 1;
+            let more = self.config.levers.accumulation as u64 - 1;
             lines.push(line(
                 format!("the step's {more} other micro-batches (the trainer takes them together)"),
                 more * (self.images() + self.labels()),
@@ -427,7 +428,7 @@ impl Step<'_> {
     }
 
     fn inference_bills(&self) -> Vec<Bill> {
-        let precision = self.config.precision;
+        let precision = self.config.levers.precision;
         vec![
             Bill::new(
                 BillKind::Parameters,
@@ -474,11 +475,11 @@ impl Step<'_> {
         live.set(Part::Weights, self.weights());
         live.set(Part::Buffers, self.cost.total.buffers * F32_BYTES);
         live.set(Part::OptimizerState, self.optimizer_state().iter().map(|l| l.bytes).sum());
-        if c.accumulation > 1 {
+        if c.levers.accumulation > 1 {
             live.set(Part::AccumulatedGradients, self.weights());
         }
         rec.phase(StepPhase::Loaded, &live, &none);
-        let micro_batches = c.accumulation as u64;
+        let micro_batches = c.levers.accumulation as u64;
         live.set(Part::Images, micro_batches * self.images());
         live.set(Part::Labels, micro_batches * self.labels());
         rec.phase(StepPhase::InputCopied, &live, &none);
@@ -576,7 +577,7 @@ impl Step<'_> {
         live.set(Part::AmpWeightCopies, 0);
         rec.phase(StepPhase::GraphDropped, &live, &none);
 
-        if c.accumulation > 1 {
+        if c.levers.accumulation > 1 {
             let mut transient = Parts::default();
             transient.set(Part::OptimizerTemporaries, self.cost.total.largest_param_elems * F32_BYTES);
             live.set(Part::Gradients, 0);

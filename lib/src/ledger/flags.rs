@@ -3,8 +3,8 @@
 //! Kept beside the configuration, below everything that shows them (the
 //! investigation, the reports); `cli`'s tests parse every fix's flags back.
 
-use super::{Checkpointing, Mode, StepConfig};
-use crate::models::{Layers, Shape};
+use super::{Mode, StepConfig};
+use crate::models::Shape;
 
 /// The `oomcheck MODEL` flags of `config`; `None` for an input that is not
 /// square, which `--res` cannot say.
@@ -14,7 +14,7 @@ pub fn oomcheck_flags(config: &StepConfig) -> Option<String> {
     if c != 3 {
         flags.push_str(&format!(" --channels {c}"));
     }
-    flags.push_str(&levers(config));
+    flags.push_str(&config.levers.flags(config.mode));
     if config.mode == Mode::Inference {
         flags.push_str(" --eval");
     }
@@ -26,7 +26,9 @@ pub fn oomcheck_flags(config: &StepConfig) -> Option<String> {
 /// cannot run it: inference, or an input that is not square RGB.
 pub fn measure_flags(config: &StepConfig, classes: usize) -> Option<String> {
     match (square(config.input)?, config.mode) {
-        ((3, side), Mode::Training) => Some(format!("--batch {} --res {side} --classes {classes}{}", config.batch, levers(config))),
+        ((3, side), Mode::Training) => {
+            Some(format!("--batch {} --res {side} --classes {classes}{}", config.batch, config.levers.flags(config.mode)))
+        }
         _ => None,
     }
 }
@@ -36,26 +38,4 @@ fn square(input: Shape) -> Option<(usize, usize)> {
         Shape::Map { c, h, w } if h == w => Some((c, h)),
         _ => None,
     }
-}
-
-/// Precision, optimizer (training only), accumulation, checkpointing and
-/// the layers where they are not the default.
-fn levers(config: &StepConfig) -> String {
-    let mut flags = String::new();
-    if config.precision.is_mixed() {
-        flags.push_str(&format!(" --amp {}", config.precision.flag()));
-    }
-    if config.mode == Mode::Training {
-        flags.push_str(&format!(" --opt {}", config.optimizer.flag()));
-    }
-    if config.accumulation > 1 {
-        flags.push_str(&format!(" --accum {}", config.accumulation));
-    }
-    if config.checkpointing != Checkpointing::None {
-        flags.push_str(&format!(" --ckpt {}", config.checkpointing));
-    }
-    if config.layers != Layers::default() {
-        flags.push_str(&format!(" --layers {}", config.layers.flag()));
-    }
-    flags
 }

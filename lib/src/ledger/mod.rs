@@ -1,20 +1,29 @@
 //! The memory ledger: the lesson's five bills for one training step, and the
 //! peak found by walking the step phase by phase.
+//!
+//! # The room
+//!
+//! `StepConfig` (batch, input, mode, and the `Levers` pulled), the levers declared once with the
+//! one clap group that reads them and the flags that write them (`levers.rs`), the `StepPlan` of a
+//! step's phases (`plan.rs`), `estimate`: the five bills and the peak of one step, found by walking
+//! the plan, and a configuration written back as `oomcheck`'s or `measure`'s flags (`flags.rs`).
 
 mod bill;
-mod config;
 mod estimate;
 mod flags;
+mod levers;
 mod plan;
 mod render;
+mod step_config;
 mod timeline;
 pub mod validation;
 
 pub use bill::{Bill, BillKind, Line};
-pub use config::{Checkpointing, Mode, OptimizerKind, StepConfig};
 pub use estimate::{estimate, Ledger};
 pub use flags::{measure_flags, oomcheck_flags};
+pub use levers::{Checkpointing, LayersFlag, LeverFlags, Levers, OptimizerFlag, OptimizerKind};
 pub use plan::{Segment, StepPhase, StepPlan};
+pub use step_config::{Mode, StepConfig};
 pub use timeline::{Part, Peak, PeakLine, Phase};
 
 use crate::models::ModelError;

@@ -7,7 +7,8 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::bill::BillKind;
-use super::config::{Checkpointing, Mode, OptimizerKind, StepConfig};
+use super::levers::{Checkpointing, OptimizerKind};
+use super::step_config::{Mode, StepConfig};
 use super::LedgerError;
 
 /// One phase of a step, in the order [`StepPlan::phases`] gives.
@@ -98,7 +99,7 @@ impl StepPlan {
     /// The plan of `config`'s step through `stages`.
     pub fn of(stages: &[&str], config: &StepConfig) -> Result<StepPlan, LedgerError> {
         match config.mode {
-            Mode::Training => StepPlan::training(stages, &config.checkpointing, config.accumulation, config.optimizer),
+            Mode::Training => StepPlan::training(stages, &config.levers.checkpointing, config.levers.accumulation, config.levers.optimizer),
             Mode::Inference => Ok(StepPlan::inference(stages)),
         }
     }

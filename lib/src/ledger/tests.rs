@@ -44,7 +44,7 @@ fn halving_the_batch_halves_activations_and_saves_about_10_mb_of_input() {
 
 #[test]
 fn optimizers_bill_what_they_keep() {
-    let config = |optimizer| StepConfig { optimizer, ..StepConfig::training(8, 224) };
+    let config = |optimizer| StepConfig { levers: Levers { optimizer, ..Levers::default() }, ..StepConfig::training(8, 224) };
     let state = |optimizer| estimate(&resnet50(1000), &config(optimizer), &laptop()).unwrap().bill(BillKind::OptimizerState).bytes;
     let weights = 102_228_128;
     assert_eq!(state(OptimizerKind::Sgd), 0);
@@ -75,7 +75,7 @@ fn the_peak_is_walked_not_summed() {
 
 #[test]
 fn mixed_precision_adds_half_weight_copies_and_shrinks_conv_outputs() {
-    let amp = StepConfig { precision: Precision::F16Amp, ..StepConfig::training(32, 224) };
+    let amp = StepConfig { levers: Levers { precision: Precision::F16Amp, ..Levers::default() }, ..StepConfig::training(32, 224) };
     let ledger = estimate(&resnet50(1000), &amp, &laptop()).unwrap();
     let copies = line(&ledger, BillKind::Activations, "f16 copies");
     assert!(copies > 0 && copies < 25_557_032 * 2);
@@ -85,7 +85,7 @@ fn mixed_precision_adds_half_weight_copies_and_shrinks_conv_outputs() {
 #[test]
 fn accumulation_adds_an_accumulator_and_shrinks_activations() {
     let plain = resnet50_at(32);
-    let accum = StepConfig { batch: 8, accumulation: 4, ..StepConfig::training(32, 224) };
+    let accum = StepConfig { batch: 8, levers: Levers { accumulation: 4, ..Levers::default() }, ..StepConfig::training(32, 224) };
     let ledger = estimate(&resnet50(1000), &accum, &laptop()).unwrap();
     assert_eq!(line(&ledger, BillKind::Parameters, "accumulated"), 102_228_128);
     assert_eq!(ledger.bill(BillKind::Activations).bytes * 4, plain.bill(BillKind::Activations).bytes);
@@ -95,14 +95,17 @@ fn accumulation_adds_an_accumulator_and_shrinks_activations() {
 #[test]
 fn checkpointing_lowers_the_peak_and_names_unknown_stages() {
     let plain = resnet50_at(32);
-    let ckpt = StepConfig { checkpointing: Checkpointing::Stages, ..StepConfig::training(32, 224) };
+    let ckpt = StepConfig { levers: Levers { checkpointing: Checkpointing::Stages, ..Levers::default() }, ..StepConfig::training(32, 224) };
     let ledger = estimate(&resnet50(1000), &ckpt, &laptop()).unwrap();
     // Forward keeps only the stage boundaries, about a tenth of the activations;
     // the peak falls less, as a stage's recomputation and its backward come back
     // (with the lean layers, which keep little to begin with, by a sixth).
     assert!(ledger.kept_by_forward() * 9 < plain.kept_by_forward(), "{} vs {}", ledger.kept_by_forward(), plain.kept_by_forward());
     assert!(ledger.peak.bytes * 6 < plain.peak.bytes * 5, "{} vs {}", ledger.peak.bytes, plain.peak.bytes);
-    let bad = StepConfig { checkpointing: Checkpointing::Segments(vec!["layer9".into()]), ..StepConfig::training(32, 224) };
+    let bad = StepConfig {
+        levers: Levers { checkpointing: Checkpointing::Segments(vec!["layer9".into()]), ..Levers::default() },
+        ..StepConfig::training(32, 224)
+    };
     let err = estimate(&resnet50(1000), &bad, &laptop()).unwrap_err().to_string();
     assert_eq!(err, "cannot checkpoint `layer9`: no such stage; stages: stem, layer1, layer2, layer3, layer4, head");
 }

@@ -8,15 +8,25 @@
 //! a batch that was not run are a straight line through measured ones (the
 //! report says which is which). The ledger (`crate::ledger`) is the
 //! prediction for models that have a spec.
+//!
+//! # The room
+//!
+//! Any candle model known only by its forward (a candle-nn `Module`, a closure, a `Network`): real
+//! steps at batches 2, 4 and 8 (at batch 1 alone when that is the batch asked for) read part by
+//! part with the step meter (`step.rs`; the updates run and the variables are put back), what
+//! forward keeps read off the loss's autograd graph through the patched candle's public
+//! `Tensor::op` (`graph.rs`: each storage once, under the op that made it, read by backward or only
+//! held), each bill a straight line in the batch (`line.rs`), extrapolated to the batch asked for
+//! and judged on a card with the fixes that need no spec (`module_report.rs`).
 
-mod fit;
 mod graph;
-mod report;
+mod line;
+mod module_report;
 mod step;
 
-pub use fit::Line;
 pub use graph::{graph_variables, Kept, KeptByOp};
-pub use report::ModuleReport;
+pub use line::Line;
+pub use module_report::ModuleReport;
 pub use step::{Forward, Loss, OptimizerReading, PartReading, StepPart, StepReading};
 
 use serde::Serialize;
@@ -204,7 +214,7 @@ impl Measured {
             .enumerate()
             .map(|(i, &part)| {
                 let points = |kind| self.steps.iter().map(|s| (s.batch as f64, Self::bills(s, i).get(kind) as f64)).collect::<Vec<_>>();
-                (part, crate::ledger::BillKind::ALL.map(|kind| Line::fit(&points(kind))))
+                (part, crate::ledger::BillKind::ALL.map(|kind| Line::least_squares(&points(kind))))
             })
             .collect()
     }
@@ -277,8 +287,8 @@ impl Measured {
                 KeptByOp {
                     op: row.op.clone(),
                     storages: row.storages,
-                    read: Line::fit(&points(|k| k.read)).at(batch),
-                    held: Line::fit(&points(|k| k.held)).at(batch),
+                    read: Line::least_squares(&points(|k| k.read)).at(batch),
+                    held: Line::least_squares(&points(|k| k.held)).at(batch),
                 }
             })
             .collect();

@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use super::cost::Cost;
-use super::lean::{self, Layers};
+use super::lean_groups::{self as lean, Layers};
 use super::precision::Precision;
 use super::rules::{self, Kernels};
 use super::shape::Shape;

@@ -64,7 +64,7 @@ pub struct Named {
 /// Where layers put their tensors while a network is built.
 pub(crate) struct Builder<'a> {
     pub device: &'a Device,
-    pub layers: super::lean::Layers,
+    pub layers: super::lean_groups::Layers,
     pub rng: StdRng,
     pub params: Vec<Named>,
     pub buffers: Vec<Named>,

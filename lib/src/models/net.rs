@@ -10,7 +10,7 @@ use super::cost::Cost;
 use super::layers::{
     global_avg_pool, BatchNorm, Builder, Conv, ConvTranspose, Dropout, LayerNorm, Linear, Named, Pass, PatchEmbed, SqueezeExcite,
 };
-use super::lean::{self, Layers};
+use super::lean_groups::{self as lean, Layers};
 use super::precision::Precision;
 use super::rules::{self, Kernels};
 use super::shape::Shape;

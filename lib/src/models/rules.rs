@@ -28,7 +28,7 @@
 //! (an upper bound: some of its temporaries die earlier).
 
 use super::cost::Cost;
-use super::lean::{Layers, Role};
+use super::lean_groups::{Layers, Role};
 use super::precision::{Precision, F32_BYTES};
 use super::shape::Shape;
 use super::spec::{Conv2d, Grouping, Op};
@@ -358,7 +358,7 @@ fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers, k
 /// output pooled again from the recomputed map (cuDNN's pooling backward
 /// finds each window's maximum by comparing the two); then the batch-norm's
 /// input gradient beside the activation's. Measured on the reference
-/// primitives (`lean_tests`).
+/// primitives (`fused_norm_tests`).
 pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: Precision, kernels: Kernels, cost: Cost) -> Cost {
     let cb = precision.compute_bytes();
     let (map, out) = (input.elems(), output.elems());
@@ -401,7 +401,7 @@ pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: 
 /// the sum (the sum is the output, activated in place); backward, besides
 /// the incoming gradient, the sum recomputed and the activation's gradient
 /// (where there is an activation), then each normalised input's gradient,
-/// all in the maps' own type. Measured on the reference primitives (`lean_tests`).
+/// all in the maps' own type. Measured on the reference primitives (`fused_norm_tests`).
 pub(crate) fn lean_merge(merged: Shape, precision: Precision, kernels: Kernels, projected: bool, activated: bool) -> (u64, u64) {
     let (cb, map) = (precision.compute_bytes(), merged.elems());
     let norms = if projected { 2 } else { 1 };
@@ -602,7 +602,7 @@ mod on_the_device {
     use candle_core::{DType, Device, Tensor, Var};
 
     use super::*;
-    use crate::models::lean::Role;
+    use crate::models::lean_groups::Role;
     use crate::ops::{self, Activation, ConvParams, Norm, Residual, Then};
 
     const BATCH: usize = 2;

@@ -6,7 +6,7 @@ use crate::render::{Bundle, Render, Table};
 use crate::units::{grouped, human, si};
 
 use super::analysis::{analyze, ModelCost};
-use super::lean::Layers;
+use super::lean_groups::Layers;
 use super::precision::{Precision, F32_BYTES};
 use super::shape::Shape;
 use super::spec::ModelSpec;

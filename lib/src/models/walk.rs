@@ -6,7 +6,7 @@
 //! folds of this walk, so their names, shapes and blocks cannot disagree.
 
 use super::cost::Cost;
-use super::lean::{self, Layers, Place, Role};
+use super::lean_groups::{self as lean, Layers, Place, Role};
 use super::limits;
 use super::precision::Precision;
 use super::rules::{self, Kernels};

@@ -5,7 +5,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::gpus::Card;
-use crate::ledger::{estimate, Checkpointing, OptimizerKind, StepConfig};
+use crate::ledger::{estimate, Checkpointing, Levers, OptimizerKind, StepConfig};
 use crate::models::{analyze, ModelSpec, Precision};
 
 use super::verdict::target_bytes;
@@ -138,11 +138,11 @@ impl Search<'_> {
     }
 
     fn mixed_precision(&self) -> Option<Fix> {
-        if self.base.precision.is_mixed() {
+        if self.base.levers.precision.is_mixed() {
             return None;
         }
         let precision = self.amp_precision();
-        let found = self.fitting(StepConfig { precision, ..self.base.clone() });
+        let found = self.fitting(StepConfig { levers: Levers { precision, ..self.base.levers.clone() }, ..self.base.clone() });
         let (time, note) = if self.device.is_cpu() {
             (900, "half precision on a CPU without half units is many times slower")
         } else if self.device.tensor_cores {
@@ -159,11 +159,16 @@ impl Search<'_> {
 
     fn accumulation(&self) -> Option<Fix> {
         let batch = self.base.batch;
-        let found = (2..=batch)
-            .filter(|&d| batch.is_multiple_of(d))
-            .find_map(|d| self.fitting(StepConfig { batch: batch / d, accumulation: self.base.accumulation * d, ..self.base.clone() }));
+        let found = (2..=batch).filter(|&d| batch.is_multiple_of(d)).find_map(|d| {
+            self.fitting(StepConfig {
+                batch: batch / d,
+                levers: Levers { accumulation: self.base.levers.accumulation * d, ..self.base.levers.clone() },
+                ..self.base.clone()
+            })
+        });
         let micro = found.as_ref().map(|(c, _)| c.batch).unwrap_or(batch);
-        let change = found.as_ref().map(|(c, _)| format!("batch {} x {} accumulation steps", c.batch, c.accumulation)).unwrap_or_default();
+        let change =
+            found.as_ref().map(|(c, _)| format!("batch {} x {} accumulation steps", c.batch, c.levers.accumulation)).unwrap_or_default();
         self.fix(FixKind::Accumulation, change, found, |_| {
             let steps = (batch / micro.max(1)) as f64;
             let time = (5.0 * steps.log2()).round() as i32;
@@ -173,8 +178,8 @@ impl Search<'_> {
     }
 
     fn checkpointing(&self) -> Option<Fix> {
-        let cost = analyze(self.spec, self.base.input, self.base.precision, self.base.layers).ok()?;
-        let already = self.base.checkpointing.resolve(&cost.stages).ok()?;
+        let cost = analyze(self.spec, self.base.input, self.base.levers.precision, self.base.levers.layers).ok()?;
+        let already = self.base.levers.checkpointing.resolve(&cost.stages).ok()?;
         let last = cost.stages.len().saturating_sub(1);
         let mut candidates: Vec<usize> = (0..last).filter(|&i| !already[i]).collect();
         candidates.sort_by_key(|&i| std::cmp::Reverse(cost.stages[i].cost.saved_bytes));
@@ -182,7 +187,10 @@ impl Search<'_> {
         for i in candidates {
             chosen[i] = true;
             let names: Vec<String> = (0..cost.stages.len()).filter(|&j| chosen[j]).map(|j| cost.stages[j].name.clone()).collect();
-            let config = StepConfig { checkpointing: Checkpointing::Segments(names.clone()), ..self.base.clone() };
+            let config = StepConfig {
+                levers: Levers { checkpointing: Checkpointing::Segments(names.clone()), ..self.base.levers.clone() },
+                ..self.base.clone()
+            };
             if let Some(found) = self.fitting(config) {
                 let macs: u64 = (0..cost.stages.len()).filter(|&j| chosen[j]).map(|j| cost.stages[j].cost.macs).sum();
                 let time = (100.0 * macs as f64 / self.base_macs.max(1) as f64 / 3.0).round() as i32;
@@ -195,11 +203,11 @@ impl Search<'_> {
     }
 
     fn optimizer(&self, optimizer: OptimizerKind, kind: FixKind) -> Option<Fix> {
-        if !self.base.optimizer.is_adam() || self.base.optimizer == optimizer {
+        if !self.base.levers.optimizer.is_adam() || self.base.levers.optimizer == optimizer {
             return None;
         }
-        let found = self.fitting(StepConfig { optimizer, ..self.base.clone() });
-        self.fix(kind, format!("{optimizer} instead of {}", self.base.optimizer), found, |_| match optimizer {
+        let found = self.fitting(StepConfig { levers: Levers { optimizer, ..self.base.levers.clone() }, ..self.base.clone() });
+        self.fix(kind, format!("{optimizer} instead of {}", self.base.levers.optimizer), found, |_| match optimizer {
             OptimizerKind::Adam8bit => self.kept(5, Risk::Low, "moments quantised block-wise; matches 32-bit Adam in published results"),
             _ => self.kept(-2, Risk::Medium, "the learning rate must be retuned; Adam-tuned recipes may converge slower"),
         })
@@ -234,28 +242,32 @@ impl Search<'_> {
         let mut changes = Vec::new();
         let mut time = 0;
         let mut risk = Risk::None;
-        if !config.precision.is_mixed() {
-            config.precision = self.amp_precision();
-            changes.push(format!("{}", config.precision));
+        if !config.levers.precision.is_mixed() {
+            config.levers.precision = self.amp_precision();
+            changes.push(format!("{}", config.levers.precision));
             time += if self.device.tensor_cores { -30 } else { 0 };
             risk = Risk::Low;
         }
-        config.checkpointing = Checkpointing::Stages;
+        config.levers.checkpointing = Checkpointing::Stages;
         changes.push("checkpoint every stage".to_owned());
         time += 33;
-        if config.optimizer.is_adam() {
-            config.optimizer = OptimizerKind::Adam8bit;
+        if config.levers.optimizer.is_adam() {
+            config.levers.optimizer = OptimizerKind::Adam8bit;
             changes.push("8-bit Adam".to_owned());
             time += 5;
             risk = risk.max(Risk::Low);
         }
         let batch = config.batch;
-        let found = (1..=batch)
-            .filter(|&d| batch.is_multiple_of(d))
-            .find_map(|d| self.fitting(StepConfig { batch: batch / d, accumulation: config.accumulation * d, ..config.clone() }))?;
-        if found.0.accumulation > config.accumulation {
-            changes.push(format!("batch {} x {} accumulation steps", found.0.batch, found.0.accumulation));
-            time += (5.0 * ((found.0.accumulation / config.accumulation) as f64).log2()).round() as i32;
+        let found = (1..=batch).filter(|&d| batch.is_multiple_of(d)).find_map(|d| {
+            self.fitting(StepConfig {
+                batch: batch / d,
+                levers: Levers { accumulation: config.levers.accumulation * d, ..config.levers.clone() },
+                ..config.clone()
+            })
+        })?;
+        if found.0.levers.accumulation > config.levers.accumulation {
+            changes.push(format!("batch {} x {} accumulation steps", found.0.batch, found.0.levers.accumulation));
+            time += (5.0 * ((found.0.levers.accumulation / config.levers.accumulation) as f64).log2()).round() as i32;
             risk = risk.max(bn_risk(found.0.batch));
         }
         self.fix(FixKind::Combined, changes.join(" + "), Some(found), |_| self.kept(time, risk, "several levers at once"))
@@ -294,7 +306,7 @@ fn largest_fitting<T>(largest: usize, mut fits: impl FnMut(usize) -> Option<T>) 
 /// a combination of levers when no single change keeps the recipe (only a
 /// smaller batch or resolution fits).
 pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Card) -> Vec<Fix> {
-    let base_macs = analyze(spec, base.input, base.precision, base.layers).map(|c| c.total.macs).unwrap_or(1);
+    let base_macs = analyze(spec, base.input, base.levers.precision, base.levers.layers).map(|c| c.total.macs).unwrap_or(1);
     let s = Search { spec, base, device, target: target_bytes(device), base_macs };
     let mut fixes: Vec<Fix> = [
         s.mixed_precision(),

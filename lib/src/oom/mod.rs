@@ -1,12 +1,12 @@
 //! Will it fit? The fit check, ranked fixes, and sweeps.
 
-mod fit;
+mod check;
 mod fixes;
 mod host;
 mod sweep;
 mod verdict;
 
-pub use fit::{check, FitReport};
+pub use check::{check, CheckReport};
 pub(crate) use fixes::bn_risk;
 pub use fixes::{search, Fix, FixCost, FixKind, Risk};
 pub use host::{host_check, HostReport, HOST_SHARE_LIMIT};

@@ -2,7 +2,7 @@ use std::time::Instant;
 
 use super::*;
 use crate::gpus::Card;
-use crate::ledger::{estimate, OptimizerKind, StepConfig};
+use crate::ledger::{estimate, Levers, OptimizerKind, StepConfig};
 use crate::models::{resnet18, resnet50, small_cnn};
 
 fn card(name: &str) -> Card {
@@ -43,7 +43,8 @@ fn resnet50_batch_96_does_not_fit_a_laptop_and_every_fix_really_fits() {
 fn the_lean_layers_fit_resnet50_batch_64_on_a_laptop_where_the_plain_ones_do_not() {
     let device = card("rtx4060-laptop");
     let lean = check(&resnet50(1000), &StepConfig::training(64, 224), &device).unwrap();
-    let plain = StepConfig { layers: crate::models::Layers::Plain, ..StepConfig::training(64, 224) };
+    let plain =
+        StepConfig { levers: Levers { layers: crate::models::Layers::Plain, ..Levers::default() }, ..StepConfig::training(64, 224) };
     let plain = check(&resnet50(1000), &plain, &device).unwrap();
     assert_eq!((lean.verdict, plain.verdict), (Verdict::Fits, Verdict::DoesNotFit));
     assert!(!plain.fixes.is_empty());
@@ -54,8 +55,8 @@ fn accumulation_keeps_the_effective_batch_and_largest_batch_does_not() {
     let device = card("rtx4060-laptop");
     let report = check(&resnet50(1000), &StepConfig::training(96, 224), &device).unwrap();
     let accum = report.fixes.iter().find(|f| f.kind == FixKind::Accumulation).unwrap();
-    assert_eq!(accum.config.batch * accum.config.accumulation, 96);
-    assert!(accum.config.accumulation > 1);
+    assert_eq!(accum.config.batch * accum.config.levers.accumulation, 96);
+    assert!(accum.config.levers.accumulation > 1);
     let largest = report.fixes.iter().find(|f| f.kind == FixKind::LargestBatch).unwrap();
     assert!(!largest.cost.effective_batch_kept);
     // The largest batch is the boundary: one more sample no longer fits.
@@ -66,7 +67,7 @@ fn accumulation_keeps_the_effective_batch_and_largest_batch_does_not() {
 #[test]
 fn adam_fixes_appear_only_for_adam() {
     let device = card("t4");
-    let sgd = StepConfig { optimizer: OptimizerKind::Sgd, ..StepConfig::training(256, 224) };
+    let sgd = StepConfig { levers: Levers { optimizer: OptimizerKind::Sgd, ..Levers::default() }, ..StepConfig::training(256, 224) };
     let report = check(&resnet50(1000), &sgd, &device).unwrap();
     assert_ne!(report.verdict, Verdict::Fits);
     assert!(report.fixes.iter().all(|f| f.kind != FixKind::Adam8bit && f.kind != FixKind::Sgd));

@@ -5,7 +5,7 @@
 
 use candle_core::{Result, Tensor};
 
-use super::lean::{plain_norm_act, plain_norm_add_act, PlainOps};
+use super::fused_norm::{plain_norm_act, plain_norm_add_act, PlainOps};
 use super::norm::{self, BatchNormTrain};
 use super::{attention as attention_op, conv_transpose, dims4, layer_norm as layer_norm_op, linear as linear_op, pool};
 use super::{Activation, ConvParams, Lean, Norm, Residual, Then};

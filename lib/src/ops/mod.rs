@@ -8,6 +8,97 @@
 //! the batch or the channels, for f32, f16 and bf16 (half-precision tensors
 //! are computed in f32 and stored back in their own dtype). Elsewhere they
 //! use candle's operations.
+//!
+//! # The room
+//!
+//! Convolution, pooling, batch-norm and SiLU with their own backward, deciding what they keep.
+//! Three rooms, each importing only the one below: the ops themselves (`conv.rs`, `pool.rs`,
+//! `norm.rs`, `silu.rs`, `fused_norm.rs`, ...: each a candle op that says what it keeps and picks its
+//! body), above their CPU bodies (`cpu/`) and their device passes (`cuda/`), above the shapes both
+//! read (`conv_geometry.rs`, `pool_geometry.rs`, `norm_geometry.rs`, `activation.rs`); no file of
+//! `ops/` imports one that imports it back. `composed.rs` is candle's own composition of each op,
+//! the second body every op is checked against. The CPU room holds the kernels and what they share
+//! (dense convolutions as im2col + gemm, `cpu/im2col.rs`, or, 3x3 stride-1 with enough tiles per
+//! thread, as Winograd's F(2x2, 3x3) forward and input gradient and F(3x3, 2x2) weight gradient,
+//! `cpu/winograd.rs`; the weight gradient of small padded maps such as 2x2 and 4x4 tap by tap, one
+//! gemm per kernel tap over the outputs it reads inside the input, the threads sharing the output
+//! channels, `cpu/taps.rs`; the choice among them, `cpu/conv.rs`; max-pool's forward reducing each
+//! window's rows over whole input rows first, `cpu/pool.rs`; SiLU's `e^x` vectorised, compiled per
+//! instruction set and chosen at run time, which GELU and attention use too, `cpu/silu.rs`; the
+//! depthwise convolution one multiply-add per tap over a whole padded plane, strided ones through
+//! the plane's phases, `cpu/depthwise.rs`; the gemm plan and helpers every product shares,
+//! `cpu/gemm.rs`, and the model of gemm's packing buffers, `cpu/gemm_packing.rs`); the lean ops
+//! (`fused_norm.rs`): batch-norm fused with its activation and the conv or pool that reads it, and a
+//! residual block's end, each keeping only the batch-norm's input and recomputing the rest in
+//! backward. On CUDA (the `cuda` feature) every one of these ops, the lean ones included, runs its
+//! device passes (`cuda/`) and keeps for backward exactly what it keeps on the CPU, so one rule in
+//! `models/rules.rs` serves both: convolutions forward and both gradients with the group count set
+//! (a depthwise layer is one call), batch-norm's training forward and backward, max-pool, ReLU and
+//! SiLU, the residual add. `cuda/passes.rs` writes each op's passes once against the primitives of
+//! `cuda/primitives.rs` (one trait: cuDNN's convolution, batch-norm, pooling, activation and add,
+//! what each reads and writes, and the boundary with candle's storages), which have two
+//! implementations: `cuda/cudnn.rs`, cuDNN on candle's stream (the cuda feature), and
+//! `cuda/reference.rs`, each call computed on host memory as cuDNN documents it, strict where cuDNN
+//! is (a descriptor past its buffer or whose output does not follow from its input, an epsilon
+//! under cuDNN's least, unwritten memory reading as NaN). Inside `ops::on_reference` an op on CPU
+//! tensors runs its device passes on the reference instead of its CPU kernels, so everything the
+//! CUDA path decides (descriptors, shapes, packing, the recompute order, what is kept, which
+//! gradient goes where) runs in the test command; a card only checks cuDNN's arithmetic.
+//! `cuda/descriptors.rs` is the descriptors as plain data (dimensions and strides, grouped filters,
+//! the pooling window, batch-norm's per-channel shape), `cuda/plan.rs` the plan cache keyed by
+//! pass, shape and element type and the algorithm chosen among cuDNN's heuristics within one 64 MiB
+//! workspace per device, which the ledger counts. Every backward returns each gradient in its
+//! operand's shape and dtype or fails naming the op (`checked_gradients`). f64, and every dtype on
+//! other devices, run candle's plain ops.
+//!
+//! The ops of a transformer are ours on the CPU too: `ops::linear` (the product and the bias as one
+//! op keeping only its output, for every linear layer of every model), `ops::layer_norm` and
+//! `ops::gelu` keep only their operands and compute what backward needs again; `ops::attention`
+//! reads q, k and v in place from its input and keeps either its probabilities (the plain layers)
+//! or one log-sum-exp per row (the lean layers, as memory-efficient attention does; backward
+//! recomputes the probabilities, one product more). Their scratch (gemm's packing, score buffers,
+//! f32 copies of half operands) depends on the batch and the threads, so the analysis lists them
+//! (`ModelCost::attentions`, `ModelCost::linears`) and the estimate asks `ops::attention_scratch`
+//! and `ops::linear_scratch`, as it does for convolutions; `ops::conv_transpose2d` likewise (one
+//! gemm per sample and a pixel shuffle, keeping only its output; `ModelCost::transposed_convs`,
+//! `ops::conv_transpose2d_scratch`). The linear layer and the up-convolution are one candle op each
+//! whether or not they have a bias, through `ops::biased::Biased` (the op without a bias, and with
+//! one), which makes only the gradients their operands need. On CUDA `ops::layer_norm` and
+//! `ops::gelu` run their device passes (our kernels in `lib/kernels/transformer.cu`, with twins on
+//! the reference primitives), `ops::linear` its own (cuBLAS's product, cuDNN's broadcast add for
+//! the bias and its bias gradient) and `ops::attention` its own (per batch element, cuBLAS's
+//! products over the heads with q, k and v read in place, and our kernels for the softmax with its
+//! log-sum-exp, the probabilities from it, each row's `sum dO * O` and the softmax backward), and
+//! each keeps what it keeps on the CPU (attention its probabilities in the input's type, or one f32
+//! log-sum-exp per row, as `keeps` says); the up-convolution runs as the transpose of the
+//! convolution that takes its output's shape to its input's (cuDNN's three convolution passes with
+//! the roles swapped, and its bias calls), keeping only its output as on the CPU. What each op
+//! keeps is one rule for both devices; what it holds only while a pass runs differs, and
+//! `models::Kernels` says whose transients the rules count: our CPU kernels' (f32 copies of half
+//! operands, the lean ops' f32 maps, im2col columns) or the device passes' (half operands read as
+//! they are, the lean ops' maps in their own type, a max-pool's output pooled again in its
+//! backward, cuDNN's one workspace), with the attentions' buffers of one batch element from
+//! `ops::attention_device_scratch`. The device rules are proven on the reference primitives, whose
+//! buffers count what a card's allocator would be asked for (`ops::reference_allocations`): each
+//! lean op and attention allocates exactly what its rule says, up to the batch-norms' parameter
+//! gradients. cuBLAS's own workspace and the vendor's internal buffers are a card's to measure.
+//!
+//! On the CPU a convolution's scratch depends on the batch and the threads, not on one sample, so
+//! the analysis also lists every conv with its shapes (`ModelCost::convs`), and the estimate asks
+//! the kernel itself how much it allocates (`ops::conv2d_scratch`: the offset table, each busy
+//! thread's im2col and stacking buffers, gemm's packing buffers as `ops/cpu/gemm_packing.rs`
+//! mirrors gemm-common's choices, and the weight gradient's per-thread partial sums, with its
+//! row-major copy where it accumulates column-major; for a Winograd convolution its transformed
+//! kernels and each busy thread's transformed tiles, input and output side, and 16 sums per kernel
+//! in the weight gradient; for a weight gradient taken tap by tap the input and output gradient in
+//! positions layout and gemm's packing per busy thread). A batch is cut into chunks of images (a
+//! multiple of the threads in number), and each thread takes a contiguous run of them with one set
+//! of buffers, so the scratch is known before the pass runs. Each conv's backward is a moment of
+//! the walk of its own: the weight gradient is summed in f32 beside the scratch (under mixed
+//! precision then cast to half beside itself), and the patched candle's gradient store keeps an
+//! op's first gradient for a tensor as it is, so nothing is added into zeros after the op
+//! (`patches/README.md`). `lib/tests/memory.rs` holds the prediction to the counted allocator
+//! (exact on one thread, an upper bound on two).
 
 mod activation;
 mod attention;
@@ -18,9 +109,9 @@ mod conv_geometry;
 mod conv_transpose;
 mod cpu;
 mod cuda;
+mod fused_norm;
 mod gelu;
 mod layer_norm;
-mod lean;
 mod linear;
 mod norm;
 mod norm_geometry;
@@ -33,7 +124,7 @@ mod attention_tests;
 #[cfg(test)]
 mod conv_transpose_tests;
 #[cfg(test)]
-mod lean_tests;
+mod fused_norm_tests;
 #[cfg(test)]
 mod linear_tests;
 #[cfg(test)]
@@ -49,9 +140,9 @@ pub use cuda::{
     allocations as reference_allocations, on_reference, on_the_reference, Allocations, ConvAlgorithm, CudnnPlans,
     WORKSPACE_BYTES as CUDNN_WORKSPACE_BYTES,
 };
+pub use fused_norm::{norm_act, norm_add_act, Activation, Lean, Norm, OwnOps, PlainOps, Residual, Then};
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
-pub use lean::{norm_act, norm_add_act, Activation, Lean, Norm, OwnOps, PlainOps, Residual, Then};
 pub use linear::{linear, linear_scratch, LinearScratch};
 pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
 

@@ -49,13 +49,13 @@ impl Table {
     }
 
     pub fn push_row<S: ToString>(&mut self, cells: impl IntoIterator<Item = S>) {
-        let row = self.fit(cells);
+        let row = self.one_per_column(cells);
         self.rows.push(row);
     }
 
     /// Sets the totals row, shown under a rule.
     pub fn footer<S: ToString>(mut self, cells: impl IntoIterator<Item = S>) -> Self {
-        self.footer = Some(self.fit(cells));
+        self.footer = Some(self.one_per_column(cells));
         self
     }
 
@@ -73,7 +73,7 @@ impl Table {
         &self.rows
     }
 
-    fn fit<S: ToString>(&self, cells: impl IntoIterator<Item = S>) -> Vec<String> {
+    fn one_per_column<S: ToString>(&self, cells: impl IntoIterator<Item = S>) -> Vec<String> {
         let mut row: Vec<String> = cells.into_iter().map(|c| c.to_string()).take(self.columns.len()).collect();
         row.resize(self.columns.len(), String::new());
         row

@@ -5,10 +5,10 @@ use std::time::Instant;
 use candle_core::{Device, Tensor};
 use serde::Serialize;
 
-use super::config::TrainConfig;
+use super::compare::{Comparison, MeasuredStep};
 use super::error::TrainError;
-use super::measure::{Comparison, MeasuredStep};
 use super::task::Stripes;
+use super::train_config::TrainConfig;
 use super::trainer::Trainer;
 use crate::models::{ModelName, Network, Precision, Shape};
 

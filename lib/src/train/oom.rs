@@ -7,8 +7,8 @@ use std::cell::RefCell;
 use candle_core::Device;
 use serde::{Deserialize, Serialize};
 
-use super::config::TrainConfig;
 use super::error::TrainError;
+use super::train_config::TrainConfig;
 use crate::ledger::{StepPhase, StepPlan};
 use crate::memory::OutOfMemory;
 use crate::models::{ModelSpec, Shape};

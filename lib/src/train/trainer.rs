@@ -14,12 +14,12 @@ use rand::SeedableRng;
 
 use super::amp::GradScaler;
 use super::clip::{clip_grad_norm, grad_norm};
-use super::config::TrainConfig;
 use super::error::TrainError;
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
 use super::oom::{self, StepOom};
 use super::optim::Optimizer;
 use super::step::{accumulate, correct, cross_entropy, forward_backward_watched, grad_bytes};
+use super::train_config::TrainConfig;
 use crate::ledger::{StepPhase, StepPlan};
 use crate::memory::StepMeter;
 use crate::models::{Network, Pass, Precision};

@@ -14,7 +14,7 @@ use serde::Serialize;
 use super::error::TrainError;
 use super::events::StepReport;
 use super::trainer::{tensor_bytes, Trainer};
-use crate::ledger::{estimate, BillKind, Ledger, StepConfig, StepPhase};
+use crate::ledger::{estimate, BillKind, Ledger, Levers, StepConfig, StepPhase};
 use crate::memory::{BillBytes, MeasuredPhase, Measurement, Prediction, Snapshot};
 
 /// One phase as measured: bytes in use after it (above what was there before
@@ -114,18 +114,14 @@ impl Comparison {
 }
 
 impl Trainer {
+    /// The levers this trainer pulls: its configuration's, on its network's layers.
+    pub fn levers(&self) -> Levers {
+        self.config().levers(self.net().layers())
+    }
+
     /// The ledger's prediction for this trainer's step at `batch` samples per micro-batch.
     pub fn predict(&self, batch: usize) -> Result<Ledger, TrainError> {
-        let config = StepConfig {
-            batch,
-            input: self.net().input(),
-            precision: self.config().precision,
-            optimizer: self.config().optimizer.kind(),
-            accumulation: self.config().accumulation,
-            checkpointing: self.config().checkpointing.clone(),
-            mode: crate::ledger::Mode::Training,
-            layers: self.net().layers(),
-        };
+        let config = StepConfig { batch, input: self.net().input(), levers: self.levers(), mode: crate::ledger::Mode::Training };
         let device = crate::gpus::Card::for_device(self.net().device())?;
         Ok(estimate(self.net().spec(), &config, &device)?)
     }

@@ -11,7 +11,7 @@ use super::verdict::{target_bytes, verdict, Verdict};
 
 /// A ledger checked against its device, with fixes when it doesn't fit comfortably.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct FitReport {
+pub struct CheckReport {
     pub ledger: Ledger,
     pub verdict: Verdict,
     /// Usable memory minus the peak; negative when it doesn't fit.
@@ -27,11 +27,11 @@ pub struct FitReport {
 
 /// Estimates `config` on `device`, judges the fit and, unless it fits
 /// comfortably, searches for ranked fixes.
-pub fn check(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<FitReport, LedgerError> {
+pub fn check(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<CheckReport, LedgerError> {
     let ledger = estimate(spec, config, device)?;
     let verdict = verdict(ledger.peak.bytes, device);
     let fixes = if verdict == Verdict::Fits || config.mode == Mode::Inference { Vec::new() } else { search(spec, config, device) };
-    Ok(FitReport {
+    Ok(CheckReport {
         headroom_bytes: device.usable_bytes as i64 - ledger.peak.bytes as i64,
         target_bytes: target_bytes(device),
         ledger,
@@ -41,7 +41,7 @@ pub fn check(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<Fit
     })
 }
 
-impl FitReport {
+impl CheckReport {
     /// One sentence: the verdict, the peak, the card, the margin.
     pub fn verdict_line(&self) -> String {
         let peak = self.ledger.peak.bytes;

@@ -3,12 +3,12 @@
 
 use clap::{Args, ColorChoice, Parser};
 
-use super::args::{amp_parser, parse_checkpointing, parse_model, positive};
+use super::args::parse_model;
 use super::device::DeviceArg;
-use crate::ledger::Checkpointing;
-use crate::ledger::OptimizerKind;
-use crate::models::{Layers, ModelName, Precision};
-use crate::train::{OptimizerConfig, TrainConfig};
+use crate::ledger::{LeverFlags, Levers, OptimizerKind};
+use crate::models::ModelName;
+use crate::train::TrainConfig;
+use crate::units::parse_positive;
 
 /// A zoo model and how to train it: what `bench train` times and `measure` measures.
 #[derive(Debug, Clone, Args)]
@@ -17,32 +17,20 @@ pub struct TrainSetup {
     #[arg(long, value_parser = parse_model)]
     pub model: ModelName,
     /// Samples per forward pass (the micro-batch when accumulating)
-    #[arg(long, value_parser = positive)]
+    #[arg(long, value_parser = parse_positive)]
     pub batch: usize,
     /// Square input resolution in pixels
-    #[arg(long, value_parser = positive)]
+    #[arg(long, value_parser = parse_positive)]
     pub res: usize,
     /// Number of classes (default: 10 for a classifier, 2 for unet: background and lesion)
-    #[arg(long, value_parser = positive)]
+    #[arg(long, value_parser = parse_positive)]
     pub classes: Option<usize>,
-    /// Mixed precision
-    #[arg(long, value_parser = amp_parser())]
-    pub amp: Option<Precision>,
-    /// Optimizer
-    #[arg(long, value_enum, default_value_t = OptimizerKind::SgdMomentum)]
-    pub opt: OptimizerKind,
     /// Learning rate
     #[arg(long, default_value_t = 0.01)]
     pub lr: f64,
-    /// Gradient accumulation steps per optimizer step
-    #[arg(long, default_value_t = 1, value_parser = positive)]
-    pub accum: usize,
-    /// Activation checkpointing: none, stages, or stage names (layer3,layer4)
-    #[arg(long, value_parser = parse_checkpointing, default_value = "none")]
-    pub ckpt: Checkpointing,
-    /// Layers: lean (batch-norm fused with what reads it; on the CPU and, through cuDNN, on CUDA) or plain (what an ordinary autograd keeps)
-    #[arg(long, value_enum, default_value_t = Layers::Lean)]
-    pub layers: Layers,
+    // The optimizer is SGD with momentum unless --opt says otherwise.
+    #[command(flatten)]
+    pub levers: LeverFlags,
     /// Seed of the weights and the synthetic images
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -58,7 +46,7 @@ pub struct TrainRunArgs {
     #[command(flatten)]
     pub setup: TrainSetup,
     /// Timed optimizer steps
-    #[arg(long, default_value_t = 5, value_parser = positive)]
+    #[arg(long, default_value_t = 5, value_parser = parse_positive)]
     pub steps: usize,
     /// Untimed steps first (allocator and caches warm up)
     #[arg(long, default_value_t = 2)]
@@ -73,7 +61,7 @@ pub struct MeasureArgs {
     pub setup: TrainSetup,
     /// Steps before the measured one: the first creates the optimizer state,
     /// unless f16 loss scaling skips it (65536 overflows at first), hence two
-    #[arg(long, default_value_t = 2, value_parser = positive)]
+    #[arg(long, default_value_t = 2, value_parser = parse_positive)]
     pub warmup: usize,
     /// Simulate a card of this size (`256MiB`, `8GiB`, `rtx4060-laptop`):
     /// a step that would not fit in it fails with CUDA's out-of-memory error
@@ -87,17 +75,13 @@ impl TrainSetup {
         self.classes.unwrap_or(if self.model.segments() { 2 } else { 10 })
     }
 
-    pub fn precision(&self) -> Precision {
-        self.amp.unwrap_or(Precision::F32)
+    /// The levers pulled: the flags over the lesson's defaults, with SGD and
+    /// momentum for the optimizer (what the ResNet recipes train with).
+    pub fn levers(&self) -> Levers {
+        self.levers.over(&Levers { optimizer: OptimizerKind::SgdMomentum, ..Levers::default() })
     }
 
     pub fn train_config(&self) -> TrainConfig {
-        TrainConfig {
-            precision: self.precision(),
-            accumulation: self.accum,
-            checkpointing: self.ckpt.clone(),
-            optimizer: OptimizerConfig::for_kind(self.opt, self.lr),
-            ..TrainConfig::default()
-        }
+        TrainConfig::pulling(&self.levers(), self.lr)
     }
 }

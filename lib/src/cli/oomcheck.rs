@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::oom::{FitReport, HostReport, Sweep, Verdict};
+use crate::oom::{CheckReport, HostReport, Sweep, Verdict};
 use crate::render::{Bundle, Render, Table};
 use crate::units::{human, percent};
 
@@ -11,7 +11,7 @@ use crate::render::Composer;
 /// What `oomcheck` computes: the fit report and, when asked, a sweep.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Oomcheck {
-    pub report: FitReport,
+    pub report: CheckReport,
     pub sweep: Option<Sweep>,
     /// The data loader's host memory, when loader settings were given.
     pub host: Option<HostReport>,
@@ -23,7 +23,7 @@ pub struct Oomcheck {
     pub fixes_only: bool,
 }
 
-impl FitReport {
+impl CheckReport {
     /// The ranked fixes as a table.
     pub fn fixes_table(&self) -> Table {
         let card = self.ledger.device.usable_bytes;

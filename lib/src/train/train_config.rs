@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 use super::amp::GradScalerConfig;
 use super::optim::OptimizerConfig;
 use super::schedule::Schedule;
-use crate::ledger::Checkpointing;
-use crate::models::Precision;
+use crate::ledger::{Checkpointing, Levers};
+use crate::models::{Layers, Precision};
 
 /// How to train. Defaults: f32, no accumulation, no checkpointing, SGD with
 /// momentum 0.9 at 0.01, no clipping, a constant learning rate.
@@ -25,6 +25,31 @@ pub struct TrainConfig {
     pub schedule: Option<Schedule>,
     /// Loss scaling under f16 (bf16 has f32's range and needs none).
     pub scaler: GradScalerConfig,
+}
+
+impl TrainConfig {
+    /// The levers this configuration pulls, on a network of `layers`.
+    pub fn levers(&self, layers: Layers) -> Levers {
+        Levers {
+            precision: self.precision,
+            optimizer: self.optimizer.kind(),
+            accumulation: self.accumulation,
+            checkpointing: self.checkpointing.clone(),
+            layers,
+        }
+    }
+
+    /// These defaults with `levers`' precision, accumulation and
+    /// checkpointing, and its optimizer at `learning_rate`.
+    pub fn pulling(levers: &Levers, learning_rate: f64) -> Self {
+        TrainConfig {
+            precision: levers.precision,
+            accumulation: levers.accumulation,
+            checkpointing: levers.checkpointing.clone(),
+            optimizer: OptimizerConfig::for_kind(levers.optimizer, learning_rate),
+            ..TrainConfig::default()
+        }
+    }
 }
 
 impl Default for TrainConfig {

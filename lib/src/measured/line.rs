@@ -11,7 +11,7 @@ pub struct Line {
 
 impl Line {
     /// The least-squares line through `points`; a flat one through a single point.
-    pub fn fit(points: &[(f64, f64)]) -> Line {
+    pub fn least_squares(points: &[(f64, f64)]) -> Line {
         let n = points.len() as f64;
         if points.is_empty() {
             return Line { fixed: 0.0, per_sample: 0.0 };
@@ -38,11 +38,11 @@ mod tests {
 
     #[test]
     fn fits_a_line_exactly_and_clamps_below_zero() {
-        let line = Line::fit(&[(2.0, 110.0), (4.0, 210.0), (8.0, 410.0)]);
+        let line = Line::least_squares(&[(2.0, 110.0), (4.0, 210.0), (8.0, 410.0)]);
         assert!((line.per_sample - 50.0).abs() < 1e-9 && (line.fixed - 10.0).abs() < 1e-9, "{line:?}");
         assert_eq!(line.at(32), 1610);
-        assert_eq!(Line::fit(&[(2.0, 10.0), (4.0, 5.0)]).at(100), 0);
-        assert_eq!(Line::fit(&[(2.0, 7.0)]).at(64), 7);
+        assert_eq!(Line::least_squares(&[(2.0, 10.0), (4.0, 5.0)]).at(100), 0);
+        assert_eq!(Line::least_squares(&[(2.0, 7.0)]).at(64), 7);
         assert_eq!(Line { fixed: 0.0, per_sample: 1e30 }.at(usize::MAX), u64::MAX);
     }
 }

@@ -5,12 +5,13 @@ use std::path::PathBuf;
 
 use clap::{ColorChoice, Parser};
 
-use super::args::{amp_parser, parse_model, positive};
+use super::args::parse_model;
 use crate::data::{group_split, ImageFolder, OnError, SegmentationFolder, Split, MASK_CLASSES};
 use crate::learn::LearnConfig;
-use crate::ledger::OptimizerKind;
-use crate::models::{ModelName, Precision};
+use crate::ledger::{LeverFlags, Levers};
+use crate::models::ModelName;
 use crate::train::{GradScalerConfig, OptimizerConfig};
+use crate::units::parse_positive;
 
 /// `train --root DIR [--model small-cnn] [--res 64] [--epochs 12] [--batch 32] [--accum 1] [--amp f16] [--opt adam] [--lr 0.002] [--cosine] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
 #[derive(Debug, Clone, Parser)]
@@ -19,7 +20,7 @@ use crate::train::{GradScalerConfig, OptimizerConfig};
     color = ColorChoice::Never,
     about = "Train a zoo model on an image folder through the loader, validating on whole plants held out: accuracy per class against the baselines"
 )]
-pub struct FitArgs {
+pub struct LearnArgs {
     /// The dataset: root/class/*.jpg (groups from root/manifest.csv when present)
     #[arg(long)]
     pub root: PathBuf,
@@ -35,19 +36,13 @@ pub struct FitArgs {
     pub res: u32,
     /// Passes over the training split (for small-cnn, 12 reach about 70% validation accuracy on
     /// 3,000 synthetic leaf photos and about 52% on 2,000; 6 only tie the colour-histogram baseline)
-    #[arg(long, default_value_t = 12, value_parser = positive)]
+    #[arg(long, default_value_t = 12, value_parser = parse_positive)]
     pub epochs: usize,
     /// Images per forward pass (the micro-batch when accumulating)
-    #[arg(long, default_value_t = 32, value_parser = positive)]
+    #[arg(long, default_value_t = 32, value_parser = parse_positive)]
     pub batch: usize,
-    /// Micro-batches per optimizer step (gradient accumulation)
-    #[arg(long, default_value_t = 1, value_parser = positive)]
-    pub accum: usize,
-    /// Mixed precision: f16 (with loss scaling) or bf16 (CUDA only); f32 without it
-    #[arg(long, value_parser = amp_parser())]
-    pub amp: Option<Precision>,
-    #[arg(long, value_enum, default_value_t = OptimizerKind::Adam)]
-    pub opt: OptimizerKind,
+    #[command(flatten)]
+    pub levers: LeverFlags,
     /// Learning rate
     #[arg(long, default_value_t = 0.002)]
     pub lr: f64,
@@ -74,16 +69,20 @@ pub struct FitArgs {
     pub no_baseline: bool,
 }
 
-impl FitArgs {
+impl LearnArgs {
+    /// How to train: the flags over the lesson's levers (f32, Adam, lean layers).
     pub fn config(&self) -> LearnConfig {
+        let levers = self.levers.over(&Levers::default());
         LearnConfig {
             model: self.model,
             res: self.res,
             epochs: self.epochs,
             batch_size: self.batch,
-            accumulation: self.accum,
-            precision: self.amp.unwrap_or(Precision::F32),
-            optimizer: OptimizerConfig::for_kind(self.opt, self.lr),
+            accumulation: levers.accumulation,
+            precision: levers.precision,
+            optimizer: OptimizerConfig::for_kind(levers.optimizer, self.lr),
+            checkpointing: levers.checkpointing,
+            layers: levers.layers,
             cosine: self.cosine,
             workers: self.workers,
             augment: self.augment,
