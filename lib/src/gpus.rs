@@ -8,6 +8,12 @@
 //! an H200 (driver 580.159.04, CUDA 13.0) once candle's first kernels had
 //! run (`scripts/gpu_check.sh`, BENCHMARKS.md); the others are estimates
 //! until measured (`%mem` reports the real one).
+//!
+//! # The room
+//!
+//! The card catalogue and the `Card` a ledger is checked against (a catalogue card, a size, the
+//! host, or a card's budget simulated on the host, whose step runs the CPU's kernels and is costed
+//! with their transients).
 
 use std::fmt;
 

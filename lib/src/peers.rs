@@ -2,6 +2,12 @@
 //! beside vramlab's layers on this project's machine. The record is committed in
 //! `benchmarks/pytorch-saved.json` and compiled in, so that a notebook sets a measurement beside
 //! PyTorch's by reading the record, never from a figure copied into its code or prose.
+//!
+//! # The room
+//!
+//! What PyTorch keeps for the same steps, as `scripts/bench_saved.py --record` measured it beside
+//! our layers: `benchmarks/pytorch-saved.json`, compiled in, which notebooks read instead of
+//! copying figures.
 
 use serde::Deserialize;
 

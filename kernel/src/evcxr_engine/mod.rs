@@ -1,6 +1,21 @@
 //! The evcxr engine on its own thread: cells, completion, inspection and
 //! interrupts. The worker runs evcxr; the pump streams a cell's output while it
 //! runs; the traceback module turns what went wrong into what Jupyter shows.
+//!
+//! The evcxr engine: the handle and `build-cells` (`mod.rs`), the engine thread (`worker.rs`), the
+//! library lookup (`library.rs`: the `:dep` lines for `vramlab` and, at its locked versions,
+//! `candle-core` and `candle-nn`), the cell-process command, the notice that follows cargo while a
+//! cell's dependencies build (`build_notice.rs`, one display updated in place from evcxr's
+//! `BuildProgress`), tracebacks and the output pump.
+//!
+//! Rust goes to the engine thread: `syntax::check`, then evcxr. Only a cell with a top-level `let`
+//! asks rust-analyzer for the new variables' types; rust-analyzer loads on a thread of its own from
+//! the start and after each change of the cells' dependencies (patches/README.md), so other cells
+//! compile without waiting for it. A warm cell is compiled by rustc alone, with the command cargo
+//! last ran for the cells' crate, until the dependencies, their sources or cargo's configuration
+//! change, and without the stored `use` items it cannot need; the cells' crate alone is compiled
+//! without LTO (patches/README.md, ninth to eleventh changes). The pump publishes the cell
+//! process's output as it comes; framed display lines from `vramlab::render` become live displays.
 
 mod build_notice;
 mod library;

@@ -2,6 +2,13 @@
 //! and the optimizers' updates, on a target (the CPU, the device passes on
 //! the reference primitives, a device) against a reference. It sits above
 //! the ops and the trainer it checks; neither imports it.
+//!
+//! # The room
+//!
+//! `vramlab check-ops`, above the ops and the trainer it checks (neither imports it): every op at
+//! the zoo's shapes, forward and each gradient, f32 and f16, against candle's composition on the
+//! CPU, and against our CPU ops on the reference primitives and on CUDA (`ops.rs`); the optimizers'
+//! updates against the CPU's fused ones (`updates.rs`).
 
 mod ops;
 mod updates;
