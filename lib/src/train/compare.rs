@@ -140,7 +140,7 @@ impl Trainer {
         let mut phases: Vec<PhaseSample> = Vec::new();
         let mut unread = None;
         let plan = self.plan().clone();
-        let report = self.step_watched(micro_batches, epoch, &mut |phase, gradients| {
+        let mut read_phase = |phase, gradients| {
             let read = || -> Result<(u64, Option<u64>), crate::memory::MemoryError> {
                 let in_use = meter.in_use()?;
                 let peak = meter.window_peak()?;
@@ -159,7 +159,8 @@ impl Trainer {
                     unread.get_or_insert(error);
                 }
             }
-        })?;
+        };
+        let report = self.step_watched(micro_batches, epoch, &mut [&mut read_phase])?;
         if let Some(error) = unread {
             return Err(error.into());
         }

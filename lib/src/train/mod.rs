@@ -37,7 +37,7 @@ pub(crate) use oom::remember as remember_step_oom;
 pub use oom::{clear_last_step_oom, is_out_of_memory, last_step_oom, StepOom};
 pub use optim::{Adam, Adam8bit, Adam8bitConfig, AdamConfig, AdamW, AdamWConfig, OptimError, Optimizer, OptimizerConfig, Sgd, SgdConfig};
 pub use schedule::Schedule;
-pub use step::{accumulate, cross_entropy, forward_backward, forward_backward_watched, Gradients};
+pub use step::{accumulate, cross_entropy, forward_backward, Gradients, StepWatcher};
 pub use task::Stripes;
 pub use train_config::TrainConfig;
 pub use trainer::{BatchSource, InMemory, Trainer};

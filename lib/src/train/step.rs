@@ -82,9 +82,84 @@ impl Input {
     }
 }
 
+/// Whoever watches a training step (a meter reading memory between phases, a
+/// live view): told as each phase of the step's plan ends, with the bytes of
+/// parameter gradients the step holds then (the accumulated ones included).
+/// A closure `|phase, gradient_bytes| ...` is one.
+pub trait StepWatcher: Send {
+    fn phase_ended(&mut self, phase: StepPhase, gradient_bytes: u64);
+}
+
+impl<F: FnMut(StepPhase, u64) + Send> StepWatcher for F {
+    fn phase_ended(&mut self, phase: StepPhase, gradient_bytes: u64) {
+        self(phase, gradient_bytes)
+    }
+}
+
+/// A step's walk through its plan, the one place each phase's end goes: it
+/// is remembered (an out-of-memory error names the phase after it), told to
+/// the watchers (those of the last micro-batch only: the earlier ones repeat
+/// it, and the ledger predicts one), and, where the phase allocates (each
+/// stage's forward and recomputation, each segment's backward, the optimizer
+/// step), checked against the simulated budget, which fails the step there.
+pub(crate) struct PhaseWalk<'a, 'w> {
+    plan: &'a StepPlan,
+    watchers: &'a mut [&'w mut dyn StepWatcher],
+    /// Whether this micro-batch's phases go to the watchers.
+    told: bool,
+    /// Gradient bytes accumulated by the micro-batches before this one.
+    accumulated: u64,
+    last: Option<StepPhase>,
+}
+
+impl<'a, 'w> PhaseWalk<'a, 'w> {
+    pub(crate) fn new(plan: &'a StepPlan, watchers: &'a mut [&'w mut dyn StepWatcher]) -> Self {
+        PhaseWalk { plan, watchers, told: true, accumulated: 0, last: None }
+    }
+
+    /// The next micro-batch starts, the last of the step or not, with
+    /// `accumulated` gradient bytes from those before it.
+    pub(crate) fn micro_batch(&mut self, last: bool, accumulated: u64) {
+        self.told = last;
+        self.accumulated = accumulated;
+    }
+
+    /// `phase` ended with `gradient_bytes` held in all.
+    pub(crate) fn ended(&mut self, phase: StepPhase, gradient_bytes: u64) -> Result<()> {
+        self.last = Some(phase);
+        if self.told {
+            for watcher in self.watchers.iter_mut() {
+                watcher.phase_ended(phase, gradient_bytes);
+            }
+        }
+        match phase {
+            StepPhase::Forward { .. } | StepPhase::Backward { .. } | StepPhase::OptimizerStep => checkpoint(self.plan, phase),
+            _ => Ok(()),
+        }
+    }
+
+    /// A phase of this micro-batch's forward and backward ended, with
+    /// `collected` gradient bytes of its own.
+    fn pass_ended(&mut self, phase: StepPhase, collected: u64) -> Result<()> {
+        self.ended(phase, self.accumulated + collected)
+    }
+
+    /// A checkpointed stage ran again in backward: checked against the
+    /// budget, not a phase of its own.
+    fn recomputed(&mut self, stage: usize) -> Result<()> {
+        checkpoint(self.plan, StepPhase::Recompute { stage })
+    }
+
+    /// The last phase that ended.
+    pub(crate) fn last(&self) -> Option<StepPhase> {
+        self.last
+    }
+}
+
 /// Forward and backward of `images` through `net`, the loss multiplied by
 /// `loss_scale` before backward (loss scaling, accumulation). Gradients of
-/// every parameter are returned; nothing is applied.
+/// every parameter are returned; nothing is applied. A simulated budget fails
+/// it at the end of the phase that crossed it.
 pub fn forward_backward(
     net: &Network,
     images: &Tensor,
@@ -93,33 +168,25 @@ pub fn forward_backward(
     plan: &StepPlan,
     loss_scale: f64,
 ) -> Result<Gradients> {
-    forward_backward_watched(net, images, labels, pass, plan, loss_scale, &mut |_, _| {})
+    forward_backward_walked(net, images, labels, pass, loss_scale, &mut PhaseWalk::new(plan, &mut []))
 }
 
-/// [`forward_backward`], calling `phase` with each of the plan's phases as it
-/// ends and the bytes of parameter gradients collected so far, so a probe can
-/// read memory between phases.
-pub fn forward_backward_watched(
+/// [`forward_backward`], each phase's end going to `walk`.
+pub(crate) fn forward_backward_walked(
     net: &Network,
     images: &Tensor,
     labels: &Tensor,
     pass: Pass,
-    plan: &StepPlan,
     loss_scale: f64,
-    phase: &mut dyn FnMut(StepPhase, u64),
+    walk: &mut PhaseWalk<'_, '_>,
 ) -> Result<Gradients> {
+    let plan = walk.plan;
     let segments = plan.segments();
     let mut inputs: Vec<Input> = Vec::with_capacity(segments.len());
     let mut graphs: Vec<Option<Tensor>> = Vec::with_capacity(segments.len());
     let mut x = Input::Batch(net.enter(images, pass)?);
-    // A simulated device budget fails the step at the end of the phase that crossed it.
-    let mut forward_phase = |stage: usize| {
-        let forward = StepPhase::Forward { stage };
-        phase(forward, 0);
-        checkpoint(plan, forward)
-    };
     for (i, segment) in segments.iter().enumerate() {
-        let out = run(net, segment, x.tensor(), pass, &mut forward_phase)?;
+        let out = run(net, segment, x.tensor(), pass, &mut |stage| walk.pass_ended(StepPhase::Forward { stage }, 0))?;
         let last = i + 1 == segments.len();
         let next = if segment.checkpointed && !last {
             graphs.push(None);
@@ -151,8 +218,7 @@ pub fn forward_backward_watched(
                     Input::Boundary(v) => v.as_tensor().clone(),
                     Input::Attached(t) => Var::from_tensor(t)?.as_tensor().clone(),
                 };
-                let mut recomputed = |stage: usize| checkpoint(plan, StepPhase::Recompute { stage });
-                let out = run(net, segment, &tracked, pass.recompute(), &mut recomputed)?;
+                let out = run(net, segment, &tracked, pass.recompute(), &mut |stage| walk.recomputed(stage))?;
                 (tracked, out)
             }
         };
@@ -185,9 +251,7 @@ pub fn forward_backward_watched(
             );
         }
         drop(segment_grads);
-        let backward = StepPhase::Backward { segment: i };
-        phase(backward, grad_bytes(&grads, net));
-        checkpoint(plan, backward)?;
+        walk.pass_ended(StepPhase::Backward { segment: i }, grad_bytes(&grads, net))?;
     }
     let (loss, correct) = scored.ok_or_else(|| candle_core::Error::Msg("the last segment computed no loss".into()))?;
     Ok(Gradients { loss, correct, samples: images.dim(0)?, labels: labels.elem_count(), grads })

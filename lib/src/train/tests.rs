@@ -247,7 +247,7 @@ fn a_step_runs_every_phase_the_ledger_predicts_in_its_order() {
         let micro_batches: Vec<_> =
             (0..accumulation).map(|seed| Stripes::new(4, 32).generate(2, seed as u64, &Device::Cpu).unwrap()).collect();
         let mut ran = Vec::new();
-        trainer.step_watched(&micro_batches, 0, &mut |phase, _| ran.push(phase)).unwrap();
+        trainer.step_watched(&micro_batches, 0, &mut [&mut |phase, _| ran.push(phase)]).unwrap();
         let predicted: Vec<_> = trainer.predict(2).unwrap().timeline.iter().map(|p| p.phase).collect();
         assert_eq!(predicted[0], ledger::StepPhase::Loaded);
         assert_eq!(ran, predicted[1..], "accumulation {accumulation}, checkpointing {checkpointing}");

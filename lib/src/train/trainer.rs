@@ -3,7 +3,7 @@
 //! clipping, a learning-rate schedule), epochs over any batch source, and
 //! events for whoever is watching.
 
-use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::backprop::GradStore;
@@ -18,7 +18,7 @@ use super::error::TrainError;
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
 use super::oom::{self, StepOom};
 use super::optim::Optimizer;
-use super::step::{accumulate, correct, cross_entropy, forward_backward_watched, grad_bytes};
+use super::step::{accumulate, correct, cross_entropy, forward_backward_walked, grad_bytes, PhaseWalk, StepWatcher};
 use super::train_config::TrainConfig;
 use crate::ledger::{StepPhase, StepPlan};
 use crate::memory::StepMeter;
@@ -93,7 +93,7 @@ pub struct Trainer {
     config: TrainConfig,
     optimizer: Box<dyn Optimizer>,
     scaler: GradScaler,
-    plan: StepPlan,
+    plan: Arc<StepPlan>,
     pass: Pass,
     steps: u64,
     history: History,
@@ -117,7 +117,7 @@ impl Trainer {
         let plan = StepPlan::training(&net.stage_names(), &config.checkpointing, config.accumulation, config.optimizer.kind())?;
         let pass = Pass::train(config.precision.compute_dtype());
         let meter = StepMeter::for_device(net.device())?;
-        Ok(Trainer { net, config, optimizer, scaler, plan, pass, steps: 0, history: History::default(), meter })
+        Ok(Trainer { net, config, optimizer, scaler, plan: Arc::new(plan), pass, steps: 0, history: History::default(), meter })
     }
 
     pub fn net(&self) -> &Network {
@@ -157,36 +157,17 @@ impl Trainer {
 
     /// One optimizer step over `micro_batches` (as many as the accumulation).
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)], epoch: usize) -> Result<StepReport, TrainError> {
-        self.step_watched(micro_batches, epoch, &mut |_, _| {})
+        self.step_watched(micro_batches, epoch, &mut [])
     }
 
-    /// [`Trainer::step`], calling `phase` as each phase of its [plan](Self::plan)
-    /// ends, with the bytes of parameter gradients the step holds then (the
-    /// accumulated ones included). Phases of the last micro-batch only: the
-    /// earlier ones repeat it.
+    /// [`Trainer::step`], telling each of `watchers` as each phase of its
+    /// [plan](Self::plan) ends (those of the last micro-batch: the earlier
+    /// ones repeat it).
     pub fn step_watched(
         &mut self,
         micro_batches: &[(Tensor, Tensor)],
         epoch: usize,
-        phase: &mut (dyn FnMut(StepPhase, u64) + Send),
-    ) -> Result<StepReport, TrainError> {
-        if !self.net.device().is_cpu() {
-            // CUDA's context is current on the thread that made it.
-            return self.step_on_this_thread(micro_batches, epoch, phase);
-        }
-        // On the CPU the step runs on one of rayon's threads: a parallel op
-        // started there is taken up by the other threads as they go, where
-        // one started from outside the pool waits for a sleeping worker to
-        // wake for it, and a step starts hundreds (ResNet18 b32@64 on 2
-        // threads: 0.268 -> 0.231 s).
-        rayon::scope(|_| self.step_on_this_thread(micro_batches, epoch, phase))
-    }
-
-    fn step_on_this_thread(
-        &mut self,
-        micro_batches: &[(Tensor, Tensor)],
-        epoch: usize,
-        phase: &mut (dyn FnMut(StepPhase, u64) + Send),
+        watchers: &mut [&mut dyn StepWatcher],
     ) -> Result<StepReport, TrainError> {
         if micro_batches.len() != self.config.accumulation {
             return Err(TrainError::MicroBatches { expected: self.config.accumulation, got: micro_batches.len() });
@@ -195,13 +176,20 @@ impl Trainer {
         let before = self.meter.in_use()?;
         self.meter.open_window()?;
         let outside = self.outside(before, micro_batches);
-        let last_phase = RefCell::new(None);
-        let mut tracked = |done: StepPhase, bytes: u64| {
-            *last_phase.borrow_mut() = Some(done);
-            phase(done, bytes)
+        let plan = Arc::clone(&self.plan);
+        let mut walk = PhaseWalk::new(&plan, watchers);
+        let result = if self.net.device().is_cpu() {
+            // On the CPU the step runs on one of rayon's threads: a parallel op
+            // started there is taken up by the other threads as they go, where
+            // one started from outside the pool waits for a sleeping worker to
+            // wake for it, and a step starts hundreds (ResNet18 b32@64 on 2
+            // threads: 0.268 -> 0.231 s).
+            rayon::scope(|_| self.run_step(micro_batches, epoch, &mut walk))
+        } else {
+            // CUDA's context is current on the thread that made it.
+            self.run_step(micro_batches, epoch, &mut walk)
         };
-        let result = self.run_step(micro_batches, epoch, &mut tracked, &last_phase);
-        result.map_err(|error| self.out_of_memory(error, *last_phase.borrow(), micro_batches, outside))
+        result.map_err(|error| self.out_of_memory(error, walk.last(), micro_batches, outside))
     }
 
     /// Of `in_use` bytes, those that are neither this trainer's state
@@ -261,8 +249,7 @@ impl Trainer {
         &mut self,
         micro_batches: &[(Tensor, Tensor)],
         epoch: usize,
-        phase: &mut dyn FnMut(StepPhase, u64),
-        last_phase: &RefCell<Option<StepPhase>>,
+        walk: &mut PhaseWalk<'_, '_>,
     ) -> Result<StepReport, TrainError> {
         let started = Instant::now();
         if let Some(schedule) = &self.config.schedule {
@@ -283,25 +270,20 @@ impl Trainer {
                 self.meter.open_window()?;
             }
             let accumulated = grad_bytes(&grads, &self.net);
-            let mut inner = |done: StepPhase, collected: u64| {
-                *last_phase.borrow_mut() = Some(done);
-                if i == last {
-                    phase(done, accumulated + collected)
-                }
-            };
-            inner(StepPhase::InputCopied, 0);
-            let part = forward_backward_watched(&self.net, images, labels, self.pass, &self.plan, loss_scale, &mut inner)?;
+            walk.micro_batch(i == last, accumulated);
+            walk.ended(StepPhase::InputCopied, accumulated)?;
+            let part = forward_backward_walked(&self.net, images, labels, self.pass, loss_scale, walk)?;
             scores.push((part.loss, part.correct));
             samples += part.samples;
             scored += part.labels;
             if i == last {
-                phase(StepPhase::GraphDropped, accumulated + grad_bytes(&part.grads, &self.net));
+                walk.ended(StepPhase::GraphDropped, accumulated + grad_bytes(&part.grads, &self.net))?;
             }
             accumulate(&mut grads, &self.net, part.grads)?;
         }
         let grads_bytes = grad_bytes(&grads, &self.net);
         if self.config.accumulation > 1 {
-            phase(StepPhase::Accumulated, grads_bytes);
+            walk.ended(StepPhase::Accumulated, grads_bytes)?;
         }
         let vars = self.net.vars();
         self.scaler.unscale(&mut grads, &vars)?;
@@ -313,12 +295,11 @@ impl Trainer {
             None => (None, None),
         };
         let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
-        phase(StepPhase::OptimizerStep, grads_bytes);
-        oom::checkpoint(&self.plan, StepPhase::OptimizerStep)?;
+        walk.ended(StepPhase::OptimizerStep, grads_bytes)?;
         let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
         self.scaler.update()?;
         drop(grads);
-        phase(StepPhase::StepDone, 0);
+        walk.ended(StepPhase::StepDone, 0)?;
         // Read once everything is queued: the one wait for the device in a step.
         let (mut loss, mut correct) = (0.0f32, 0usize);
         for (part_loss, part_correct) in scores {
