@@ -2,9 +2,13 @@
 
 use serde::Serialize;
 
-use super::host::{EmptyCache, HostMemory};
-use super::probe::CellUsage;
-use super::snapshot::Snapshot;
+use super::card::pool::PoolStats;
+use super::card::process_card::card_stats_in;
+use super::probes::cell::{CellProbe, CellUsage};
+use super::probes::error::MemoryError;
+use super::probes::host::{EmptyCache, HostMemory};
+use super::probes::region::Request;
+use super::probes::snapshot::Snapshot;
 use crate::ledger::BillKind;
 use crate::render::Composer;
 use crate::render::{Bundle, Chart, Render, Series, Table};
@@ -26,10 +30,10 @@ pub struct MemReport {
     pub peak_reset: bool,
     /// The process's simulated card's caching allocator, when it has one
     /// (after `--empty-cache`, emptied).
-    pub card: Option<super::PoolStats>,
+    pub card: Option<PoolStats>,
     /// The cell process's GPU: its memory pool and the driver's free/total.
     #[cfg(feature = "cuda")]
-    pub cuda: super::cuda::CellCuda,
+    pub cuda: super::probes::cuda::CellCuda,
 }
 
 impl MemReport {
@@ -271,5 +275,35 @@ impl Render for CellUsage {
             human(self.before),
             human(self.after)
         ))
+    }
+}
+
+/// The reports' side of the probe: what `%mem` shows, read from the cell process.
+impl CellProbe {
+    /// What `%mem` shows: first `--reset-peak` / `--empty-cache` when asked,
+    /// then the reading, the host or budget, and the registered snapshot.
+    pub fn report(&self, reset_peak: bool, empty_cache: bool) -> Result<MemReport, MemoryError> {
+        let pid = self.started()?;
+        if reset_peak {
+            self.region.counters().reset_peak();
+            #[cfg(feature = "cuda")]
+            self.ask(Request::ResetPeak)?;
+        }
+        let request = if empty_cache { Request::EmptyCache } else { Request::Sample };
+        let answer = self.ask(request)?;
+        let emptied = empty_cache.then(|| self.emptied(answer));
+        let memory = emptied.map_or_else(|| self.reading(answer), |emptied| emptied.after);
+        let host = crate::gpus::Card::host().ok().map(|d| (d.usable_bytes, d.total_bytes));
+        Ok(MemReport {
+            pid,
+            memory,
+            host,
+            snapshot: self.snapshot()?,
+            emptied,
+            peak_reset: reset_peak,
+            card: card_stats_in(self.region.counters()),
+            #[cfg(feature = "cuda")]
+            cuda: super::probes::cuda::CellCuda::from_answer(request, answer.device),
+        })
     }
 }

@@ -10,72 +10,70 @@
 //!
 //! # The room
 //!
-//! Probes of the live process: exact allocation counters (installed with glibc told to serve every
-//! block from one heap shared by all threads and keep freed tensor buffers for the next step; the
-//! kernel process itself maps its large blocks as glibc does, `host.rs`), RSS, the CUDA pool, a
-//! simulated device budget (a card and its context, as `%oomcheck --gpu` counts it) shared by every
-//! process that simulates a card of that size (`tenants.rs`: each writes what it holds to a file
-//! per pid and reads the others' at its budget checks, as processes on one GPU share it; `vramlab
-//! hold` is such a process), the other vramlab processes, a model of PyTorch's caching allocator
-//! (`pool.rs`), the process's simulated card, and the meter a training step is measured with
-//! (`meter.rs`: the host's counters, or the CUDA pool after a synchronisation); values every cell's
-//! copy of the crate shares (`shared.rs`).
+//! Three rooms, each importing only the ones below it (`tests/python/test_layering.py`):
+//!
+//! - `probes/`, what this process and the kernel's cell process can measure: the exact allocation
+//!   counters and the shared region they head (`counters.rs`, `region.rs`, installed with glibc
+//!   told to serve every block from one heap shared by all threads and keep freed tensor buffers
+//!   for the next step; the kernel process itself maps its large blocks as glibc does,
+//!   `host.rs`), the heap and RSS (`host.rs`), the CUDA pool (`cuda.rs`), the memory thread's
+//!   answers in the region's words (`answer.rs`), the kernel's probe of its cell process
+//!   (`cell.rs`), the values every cell's copy of the crate shares (`shared.rs`), the published
+//!   `%mem` snapshot, the other vramlab processes, and the meter a training step is measured
+//!   with (`meter.rs`: the host's counters, or the CUDA pool after a synchronisation). A
+//!   simulated card is only numbers here (`budget.rs`).
+//! - `card/`, the simulated card: the budget's effect, an allocation past it failing the step as
+//!   CUDA would (`simulate.rs`), the processes that share one card (`tenants.rs`: each writes what
+//!   it holds to a file per pid and reads the others' at its budget checks; `vramlab hold` is
+//!   such a process), a model of PyTorch's caching allocator (`pool.rs`), and the card this
+//!   process simulates (`process_card.rs`).
+//! - `mem_report.rs`, what `%mem` shows, read from the cell process, as tables and charts.
+//!
+//! [`install`] is the one place that knows all three: it starts the probes with the memory
+//! thread emptying the simulated card's cache when asked.
 
-mod answer;
-mod budget;
 mod card;
-mod counters;
-mod host;
+mod mem_report;
+mod probes;
+
+pub use card::pool;
+pub use card::pool::{empty_cache_demo, fragmentation_demo, EmptyCacheDemo, FragmentationDemo, PoolOom, PoolStats, SimulatedCard};
+pub use card::process_card::{
+    card, card_allocate, card_allocate_outside, card_empty_cache, card_free, card_stats, install_card, remove_card, CardError,
+};
+pub(crate) use card::simulate::set_trial_budget;
+pub use card::simulate::{budget, check_budget, cpu_with_budget, last_out_of_memory, set_budget, OutOfMemory};
+pub use card::tenants::{tenants, Tenant};
+pub use mem_report::{plot, timeline_chart, timeline_table, MemReport};
+pub use probes::budget::Budget;
+pub use probes::cell::{CellProbe, CellUsage, Mark};
+#[cfg(feature = "cuda")]
+pub use probes::cuda;
+pub use probes::error::MemoryError;
+pub use probes::host::{counters_address, host_total, loader_bytes, loader_held, map_large_blocks, EmptyCache, HostMemory};
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[doc(hidden)]
-pub mod interpose;
-mod mem_report;
-mod meter;
-pub mod pool;
-mod probe;
-mod processes;
-mod region;
-pub(crate) mod shared;
-mod snapshot;
-mod tenants;
+pub use probes::interpose;
+pub use probes::meter::StepMeter;
+pub use probes::processes::{processes, Processes, Role, VramlabProcess};
+pub use probes::region::REGION_FD_ENV;
+pub(crate) use probes::shared;
+pub use probes::snapshot::{publish, published, BillBytes, MeasuredPhase, Measurement, PredictedPhase, Prediction, Snapshot};
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
-
-pub(crate) use budget::set_trial_budget;
-pub use budget::{budget, check_budget, cpu_with_budget, last_out_of_memory, set_budget, Budget, OutOfMemory};
-pub use card::{card, card_allocate, card_allocate_outside, card_empty_cache, card_free, card_stats, install_card, remove_card, CardError};
-pub use host::{counters_address, host_total, install, loader_bytes, loader_held, map_large_blocks, EmptyCache, HostMemory};
-pub use mem_report::{plot, timeline_chart, timeline_table, MemReport};
-pub use meter::StepMeter;
-pub use pool::{empty_cache_demo, fragmentation_demo, EmptyCacheDemo, FragmentationDemo, PoolOom, PoolStats, SimulatedCard};
-pub use probe::{CellProbe, CellUsage, Mark};
-pub use processes::{processes, Processes, Role, VramlabProcess};
-pub use region::REGION_FD_ENV;
-pub use snapshot::{publish, published, BillBytes, MeasuredPhase, Measurement, PredictedPhase, Prediction, Snapshot};
-pub use tenants::{tenants, Tenant};
-
-#[derive(Debug, thiserror::Error)]
-pub enum MemoryError {
-    #[error("memory probe: {what} failed: {reason}")]
-    Region { what: &'static str, reason: String },
-    #[error("{what} needs the allocation counters, which this process lacks: run in the vramlab kernel or the vramlab command")]
-    NotCounting { what: &'static str },
-    #[error("the allocation counters of this process have no shared region: call vramlab::memory::install() at the start of main")]
-    NoRegion,
-    #[error("snapshot of {bytes} bytes does not fit the {capacity}-byte region")]
-    SnapshotTooLarge { bytes: usize, capacity: usize },
-    #[error("snapshot: {reason}")]
-    Snapshot { reason: String },
-    #[error("budget `{text}`: {reason}")]
-    BadBudget { text: String, reason: String },
-    #[error("the cell process has not started yet; run a cell first")]
-    NotStarted,
-    #[error("the cell process (pid {pid}) did not answer; it may have died: run a cell to start a new one")]
-    NoAnswer { pid: u32 },
-    #[cfg(feature = "cuda")]
-    #[error("CUDA memory probe: {what} failed: {reason}")]
-    Cuda { what: &'static str, reason: String },
+/// Starts counting for this process. Call first thing in `main` of a binary
+/// that invoked [`install_allocation_counters!`](crate::install_allocation_counters).
+///
+/// In a process started with `VRAMLAB_MEM_FD` (the kernel's cell process)
+/// the counters move into the region behind that descriptor, and a thread
+/// answers the kernel's requests for what only this process can measure
+/// (glibc's statistics, `malloc_trim` and the simulated card's cache, and
+/// with the `cuda` feature the device pool of the GPU the cells use).
+/// Elsewhere they move into a private region, so that snapshots can be
+/// published the same way.
+pub fn install() {
+    probes::host::install(|| {
+        card_empty_cache();
+    });
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 use std::time::Duration;
 
-use super::answer::Answer;
-use super::counters::Counters;
-use super::region::{self, Region, Request};
+use super::probes::answer::Answer;
+use super::probes::counters::Counters;
+use super::probes::region::{self, Region, Request};
 use super::*;
 use crate::render::Render;
 
@@ -96,7 +96,7 @@ fn the_report_puts_bills_side_by_side_with_their_difference() {
         peak_reset: false,
         card: None,
         #[cfg(feature = "cuda")]
-        cuda: super::cuda::CellCuda::NotInUse,
+        cuda: super::probes::cuda::CellCuda::NotInUse,
     };
     let text = report.bundle().text().to_owned();
     assert!(text.contains("cell process 42"), "{text}");
@@ -200,7 +200,7 @@ fn requests_are_answered_by_the_serving_thread_and_silence_times_out() {
 #[test]
 fn counters_count_blocks_track_the_peak_and_flag_the_first_overrun() {
     let counters = region();
-    counters.set_budget(Some(Budget { usable: 1100, context: 60, workspace: 40 }));
+    Budget::set_in(Some(Budget { usable: 1100, context: 60, workspace: 40 }), counters);
     counters.allocated(600);
     assert_eq!(counters.take_overrun(), None);
     counters.allocated(500);
@@ -256,7 +256,7 @@ fn the_process_card_keeps_its_blocks_between_calls_and_empties_its_cache() {
 fn what_other_processes_on_the_card_hold_narrows_the_budget_and_an_ended_one_no_longer_counts() {
     use std::sync::atomic::Ordering::Relaxed;
     let counters = region();
-    counters.set_budget(Some(Budget { usable: 100 << 20, context: 10 << 20, workspace: 0 }));
+    Budget::set_in(Some(Budget { usable: 100 << 20, context: 10 << 20, workspace: 0 }), counters);
     counters.others.store(50 << 20, Relaxed);
     counters.allocated(45 << 20);
     counters.others.store(0, Relaxed);

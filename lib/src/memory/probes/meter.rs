@@ -5,7 +5,8 @@
 
 use candle_core::Device;
 
-use super::{HostMemory, MemoryError};
+use super::error::MemoryError;
+use super::host::HostMemory;
 
 /// The memory a step on one device allocates from.
 #[derive(Clone)]

@@ -13,9 +13,9 @@ use serde::Serialize;
 
 use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, DriverError};
 
-use super::answer::{Answer, DeviceAnswer};
+use super::answer::{concat, split, DEVICE_WORDS, MEMORY_WORDS};
+use super::error::MemoryError;
 use super::region::Request;
-use super::MemoryError;
 use crate::render::Table;
 use crate::units::{grouped, human};
 
@@ -195,12 +195,8 @@ pub(crate) struct CellDevice {
 }
 
 impl CellDevice {
-    /// `answer` with the device's part read.
-    pub(crate) fn answer(&mut self, request: Request, answer: Answer) -> Answer {
-        Answer { cuda: self.read(request), ..answer }
-    }
-
-    fn read(&mut self, request: Request) -> DeviceAnswer {
+    /// The device's part of the answer to `request`.
+    pub(crate) fn read(&mut self, request: Request) -> DeviceAnswer {
         if self.probe.is_none() {
             match CudaProbe::in_use() {
                 Ok(probe) => self.probe = probe,
@@ -220,6 +216,57 @@ impl CellDevice {
     }
 }
 
+/// The CUDA device's part of an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum DeviceAnswer {
+    /// The cell process has not used CUDA yet.
+    #[default]
+    NotInUse,
+    /// Reading the device failed in the cell process (an answer carries no
+    /// text: `CudaProbe::in_use()` in a cell shows the driver's error).
+    Failed,
+    /// The pool of device `ordinal` after the request and before it.
+    Read { ordinal: usize, after: CudaMemory, before: CudaMemory },
+}
+
+const NOT_IN_USE: u64 = 0;
+const READ: u64 = 1;
+const FAILED: u64 = 2;
+
+impl DeviceAnswer {
+    pub(crate) fn to_words(self) -> [u64; DEVICE_WORDS] {
+        let none = [0; 2 * MEMORY_WORDS];
+        match self {
+            DeviceAnswer::NotInUse => concat([NOT_IN_USE, 0], none),
+            DeviceAnswer::Failed => concat([FAILED, 0], none),
+            DeviceAnswer::Read { ordinal, after, before } => {
+                let readings: [u64; 2 * MEMORY_WORDS] = concat(memory_words(&after), memory_words(&before));
+                concat([READ, ordinal as u64], readings)
+            }
+        }
+    }
+
+    pub(crate) fn from_words(words: [u64; DEVICE_WORDS]) -> DeviceAnswer {
+        let ([status, ordinal], readings): ([u64; 2], [u64; 2 * MEMORY_WORDS]) = split(words);
+        match status {
+            READ => {
+                let (after, before): ([u64; MEMORY_WORDS], [u64; MEMORY_WORDS]) = split(readings);
+                DeviceAnswer::Read { ordinal: ordinal as usize, after: memory_of(after), before: memory_of(before) }
+            }
+            FAILED => DeviceAnswer::Failed,
+            _ => DeviceAnswer::NotInUse,
+        }
+    }
+}
+
+fn memory_words(m: &CudaMemory) -> [u64; MEMORY_WORDS] {
+    [m.used, m.used_high, m.reserved, m.reserved_high, m.free, m.total, m.context]
+}
+
+fn memory_of([used, used_high, reserved, reserved_high, free, total, context]: [u64; MEMORY_WORDS]) -> CudaMemory {
+    CudaMemory { used, used_high, reserved, reserved_high, free, total, context }
+}
+
 /// What `%mem` knows about the cell process's CUDA device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum CellCuda {
@@ -237,9 +284,9 @@ pub enum CellCuda {
 }
 
 impl CellCuda {
-    /// What the device's part of an answer to `request` says.
-    pub(crate) fn from_answer(request: Request, device: DeviceAnswer) -> CellCuda {
-        match device {
+    /// What the device's part of an answer to `request` says, in its words.
+    pub(crate) fn from_answer(request: Request, words: [u64; DEVICE_WORDS]) -> CellCuda {
+        match DeviceAnswer::from_words(words) {
             DeviceAnswer::Read { ordinal, after, before } => CellCuda::Read {
                 ordinal,
                 memory: after,
@@ -299,7 +346,7 @@ impl CellCuda {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::answer::WORDS;
+    use crate::memory::probes::answer::{Answer, WORDS};
 
     #[test]
     fn a_reading_survives_the_answer_slots_and_renders_as_the_pool_table() {
@@ -313,15 +360,15 @@ mod tests {
             context: 600 << 20,
         };
         let before = CudaMemory { reserved: 5 << 30, free: 97 << 30, ..after };
-        let answer = Answer { cuda: DeviceAnswer::Read { ordinal: 1, after, before }, ..Answer::default() };
-        let device = Answer::from_words(answer.to_words()).cuda;
+        let answer = Answer { device: DeviceAnswer::Read { ordinal: 1, after, before }.to_words(), ..Answer::default() };
+        let device = Answer::from_words(answer.to_words()).device;
         let read = CellCuda::from_answer(Request::EmptyCache, device);
         assert_eq!(read, CellCuda::Read { ordinal: 1, memory: after, emptied: Some(CudaEmptyCache { before, after }) });
         assert_eq!(CellCuda::from_answer(Request::Sample, device), CellCuda::Read { ordinal: 1, memory: after, emptied: None });
         let text = read.table().unwrap().to_string();
         assert!(text.contains("CUDA device 1") && text.contains("1.00 GiB") && text.contains("600 MiB"), "{text}");
         assert!(read.headline().unwrap().contains("reserved 5.00 GiB -> 2.00 GiB"));
-        assert_eq!(CellCuda::from_answer(Request::Sample, Answer::from_words([0; WORDS]).cuda), CellCuda::NotInUse);
+        assert_eq!(CellCuda::from_answer(Request::Sample, Answer::from_words([0; WORDS]).device), CellCuda::NotInUse);
         assert!(CellCuda::NotInUse.table().unwrap_err().contains("not used a GPU"));
     }
 }

@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::OnceLock;
 
-use super::{answer, Budget};
+use super::answer;
 
 /// "vramlab" and a layout version: a block of another layout is not read.
 /// The `cuda` feature adds answer slots, so its layout has its own number.
@@ -188,16 +188,15 @@ impl Counters {
     }
 
     /// The simulated card's usable bytes and the shares of them its context
-    /// and cuDNN's workspace hold.
-    pub(crate) fn budget(&self) -> Option<Budget> {
-        let usable = self.budget.load(Relaxed);
-        (usable != 0).then(|| Budget { usable, context: self.context.load(Relaxed), workspace: self.workspace.load(Relaxed) })
+    /// and cuDNN's workspace hold (`Budget`'s words); usable 0 when none is set.
+    pub(crate) fn budget_words(&self) -> [u64; 3] {
+        [self.budget.load(Relaxed), self.context.load(Relaxed), self.workspace.load(Relaxed)]
     }
 
-    pub(crate) fn set_budget(&self, budget: Option<Budget>) {
+    /// Sets the simulated card's words, forgetting any overrun of the last.
+    pub(crate) fn set_budget_words(&self, [usable, context, workspace]: [u64; 3]) {
         self.over_request.store(0, Relaxed);
         self.over_reported.store(0, Relaxed);
-        let Budget { usable, context, workspace } = budget.unwrap_or(Budget { usable: 0, context: 0, workspace: 0 });
         self.context.store(context, Relaxed);
         self.workspace.store(workspace, Relaxed);
         self.budget.store(usable, Relaxed);

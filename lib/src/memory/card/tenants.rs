@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::counters::Counters;
+use crate::memory::probes::counters::Counters;
 
 /// How often a process rereads the others' holdings (the budget's checks run
 /// after every layer; the files need not be read that often).

@@ -5,7 +5,8 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use super::{counters, region, MemoryError};
+use super::error::MemoryError;
+use super::{counters, region};
 use crate::ledger::{BillKind, Ledger};
 
 /// Bytes per bill, in the lesson's order.

@@ -11,9 +11,9 @@ use std::path::Path;
 
 use serde::Serialize;
 
+use super::budget::Budget;
 use super::host::status_rss;
 use super::region::Region;
-use super::Budget;
 use crate::render::{Bundle, Render, Table};
 use crate::units::human;
 
@@ -81,7 +81,7 @@ pub fn processes() -> Processes {
     let mut my_kernel = None;
     // A kernel holds no tensors: its own heap (rust-analyzer's) is left out; its RSS is shown.
     if let Some(process) = found.iter_mut().find(|p| p.pid == me && p.role != Role::Kernel) {
-        let memory = super::HostMemory::sample();
+        let memory = super::host::HostMemory::sample();
         process.in_use = memory.exact.then_some(memory.in_use);
         process.budget = memory.budget;
         my_kernel = (process.role == Role::CellProcess).then_some(process.parent);
@@ -133,7 +133,7 @@ fn read_counters(path: &Path) -> Option<CellCounters> {
     let region = Region::map(file.as_raw_fd()).ok()?;
     let counters = region.counters();
     (counters.magic.load(std::sync::atomic::Ordering::Relaxed) == super::counters::MAGIC)
-        .then(|| (counters.pid(), counters.in_use(), counters.budget()))
+        .then(|| (counters.pid(), counters.in_use(), Budget::in_counters(counters)))
 }
 
 impl Processes {

@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::answer::Answer;
+use super::budget::Budget;
 use super::counters::{self, Counters};
 use super::region::{self, Region, Request, REGION_BYTES, REGION_FD_ENV};
 use crate::units::human;
@@ -33,7 +34,7 @@ pub struct HostMemory {
     /// Heap allocations made so far; `None` when not exact.
     pub allocations: Option<u64>,
     /// The simulated device budget, when one is set.
-    pub budget: Option<super::Budget>,
+    pub budget: Option<Budget>,
 }
 
 /// What giving held memory back did.
@@ -65,7 +66,7 @@ impl HostMemory {
                 rss,
                 hwm,
                 allocations: Some(c.allocations()),
-                budget: c.budget(),
+                budget: Budget::in_counters(c),
             },
             None => {
                 HostMemory { exact: false, in_use: heap.in_use, held: heap.held, peak: None, rss, hwm, allocations: None, budget: None }
@@ -264,27 +265,33 @@ fn rss_in_status(path: &Path) -> (u64, u64) {
 }
 
 /// The memory thread's answer about the heap: glibc's statistics, around
-/// `malloc_trim` when asked.
-fn host_answer(request: Request) -> Answer {
+/// `malloc_trim` (and `empty_card`, the simulated card's cache) when asked.
+fn host_answer(request: Request, empty_card: fn()) -> Answer {
     let before = HostMemory::sample();
     if request == Request::EmptyCache {
-        super::card_empty_cache();
+        empty_card();
         trim();
-        return Answer::of_heap(&before, &HostMemory::sample());
+        return heap_answer(&before, &HostMemory::sample());
     }
-    Answer::of_heap(&before, &before)
+    heap_answer(&before, &before)
 }
 
-/// Starts counting for this process. Call first thing in `main` of a binary
-/// that invoked [`install_allocation_counters!`](crate::install_allocation_counters).
-///
-/// In a process started with `VRAMLAB_MEM_FD` (the kernel's cell process)
-/// the counters move into the region behind that descriptor, and a thread
-/// answers the kernel's requests for what only this process can measure
-/// (glibc's statistics, `malloc_trim`, and with the `cuda` feature the
-/// device pool of the GPU the cells use). Elsewhere they move into a private
-/// region, so that snapshots can be published the same way.
-pub fn install() {
+/// The heap's readings `before` and `after` a request, as the memory thread answers them.
+pub(crate) fn heap_answer(before: &HostMemory, after: &HostMemory) -> Answer {
+    Answer {
+        held: after.held,
+        rss: after.rss,
+        hwm: after.hwm,
+        held_before: before.held,
+        rss_before: before.rss,
+        #[cfg(feature = "cuda")]
+        device: super::cuda::DeviceAnswer::NotInUse.to_words(),
+    }
+}
+
+/// [`crate::memory::install`]: the counters, and in the kernel's cell
+/// process the memory thread, which calls `empty_card` on `EmptyCache`.
+pub(crate) fn install(empty_card: fn()) {
     counters::mark_installed();
     keep_freed_memory();
     let inherited = std::env::var(REGION_FD_ENV).ok().and_then(|fd| fd.parse::<i32>().ok());
@@ -305,11 +312,11 @@ pub fn install() {
     if serve {
         let spawned = std::thread::Builder::new().name("vramlab-memory".into()).spawn(move || {
             #[cfg(not(feature = "cuda"))]
-            let answer = host_answer;
+            let answer = move |request| host_answer(request, empty_card);
             #[cfg(feature = "cuda")]
             let answer = {
                 let mut device = super::cuda::CellDevice::default();
-                move |request| device.answer(request, host_answer(request))
+                move |request| Answer { device: device.read(request).to_words(), ..host_answer(request, empty_card) }
             };
             region::serve(counters, answer)
         });

@@ -10,10 +10,11 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::answer::Answer;
+use super::budget::Budget;
+use super::error::MemoryError;
 use super::host::{status_rss, EmptyCache, HostMemory};
 use super::region::{self, Region, Request};
 use super::snapshot::{self, Snapshot};
-use super::MemoryError;
 
 /// How long the cell process's memory thread gets to answer. It answers in
 /// microseconds even while a cell runs; silence means the process is gone.
@@ -21,7 +22,7 @@ const ANSWER_WITHIN: Duration = Duration::from_millis(500);
 
 /// A region for a child process to count its allocations in, and the reader.
 pub struct CellProbe {
-    region: Region,
+    pub(crate) region: Region,
     fd: OwnedFd,
     asking: Mutex<()>,
     last_cell: Mutex<Option<CellUsage>>,
@@ -67,7 +68,7 @@ impl CellProbe {
     /// close-on-exec for every other child) and is told its number.
     pub fn share_with(&self, command: &mut std::process::Command) {
         let fd: RawFd = self.fd.as_raw_fd();
-        command.env(super::REGION_FD_ENV, fd.to_string());
+        command.env(super::region::REGION_FD_ENV, fd.to_string());
         // SAFETY: runs in the forked child before exec and only calls fcntl,
         // which is async-signal-safe.
         unsafe {
@@ -85,17 +86,17 @@ impl CellProbe {
         Some(self.region.counters().pid()).filter(|&pid| pid != 0)
     }
 
-    fn started(&self) -> Result<u32, MemoryError> {
+    pub(crate) fn started(&self) -> Result<u32, MemoryError> {
         self.pid().ok_or(MemoryError::NotStarted)
     }
 
-    fn ask(&self, request: Request) -> Result<Answer, MemoryError> {
+    pub(crate) fn ask(&self, request: Request) -> Result<Answer, MemoryError> {
         let pid = self.started()?;
         let _one_at_a_time = self.asking.lock().unwrap_or_else(|e| e.into_inner());
         region::ask(self.region.counters(), request, ANSWER_WITHIN).ok_or(MemoryError::NoAnswer { pid })
     }
 
-    fn reading(&self, answer: Answer) -> HostMemory {
+    pub(crate) fn reading(&self, answer: Answer) -> HostMemory {
         let c = self.region.counters();
         HostMemory {
             exact: true,
@@ -105,7 +106,7 @@ impl CellProbe {
             rss: answer.rss,
             hwm: answer.hwm,
             allocations: Some(c.allocations()),
-            budget: c.budget(),
+            budget: Budget::in_counters(c),
         }
     }
 
@@ -137,7 +138,7 @@ impl CellProbe {
         Ok(self.emptied(self.ask(Request::EmptyCache)?))
     }
 
-    fn emptied(&self, answer: Answer) -> EmptyCache {
+    pub(crate) fn emptied(&self, answer: Answer) -> EmptyCache {
         let after = self.reading(answer);
         let before = HostMemory { held: answer.held_before, rss: answer.rss_before, ..after };
         EmptyCache { before, after }
@@ -174,34 +175,5 @@ impl CellProbe {
     /// The latest snapshot the cell process published.
     pub fn snapshot(&self) -> Result<Option<Snapshot>, MemoryError> {
         region::read_snapshot(self.region.counters()).map(|bytes| snapshot::decode(&bytes)).transpose()
-    }
-}
-
-impl CellProbe {
-    /// What `%mem` shows: first `--reset-peak` / `--empty-cache` when asked,
-    /// then the reading, the host or budget, and the registered snapshot.
-    pub fn report(&self, reset_peak: bool, empty_cache: bool) -> Result<super::MemReport, MemoryError> {
-        let pid = self.started()?;
-        if reset_peak {
-            self.region.counters().reset_peak();
-            #[cfg(feature = "cuda")]
-            self.ask(Request::ResetPeak)?;
-        }
-        let request = if empty_cache { Request::EmptyCache } else { Request::Sample };
-        let answer = self.ask(request)?;
-        let emptied = empty_cache.then(|| self.emptied(answer));
-        let memory = emptied.map_or_else(|| self.reading(answer), |emptied| emptied.after);
-        let host = crate::gpus::Card::host().ok().map(|d| (d.usable_bytes, d.total_bytes));
-        Ok(super::MemReport {
-            pid,
-            memory,
-            host,
-            snapshot: self.snapshot()?,
-            emptied,
-            peak_reset: reset_peak,
-            card: super::card::card_stats_in(self.region.counters()),
-            #[cfg(feature = "cuda")]
-            cuda: super::cuda::CellCuda::from_answer(request, answer.cuda),
-        })
     }
 }

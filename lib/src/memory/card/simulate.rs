@@ -20,11 +20,10 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use serde::{Deserialize, Serialize};
 
-use super::counters;
-use super::host::HostMemory;
-use super::MemoryError;
-use crate::gpus::{Card, CardKind};
-use crate::ops::CUDNN_WORKSPACE_BYTES;
+use crate::memory::probes::budget::Budget;
+use crate::memory::probes::counters;
+use crate::memory::probes::error::MemoryError;
+use crate::memory::probes::host::HostMemory;
 use crate::units::human;
 
 /// The out-of-memory error of a simulated budget, shaped like CUDA's.
@@ -85,88 +84,13 @@ impl From<OutOfMemory> for candle_core::Error {
     }
 }
 
-/// A simulated card: the bytes it gives this process and the shares its
-/// CUDA context and cuDNN's workspace take of them before any tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Budget {
-    pub usable: u64,
-    pub context: u64,
-    pub workspace: u64,
-}
-
-impl Budget {
-    /// A size (`8GiB`, `12GB`, `7.5 GiB`) or a catalogue card (`rtx4060-laptop`),
-    /// exactly as `%oomcheck --gpu` reads it.
-    pub fn parse(text: &str) -> Result<Budget, MemoryError> {
-        let bad = |reason: String| MemoryError::BadBudget { text: text.to_owned(), reason };
-        let device = Card::parse(text).map_err(|e| bad(e.to_string()))?;
-        if device.kind == CardKind::Cpu {
-            return Err(bad("the host has no budget to simulate; give a size such as 8GiB or a card".to_owned()));
-        }
-        let budget = Budget::of(&device).map_err(bad)?;
-        super::shared::store(NAMED, Some(&(budget, text.trim().to_owned())));
-        Ok(budget)
-    }
-
-    /// How this budget was last written (`rtx4060-laptop`, `1GiB`), for a
-    /// command line that sets it again.
-    pub fn name(&self) -> String {
-        match super::shared::load::<(Budget, String)>(NAMED) {
-            Some((named, text)) if named == *self => text,
-            _ => format!("{}MiB", self.usable.div_ceil(1 << 20)),
-        }
-    }
-
-    /// The card this budget simulates, as the ledger judges it: the card's
-    /// size and context, with the step on our CPU kernels and their
-    /// transients. On the CPU without bf16: mixed precision there means f16.
-    pub fn device(&self) -> Card {
-        Card {
-            name: format!("simulated {}", self.name()),
-            kind: CardKind::Simulated,
-            total_bytes: self.usable,
-            usable_bytes: self.usable,
-            context_bytes: self.context,
-            bf16: false,
-            tensor_cores: false,
-        }
-    }
-
-    /// The budget of a device of the catalogue or of a size.
-    pub fn of(device: &Card) -> Result<Budget, String> {
-        let held = device.context_bytes + CUDNN_WORKSPACE_BYTES;
-        if held >= device.usable_bytes {
-            return Err(format!(
-                "a card of {} holds its {} CUDA context and {} cuDNN workspace before any tensor and leaves nothing for training; \
-                 give more than {}",
-                human(device.usable_bytes),
-                human(device.context_bytes),
-                human(CUDNN_WORKSPACE_BYTES),
-                human(held)
-            ));
-        }
-        Ok(Budget { usable: device.usable_bytes, context: device.context_bytes, workspace: CUDNN_WORKSPACE_BYTES })
-    }
-
-    /// What the card holds before any tensor: its context and cuDNN's workspace.
-    pub fn held_by_card(&self) -> u64 {
-        self.context + self.workspace
-    }
-
-    /// Bytes left for the heap once the context and the workspace are in.
-    pub fn room(&self) -> u64 {
-        self.usable.saturating_sub(self.held_by_card())
-    }
-}
-
-/// Kept where every cell's copy of the crate sees them: how the budget was
-/// last written, and the last error it raised.
-const NAMED: &str = "budget_name";
+/// Kept where every cell's copy of the crate sees it: the last error the
+/// budget raised.
 const LAST_RAISED: &str = "budget_out_of_memory";
 
 /// The last out-of-memory error the budget raised in this process.
 pub fn last_out_of_memory() -> Option<OutOfMemory> {
-    super::shared::load(LAST_RAISED)
+    crate::memory::probes::shared::load(LAST_RAISED)
 }
 
 /// Sets (or with `None` clears) this process's simulated device budget.
@@ -178,7 +102,7 @@ pub fn set_budget(budget: Option<Budget>) -> Result<(), MemoryError> {
         super::tenants::leave(was);
         counters.others.store(0, Relaxed);
     }
-    counters.set_budget(budget);
+    Budget::set_in(budget, counters);
     super::tenants::refresh(counters, true);
     Ok(())
 }
@@ -187,7 +111,7 @@ pub fn set_budget(budget: Option<Budget>) -> Result<(), MemoryError> {
 /// card, and what its other processes hold, stay as they are.
 pub(crate) fn set_trial_budget(budget: Option<Budget>) -> Result<(), MemoryError> {
     let counters = counters::find().ok_or(MemoryError::NotCounting { what: "a simulated device budget" })?;
-    counters.set_budget(budget);
+    Budget::set_in(budget, counters);
     Ok(())
 }
 
@@ -201,7 +125,7 @@ pub fn cpu_with_budget(budget: &str) -> Result<candle_core::Device, MemoryError>
 
 /// The simulated budget now set, if any.
 pub fn budget() -> Option<Budget> {
-    counters::find().and_then(|c| c.budget())
+    counters::find().and_then(Budget::in_counters)
 }
 
 /// `Err` when an allocation since the last check took the process past its
@@ -215,6 +139,6 @@ pub fn check_budget() -> Result<(), OutOfMemory> {
     let (Some(budget), Some((requested, in_use))) = (budget(), counters.take_overrun()) else { return Ok(()) };
     let others = counters.others.load(Relaxed);
     let oom = OutOfMemory { requested, in_use, held: HostMemory::sample().held, budget, others, phase: None };
-    super::shared::store(LAST_RAISED, Some(&oom));
+    crate::memory::probes::shared::store(LAST_RAISED, Some(&oom));
     Err(oom)
 }

@@ -1,6 +1,6 @@
 //! The process's simulated card: a [`SimulatedCard`] that every cell's copy
 //! of the crate, and `%mem` in the kernel, see as one. It lives as JSON where
-//! the shared values do ([`shared`](super::shared)), so a tensor allocated on
+//! the shared values do (`probes/shared.rs`), so a tensor allocated on
 //! it in one cell is freed in the next, `%mem` shows its pool beside the heap,
 //! and `%mem --empty-cache` empties it.
 
@@ -16,7 +16,7 @@ pub enum CardError {
     #[error(transparent)]
     Pool(#[from] PoolError),
 }
-use super::shared;
+use crate::memory::probes::shared;
 
 const CARD: &str = "simulated_card";
 
@@ -69,7 +69,7 @@ pub fn card_stats() -> Option<PoolStats> {
 }
 
 /// The card's stats read from a region of another process (`%mem` in the kernel).
-pub(crate) fn card_stats_in(counters: &super::counters::Counters) -> Option<PoolStats> {
+pub(crate) fn card_stats_in(counters: &crate::memory::probes::counters::Counters) -> Option<PoolStats> {
     shared::load_in::<SimulatedCard>(counters, CARD).map(|card| card.stats())
 }
 

@@ -1,6 +1,6 @@
 //! The shared region: the counters in its first page, then the latest
 //! published snapshot, then the values every copy of the crate in the
-//! process shares ([`shared`](super::shared)). The kernel creates it as a
+//! process shares (`shared.rs`). The kernel creates it as a
 //! memfd that the cell process inherits and maps; both then read and write
 //! the same bytes.
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::answer::Answer;
 use super::counters::{Counters, HEADER_BYTES, MAGIC};
-use super::MemoryError;
+use super::error::MemoryError;
 
 /// The environment variable that names the region's file descriptor in the
 /// cell process.
