@@ -405,3 +405,24 @@ fn conv_transpose2d_keeps_its_output_alone_and_allocates_what_it_says() {
         }
     }
 }
+
+#[test]
+fn a_step_past_the_budget_is_remembered_at_the_phase_that_crossed_it() {
+    use vramlab::ledger::{BillKind, StepPhase};
+    use vramlab::models::{small_cnn, Network, Shape};
+    use vramlab::train::{last_step_oom, Stripes, TrainConfig, Trainer};
+    let _guard = setup();
+    let net = Network::new(&small_cnn(10), Shape::map(3, 64, 64), &Device::Cpu, 0).unwrap();
+    let mut trainer = Trainer::new(net, TrainConfig::default()).unwrap();
+    let batch = Stripes::new(10, 64).generate(32, 0, &Device::Cpu).unwrap();
+    let activations = trainer.predict(32).unwrap().bill(BillKind::Activations).bytes;
+    let in_use = HostMemory::sample().in_use;
+    let (context, workspace) = (vramlab::gpus::GENERIC_CONTEXT_BYTES, vramlab::ops::CUDNN_WORKSPACE_BYTES);
+    memory::cpu_with_budget(&format!("{}MiB", (in_use + context + workspace + activations / 2) / MIB)).unwrap();
+    let error = trainer.step(&[batch], 0).unwrap_err().to_string();
+    let oom = last_step_oom();
+    memory::set_budget(None).unwrap();
+    let oom = oom.unwrap_or_else(|| panic!("the step is not remembered: {error}"));
+    assert!(matches!(oom.phase, StepPhase::Forward { .. } | StepPhase::Backward { .. }), "{:?}: {error}", oom.phase);
+    assert!(error.contains(&format!("during {}", oom.phase_name)), "remembered at {}: {error}", oom.phase_name);
+}

@@ -178,18 +178,24 @@ impl Trainer {
         let outside = self.outside(before, micro_batches);
         let plan = Arc::clone(&self.plan);
         let mut walk = PhaseWalk::new(&plan, watchers);
-        let result = if self.net.device().is_cpu() {
+        let on_cpu = self.net.device().is_cpu();
+        // The error is read on the thread that ran the step: the budget keeps
+        // what it raised there.
+        let mut run = || {
+            let result = self.run_step(micro_batches, epoch, &mut walk);
+            result.map_err(|error| self.out_of_memory(error, walk.last(), micro_batches, outside))
+        };
+        if on_cpu {
             // On the CPU the step runs on one of rayon's threads: a parallel op
             // started there is taken up by the other threads as they go, where
             // one started from outside the pool waits for a sleeping worker to
             // wake for it, and a step starts hundreds (ResNet18 b32@64 on 2
             // threads: 0.268 -> 0.231 s).
-            rayon::scope(|_| self.run_step(micro_batches, epoch, &mut walk))
+            rayon::scope(|_| run())
         } else {
             // CUDA's context is current on the thread that made it.
-            self.run_step(micro_batches, epoch, &mut walk)
-        };
-        result.map_err(|error| self.out_of_memory(error, walk.last(), micro_batches, outside))
+            run()
+        }
     }
 
     /// Of `in_use` bytes, those that are neither this trainer's state
