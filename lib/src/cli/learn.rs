@@ -13,7 +13,7 @@ use crate::models::ModelName;
 use crate::train::{GradScalerConfig, OptimizerConfig};
 use crate::units::parse_positive;
 
-/// `train --root DIR [--model small-cnn] [--res 64] [--epochs 12] [--batch 32] [--accum 1] [--amp f16] [--opt adam] [--lr 0.002] [--cosine] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
+/// `train --root DIR [--model small-cnn] [--res 64] [--epochs 12] [--batch 32] [--amp f16] [--opt adam] [--accum 1] [--ckpt stages] [--layers plain] [--lr 0.002] [--cosine] [--val 0.2] [--seed 0] [--workers 2] [--augment] [--no-baseline]`
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "train",
