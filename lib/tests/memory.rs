@@ -232,14 +232,19 @@ fn attention_keeps_and_allocates_what_it_says() {
 }
 
 #[test]
-fn linear_keeps_its_output_alone_and_allocates_what_it_says() {
+fn linear_and_gelu_linear_keep_their_output_alone_and_allocate_what_they_say() {
     use vramlab::candle::Var;
     use vramlab::ops;
     let _guard = setup();
     // `(leading dims of x, in features, out features)`: ViT-Tiny's MLP up and
     // down on two images, and a classifier head on 32 rows.
     let cases: [(&[usize], usize, usize); 3] = [(&[2, 197], 192, 768), (&[2, 197], 768, 192), (&[32], 512, 1000)];
-    for threads in [1, 2] {
+    // The linear layer, and the one that reads its input through GELU (the MLP's second layer).
+    type Apply = fn(&Tensor, &Tensor, Option<&Tensor>) -> vramlab::candle::Result<Tensor>;
+    type Scratch = fn(usize, usize, usize, DType) -> Result<ops::LinearScratch, ops::OpError>;
+    let kinds: [(&str, Apply, Scratch); 2] =
+        [("linear", ops::linear, ops::linear_scratch), ("gelu_linear", ops::gelu_linear, ops::gelu_linear_scratch)];
+    for ((name, apply, scratch), threads) in kinds.into_iter().flat_map(|kind| [1, 2].map(|threads| (kind, threads))) {
         let pool = pool_of(threads);
         for (leading, inputs, outputs) in cases {
             for dtype in [DType::F32, DType::F16] {
@@ -250,17 +255,17 @@ fn linear_keeps_its_output_alone_and_allocates_what_it_says() {
                 // The operands with the gradients `tracked` asks for, detached before any measurement.
                 let with_gradients = |tracked: [bool; 3]| {
                     let [x, w, b] = [0, 1, 2].map(|i| if tracked[i] { vars[i].as_tensor().clone() } else { vars[i].as_tensor().detach() });
-                    move || ops::linear(&x, &w, Some(&b)).unwrap()
+                    move || apply(&x, &w, Some(&b)).unwrap()
                 };
                 let all = with_gradients([true; 3]);
                 // gemm's per-thread slab, kept for good, on every thread first.
                 pool.broadcast(|_| drop(all().backward().unwrap()));
                 let size = |elements: usize| (elements * dtype.size_in_bytes()) as u64;
                 let out = size(rows * outputs);
-                let case = format!("{leading:?} x {inputs} -> {outputs}, {dtype:?} on {threads} thread(s)");
+                let case = format!("{name} {leading:?} x {inputs} -> {outputs}, {dtype:?} on {threads} thread(s)");
                 // The scratch follows rayon's pool: the prediction and the runs all see this one.
                 let (predicted, kept, forward, candle_kept) = pool.install(|| {
-                    let predicted = ops::linear_scratch(rows, inputs, outputs, dtype).unwrap();
+                    let predicted = scratch(rows, inputs, outputs, dtype).unwrap();
                     let before = HostMemory::reset_peak();
                     let y = all();
                     let after = HostMemory::sample();
@@ -268,15 +273,19 @@ fn linear_keeps_its_output_alone_and_allocates_what_it_says() {
                     drop(y);
                     let [x, w, b] = vars.each_ref().map(Var::as_tensor);
                     let before = HostMemory::sample();
+                    let x = if name == "gelu_linear" { x.gelu_erf().unwrap() } else { x.clone() };
                     let y = x.reshape((rows, inputs)).unwrap().matmul(&w.t().unwrap()).unwrap().broadcast_add(b).unwrap();
                     let candle_kept = HostMemory::sample().in_use - before.in_use;
+                    drop(x);
                     drop(y);
                     (predicted, kept, forward, candle_kept)
                 });
                 assert!(kept.abs_diff(out) <= 4096, "{case}: the graph holds {kept} B after the forward, the output is {out} B");
+                // candle's ops keep the GELU's output too, where there is one.
+                let candle_expected = 2 * out + if name == "gelu_linear" { size(rows * inputs) } else { 0 };
                 assert!(
-                    candle_kept.abs_diff(2 * out) <= 4096,
-                    "{case}: candle's matmul + add hold {candle_kept} B, two outputs of {out} B"
+                    candle_kept.abs_diff(candle_expected) <= 4096,
+                    "{case}: candle's ops hold {candle_kept} B where they keep {candle_expected} B"
                 );
                 // Each gradient alone: its pass's scratch beyond the output's gradient (ones) and the one it returns.
                 let passes = [

@@ -532,6 +532,8 @@ enum Op {
     LayerNorm,
     /// With a bias, to this many outputs.
     Linear(usize),
+    /// A GELU, then a linear layer with a bias to this many outputs, as one op.
+    GeluLinear(usize),
     /// Over `batch x tokens x 3 dim`, with this many heads.
     Attention(usize, AttentionKeeps),
     /// An up-convolution with a bias, to this many channels, its kernel and stride this size.
@@ -548,6 +550,7 @@ impl Op {
             Op::Gelu => "gelu",
             Op::LayerNorm => "layer_norm",
             Op::Linear(_) => "linear",
+            Op::GeluLinear(_) => "gelu_linear",
             Op::ConvTranspose(..) => "conv_transpose2d",
             Op::Attention(..) => "attention",
             Op::NormAct(..) => "norm_act",
@@ -575,6 +578,10 @@ impl Op {
             (Op::Linear(_), [x, w, b]) => match implementation {
                 Implementation::Ours => ops::linear(x, w, Some(b)),
                 Implementation::Composed => composed::linear(x, w, Some(b)),
+            },
+            (Op::GeluLinear(_), [x, w, b]) => match implementation {
+                Implementation::Ours => ops::gelu_linear(x, w, Some(b)),
+                Implementation::Composed => composed::linear(&composed::gelu(x)?, w, Some(b)),
             },
             (Op::ConvTranspose(_, kernel), [x, w, b]) => match implementation {
                 Implementation::Ours => ops::conv_transpose2d(x, w, Some(b), kernel),
@@ -741,7 +748,7 @@ impl Case {
     /// The input's dimensions: three for an op over tokens, else four.
     fn dims(&self) -> Vec<usize> {
         match self.op {
-            Op::Gelu | Op::LayerNorm | Op::Linear(_) | Op::Attention(..) => self.input[..3].to_vec(),
+            Op::Gelu | Op::LayerNorm | Op::Linear(_) | Op::GeluLinear(_) | Op::Attention(..) => self.input[..3].to_vec(),
             _ => self.input.to_vec(),
         }
     }
@@ -764,7 +771,7 @@ impl Case {
             Op::MaxPool(_) => operands.push(Operand::new(input, Fill::Distinct, Pass::GradInput)),
             Op::Silu => operands.push(Operand::new(input, Fill::Normal { mean: 0.0, std: 3.0 }, Pass::GradInput)),
             Op::Gelu => operands.push(Operand::new(&self.dims(), Fill::Normal { mean: 0.0, std: 3.0 }, Pass::GradInput)),
-            Op::Linear(outputs) => {
+            Op::Linear(outputs) | Op::GeluLinear(outputs) => {
                 let inputs = input[2];
                 operands.push(Operand::new(&self.dims(), STANDARD, Pass::GradInput));
                 operands.push(Operand::new(
@@ -821,7 +828,9 @@ impl Case {
             Op::Conv2d(conv) => format!("{input}, {}", conv.describe(self.input)),
             Op::BatchNorm | Op::Silu => input,
             Op::Gelu | Op::LayerNorm => self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"),
-            Op::Linear(outputs) => format!("{} -> {outputs}", self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")),
+            Op::Linear(outputs) | Op::GeluLinear(outputs) => {
+                format!("{} -> {outputs}", self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"))
+            }
             Op::Attention(heads, keeps) => {
                 let kept = match keeps {
                     AttentionKeeps::Probabilities => "keeping probabilities",
@@ -915,6 +924,8 @@ fn cases(batch: usize, res: usize) -> Vec<Case> {
         Case::tokens("vit-tiny encoder layer self_attention in_proj", Op::Linear(576), [batch, tokens, 192]),
         Case::tokens("vit-tiny encoder layer mlp.0", Op::Linear(768), [batch, tokens, 192]),
         Case::tokens("vit-tiny encoder layer mlp.3", Op::Linear(192), [batch, tokens, 768]),
+        Case::tokens("vit-tiny encoder layer mlp.1, mlp.3", Op::GeluLinear(192), [batch, tokens, 768]),
+        Case::tokens("vit-small encoder layer mlp.1, mlp.3", Op::GeluLinear(384), [batch, tokens, 1536]),
         Case::tokens("resnet18 fc", Op::Linear(10), [batch, 1, 512]),
         Case::tokens("vit-tiny encoder layer self_attention", Op::Attention(3, AttentionKeeps::RowStatistics), [batch, tokens, 576]),
         Case::tokens(
@@ -1203,6 +1214,7 @@ mod tests {
             "gelu",
             "layer_norm",
             "linear",
+            "gelu_linear",
             "attention",
             "conv_transpose2d",
         ] {

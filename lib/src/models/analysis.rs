@@ -3,7 +3,7 @@
 use serde::Serialize;
 
 use super::cost::Cost;
-use super::lean_groups::{self as lean, Layers};
+use super::lean_groups::{self as lean, Layers, Role};
 use super::precision::Precision;
 use super::rules::{self, Kernels};
 use super::shape::Shape;
@@ -95,6 +95,8 @@ pub struct LinearLayer {
     pub rows: usize,
     pub in_features: usize,
     pub out_features: usize,
+    /// Whether it reads its input through the GELU before it, as one op (the lean layers).
+    pub through_gelu: bool,
 }
 
 impl LinearLayer {
@@ -102,8 +104,9 @@ impl LinearLayer {
     /// `batch`, in each of its passes.
     pub fn host_scratch(&self, batch: u64, precision: Precision) -> crate::ops::LinearScratch {
         let rows = batch as usize * self.rows;
+        let scratch = if self.through_gelu { crate::ops::gelu_linear_scratch } else { crate::ops::linear_scratch };
         // The walk has already checked every linear layer against its input.
-        crate::ops::linear_scratch(rows, self.in_features, self.out_features, precision.compute_dtype()).unwrap_or_default()
+        scratch(rows, self.in_features, self.out_features, precision.compute_dtype()).unwrap_or_default()
     }
 }
 
@@ -309,7 +312,8 @@ impl Fold for Costing {
             }
             (&Op::Linear { out_features, .. }, _) => {
                 let rows = if let Shape::Tokens { n, .. } = input { n } else { 1 };
-                self.linears.push(LinearLayer { stage, rows, in_features: input.channels(), out_features });
+                let through_gelu = site.role == Role::ThroughGelu;
+                self.linears.push(LinearLayer { stage, rows, in_features: input.channels(), out_features, through_gelu });
             }
             (&Op::ConvTranspose2d { out_channels, kernel, .. }, Shape::Map { c, h, w }) => {
                 self.transposed_convs.push(TransposedConvLayer { stage, input: [c, h, w], out_channels, kernel });

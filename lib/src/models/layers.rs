@@ -248,9 +248,21 @@ impl Linear {
 
     /// `x` is `N x in` or, for tokens, `N x tokens x in` (`ops::linear`).
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let (w, bias) = self.params(pass)?;
+        ops::linear(x, &w, bias.as_ref())
+    }
+
+    /// `forward(gelu(x))` as one op that keeps `x` (`ops::gelu_linear`).
+    pub fn forward_through_gelu(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let (w, bias) = self.params(pass)?;
+        ops::gelu_linear(x, &w, bias.as_ref())
+    }
+
+    /// The weight and bias in the pass's compute dtype.
+    fn params(&self, pass: Pass) -> Result<(Tensor, Option<Tensor>)> {
         let w = cast(&pass.param(&self.weight), pass.compute)?;
         let bias = self.bias.as_ref().map(|b| cast(&pass.param(b), pass.compute)).transpose()?;
-        ops::linear(x, &w, bias.as_ref())
+        Ok((w, bias))
     }
 }
 

@@ -10,7 +10,9 @@
 //!   the batch-norm's input;
 //! - a residual block whose body and projection each end in a batch-norm,
 //!   and whose post layers are nothing or one activation, ends in one op
-//!   that adds the two normalised tensors and activates.
+//!   that adds the two normalised tensors and activates;
+//! - a GELU and the linear layer after it are one op
+//!   (`crate::ops::gelu_linear`) that keeps the GELU's input.
 //!
 //! A batch-norm alone, with nothing of either kind after it, stays a plain
 //! batch-norm: it would keep as much either way.
@@ -80,6 +82,8 @@ pub(super) enum Role {
     /// The activation a lean residual block's end applies: it stores the
     /// block's output; the block's sum carries the op's transients.
     Stored,
+    /// A linear layer that reads the GELU before it, which is `Inside`.
+    ThroughGelu,
 }
 
 /// Where a list of layers sits in a lean residual block.
@@ -136,7 +140,18 @@ pub(super) fn groups(layers: &[spec::Layer], skip_last: bool) -> Vec<Group> {
     found
 }
 
-/// The role of each layer of a list under [`groups`].
+/// The index of each GELU of a list that the linear layer after it reads
+/// inside one op.
+pub(super) fn gelu_linears(layers: &[spec::Layer]) -> Vec<usize> {
+    layers
+        .windows(2)
+        .enumerate()
+        .filter(|(_, pair)| matches!((&pair[0].op, &pair[1].op), (Op::Gelu, Op::Linear { .. })))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The role of each layer of a list under [`groups`] and [`gelu_linears`].
 pub(super) fn roles(layers: &[spec::Layer], place: Place) -> Vec<Role> {
     if place == Place::Post {
         return vec![Role::Stored; layers.len()];
@@ -152,6 +167,11 @@ pub(super) fn roles(layers: &[spec::Layer], place: Place) -> Vec<Role> {
     if skip_last {
         if let Some(last) = roles.last_mut() {
             *last = Role::Inside;
+        }
+    }
+    for gelu in gelu_linears(layers) {
+        if roles[gelu] == Role::Own && roles[gelu + 1] == Role::Own {
+            (roles[gelu], roles[gelu + 1]) = (Role::Inside, Role::ThroughGelu);
         }
     }
     roles

@@ -25,17 +25,26 @@ pub(super) enum Module {
     BatchNorm(BatchNorm),
     Relu,
     Silu,
-    MaxPool { kernel: usize, stride: usize, padding: usize },
+    MaxPool {
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    },
     GlobalAvgPool,
     Flatten,
     // Boxed: its generator is larger than every other module.
     Dropout(Box<Dropout>),
     Linear(Linear),
+    /// A linear layer reading the GELU before it, as one op.
+    GeluLinear(Linear),
     SqueezeExcite(SqueezeExcite),
     LayerNorm(LayerNorm),
     Gelu,
     PatchEmbed(Box<PatchEmbed>),
-    Attention { heads: usize, keeps: AttentionKeeps },
+    Attention {
+        heads: usize,
+        keeps: AttentionKeeps,
+    },
     ClassToken,
     ConvTranspose(ConvTranspose),
     Block(Box<Block<Module>>),
@@ -154,6 +163,14 @@ impl Merge {
 /// out of any group (a residual block's end takes it).
 fn fuse(layers: &[spec::Layer], modules: Vec<Module>, skip_last: bool) -> Vec<Module> {
     let mut slots: Vec<Option<Module>> = modules.into_iter().map(Some).collect();
+    for gelu in lean::gelu_linears(layers) {
+        if let [gelu @ Some(Module::Gelu), linear @ Some(Module::Linear(_))] = &mut slots[gelu..gelu + 2] {
+            *gelu = None;
+            if let Some(Module::Linear(inner)) = linear.take() {
+                *linear = Some(Module::GeluLinear(inner));
+            }
+        }
+    }
     for g in lean::groups(layers, skip_last).iter().rev() {
         let last = g.then.or(g.act).unwrap_or(g.bn).min(slots.len().saturating_sub(1));
         let taken: Vec<Module> = slots[g.bn..=last].iter_mut().filter_map(Option::take).collect();
@@ -223,6 +240,7 @@ impl Module {
             Module::Flatten => x.flatten_from(1),
             Module::Dropout(dropout) => dropout.forward(x, pass),
             Module::Linear(linear) => linear.forward(x, pass),
+            Module::GeluLinear(linear) => linear.forward_through_gelu(x, pass),
             Module::SqueezeExcite(se) => se.forward(x, pass),
             Module::LayerNorm(norm) => norm.forward(x, pass),
             Module::Gelu => ops::gelu(x),

@@ -359,12 +359,24 @@ fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers, k
 /// finds each window's maximum by comparing the two); then the batch-norm's
 /// input gradient beside the activation's. Measured on the reference
 /// primitives (`fused_norm_tests`).
+///
+/// A linear layer that reads the GELU before it (`crate::ops::gelu_linear`)
+/// keeps what the linear layer keeps, and the GELU nothing: its output is
+/// made again in backward. On the CPU its transients are the op's scratch
+/// (`ModelCost::linears`); the device passes hold one map of its input
+/// beside the linear layer's buffers, forward and backward (`linear_tests`).
 pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: Precision, kernels: Kernels, cost: Cost) -> Cost {
     let cb = precision.compute_bytes();
     let (map, out) = (input.elems(), output.elems());
     let pools = matches!(op, Op::MaxPool2d { .. });
     match (role, kernels) {
-        (Role::Own, _) => cost,
+        (Role::Own, _) | (Role::ThroughGelu, Kernels::Host) => cost,
+        // The GELU of the input, made forward and again for the weight
+        // gradient; the input gradient's product before GELU's backward.
+        (Role::ThroughGelu, Kernels::Device) => {
+            let activated = map * cb;
+            Cost { workspace_bytes: cost.workspace_bytes + activated, backward_bytes: cost.backward_bytes + activated, ..cost }
+        }
         (Role::Inside, _) => Cost { saved_bytes: 0, largest_tensor_bytes: 0, workspace_bytes: 0, backward_bytes: 0, ..cost },
         (Role::Stored, _) => Cost { workspace_bytes: 0, backward_bytes: 0, ..cost },
         (Role::End { .. }, Kernels::Host) => {

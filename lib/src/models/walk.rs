@@ -71,6 +71,8 @@ pub(super) struct Site<'a> {
     /// Whether the layer takes the batch itself (the model's first layer),
     /// which needs no gradient.
     pub reads_images: bool,
+    /// What the layer is inside the lean layers (`Own` in the plain ones).
+    pub role: Role,
 }
 
 impl Site<'_> {
@@ -173,6 +175,7 @@ impl<'a, F: Fold> Walker<'a, F> {
                 input: shape,
                 waiting: scope.waiting,
                 reads_images: self.leaves == 0,
+                role,
             };
             let (one, output) = match &layer.op {
                 Op::Block(block) => self.block(block, site)?,

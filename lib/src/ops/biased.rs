@@ -17,7 +17,9 @@ pub(super) trait WithBias: Send + Sync {
     const NAME: &'static str;
 
     fn forward(&self, x: Operand, weight: Operand, bias: Option<Operand>) -> Result<(CpuStorage, Shape)>;
-    fn input_gradient(&self, grad: &Tensor, weight: &Tensor) -> Result<Tensor>;
+    /// `x`'s gradient, from the output's, the weight and `x` itself (which
+    /// an op that reads its input through an activation needs).
+    fn input_gradient(&self, grad: &Tensor, weight: &Tensor, x: &Tensor) -> Result<Tensor>;
     fn weight_gradient(&self, grad: &Tensor, x: &Tensor) -> Result<Tensor>;
     fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor>;
 
@@ -47,7 +49,7 @@ impl<T: WithBias> Biased<T> {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
-        let input = if x.track_op() { Some(self.0.input_gradient(&grad, weight)?) } else { None };
+        let input = if x.track_op() { Some(self.0.input_gradient(&grad, weight, x)?) } else { None };
         let weight_grad = if weight.track_op() { Some(self.0.weight_gradient(&grad, x)?) } else { None };
         let [input, weight_grad] = checked_gradients(T::NAME, [x, weight], [input, weight_grad])?;
         let bias = match bias {

@@ -343,7 +343,7 @@ impl WithBias for ConvTranspose2d {
         Ok((storage_from_f32(OP, y, x.0.dtype())?, g.output_shape()))
     }
 
-    fn input_gradient(&self, grad: &Tensor, weight: &Tensor) -> Result<Tensor> {
+    fn input_gradient(&self, grad: &Tensor, weight: &Tensor, _x: &Tensor) -> Result<Tensor> {
         grad.apply_op2_no_bwd(weight, &InputGradient(self.0))
     }
 

@@ -86,7 +86,7 @@ const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 const NORMAL_DENSITY_AT_0: f32 = 0.398_942_3;
 
 #[multiversion(targets("x86_64+avx512f", "x86_64+avx2+fma"))]
-fn gelu_in_place(values: &mut [f32]) {
+pub(super) fn gelu_in_place(values: &mut [f32]) {
     for v in values {
         *v *= 0.5 * (1.0 + erf(*v * FRAC_1_SQRT_2));
     }
@@ -94,7 +94,7 @@ fn gelu_in_place(values: &mut [f32]) {
 
 /// `grad[i] *= Φ(x) + x φ(x)`, GELU's derivative.
 #[multiversion(targets("x86_64+avx512f", "x86_64+avx2+fma"))]
-fn gelu_backward(grad: &mut [f32], x: &[f32]) {
+pub(super) fn gelu_backward(grad: &mut [f32], x: &[f32]) {
     for (g, &x) in grad.iter_mut().zip(x) {
         let cdf = 0.5 * (1.0 + erf(x * FRAC_1_SQRT_2));
         let density = NORMAL_DENSITY_AT_0 * exp(-0.5 * x * x);

@@ -11,7 +11,7 @@
 //! (g read transposed in place) by gemm, `db` as the column sums of `g`.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
@@ -21,7 +21,9 @@ use super::biased::{Biased, Operand, WithBias};
 use super::cpu::floats::{f32_view, rows_of, storage_from_f32, zeros};
 use super::cpu::gemm::{matmul, parallelism, row_major, transposed};
 use super::cpu::gemm_packing::{packing_bytes, Strides};
+use super::cpu::CHUNK;
 use super::cuda::{self, Reference};
+use super::gelu::{gelu_backward, gelu_in_place};
 use super::{uses_own_kernels, OpError};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -38,9 +40,26 @@ const OP: &str = "linear";
 /// and bias gradient). Elsewhere and in other dtypes it is candle's `matmul`
 /// and `broadcast_add`, whose autograd keeps both their outputs.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    linear_reading(Reads::Input, x, weight, bias)
+}
+
+/// `linear(gelu(x), weight, bias)` as one op that keeps `x` (the layer
+/// before's output, kept anyway) where the two ops one after the other keep
+/// `gelu(x)` as well: the transformer MLP's second layer reading its GELU.
+/// Backward computes `gelu(x)` again for the weight gradient, and the input
+/// gradient is `(g W) * gelu'(x)`. Where [`linear`] is candle's operations,
+/// this is candle's `gelu_erf` and [`linear`].
+pub fn gelu_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    linear_reading(Reads::Gelu, x, weight, bias)
+}
+
+fn linear_reading(reads: Reads, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let geometry = Geometry::of_dims(x.dims(), weight.dims(), bias.map(Tensor::dims))?;
     if !uses_own_kernels(x) {
-        return composed(x, weight, bias, &geometry);
+        return match reads {
+            Reads::Input => composed(x, weight, bias, &geometry),
+            Reads::Gelu => composed(&x.gelu_erf()?, weight, bias, &geometry),
+        };
     }
     for other in std::iter::once(weight).chain(bias) {
         if other.dtype() != x.dtype() {
@@ -49,8 +68,8 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
     }
     let (x, weight) = (x.contiguous()?, weight.contiguous()?);
     match bias {
-        Some(bias) => x.apply_op3(&weight, &bias.contiguous()?, Biased(Linear(geometry))),
-        None => x.apply_op2(&weight, Biased(Linear(geometry))),
+        Some(bias) => x.apply_op3(&weight, &bias.contiguous()?, Biased(Linear { geometry, reads })),
+        None => x.apply_op2(&weight, Biased(Linear { geometry, reads })),
     }
 }
 
@@ -86,6 +105,31 @@ impl LinearScratch {
 /// result beside the narrowed one counts where it outweighs the rest:
 /// `max(copies + f32 result + the f32 scratch - result, f32 result)`.
 pub fn linear_scratch(rows: usize, in_features: usize, out_features: usize, dtype: DType) -> std::result::Result<LinearScratch, OpError> {
+    scratch(Reads::Input, rows, in_features, out_features, dtype)
+}
+
+/// [`LinearScratch`] of [`gelu_linear`]: [`linear_scratch`]'s, the input's
+/// f32 copy made wherever the GELU is computed from it. In f32 that is a
+/// buffer more in the forward and in the weight gradient (the half passes
+/// compute it in place in the copy they make anyway), and in half precision
+/// an f32 copy of the input more in the input gradient, which reads the
+/// GELU's derivative from it.
+pub fn gelu_linear_scratch(
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+    dtype: DType,
+) -> std::result::Result<LinearScratch, OpError> {
+    scratch(Reads::Gelu, rows, in_features, out_features, dtype)
+}
+
+fn scratch(
+    reads: Reads,
+    rows: usize,
+    in_features: usize,
+    out_features: usize,
+    dtype: DType,
+) -> std::result::Result<LinearScratch, OpError> {
     if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
         return Err(OpError::UnsupportedDType { op: OP, dtype });
     }
@@ -103,7 +147,9 @@ pub fn linear_scratch(rows: usize, in_features: usize, out_features: usize, dtyp
     };
     let input_gradient = packing((m, i, o), Strides::row_major(i), Strides::row_major(o), Strides::row_major(i));
     let weight_gradient = packing((o, i, m), Strides::row_major(i), Strides::column_major(o), Strides::row_major(i));
+    let activated = if reads == Reads::Gelu { m * i } else { 0 };
     if dtype == DType::F32 {
+        let (forward, weight_gradient) = (forward + floats(activated), weight_gradient + floats(activated));
         return Ok(LinearScratch { forward, input_gradient, weight_gradient, bias_gradient: 0 });
     }
     let half = |count: usize| (count * dtype.size_in_bytes()) as u64;
@@ -111,7 +157,7 @@ pub fn linear_scratch(rows: usize, in_features: usize, out_features: usize, dtyp
         |copies: usize, result: usize, beside: u64| (floats(copies + result) + beside).saturating_sub(half(result)).max(floats(result));
     Ok(LinearScratch {
         forward: pass(m * i + o * i, m * o, forward),
-        input_gradient: pass(m * o + o * i, m * i, input_gradient),
+        input_gradient: pass(m * o + o * i + activated, m * i, input_gradient),
         weight_gradient: pass(m * o + m * i, o * i, weight_gradient),
         bias_gradient: pass(m * o, o, 0),
     })
@@ -181,8 +227,33 @@ fn with_last(dims: &[usize], last: usize) -> Shape {
     dims.into()
 }
 
+/// What the product reads: the input, or its GELU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reads {
+    Input,
+    Gelu,
+}
+
+impl Reads {
+    /// The operand the product reads, in f32: `x` itself, or its GELU in a buffer of its own.
+    fn operand<'a>(self, op: &'static str, x: Operand<'a>) -> Result<std::borrow::Cow<'a, [f32]>> {
+        let values = f32_view(op, x.0, x.1)?;
+        Ok(match self {
+            Reads::Input => values,
+            Reads::Gelu => {
+                let mut values = values.into_owned();
+                values.par_chunks_mut(CHUNK).for_each(gelu_in_place);
+                values.into()
+            }
+        })
+    }
+}
+
 /// The linear layer, a candle op through [`Biased`].
-struct Linear(Geometry);
+struct Linear {
+    geometry: Geometry,
+    reads: Reads,
+}
 
 impl Geometry {
     fn on_device(&self) -> cuda::Linear {
@@ -198,8 +269,11 @@ impl Linear {
         weight: (&P::Storage, &Layout),
         bias: Option<(&P::Storage, &Layout)>,
     ) -> Result<(P::Storage, Shape)> {
-        let l = self.0.on_device();
-        cuda::forward_with_bias::<P>(OP, x, weight, bias, |p, x, w, b| cuda::linear_forward(p, l, x, w, b))
+        let l = self.geometry.on_device();
+        match self.reads {
+            Reads::Input => cuda::forward_with_bias::<P>(OP, x, weight, bias, |p, x, w, b| cuda::linear_forward(p, l, x, w, b)),
+            Reads::Gelu => cuda::forward_with_bias::<P>(OP, x, weight, bias, |p, x, w, b| cuda::gelu_linear_forward(p, l, x, w, b)),
+        }
     }
 }
 
@@ -210,11 +284,11 @@ impl WithBias for Linear {
         if cuda::on_the_reference() {
             return self.device_forward::<Reference>(x, weight, bias);
         }
-        let g = &self.0;
+        let g = &self.geometry;
         let y = {
             // Scoped, so that the f32 copies of half-precision operands are
             // freed before the result is narrowed.
-            let (xs, w) = (f32_view(OP, x.0, x.1)?, f32_view(OP, weight.0, weight.1)?);
+            let (xs, w) = (self.reads.operand(OP, x)?, f32_view(OP, weight.0, weight.1)?);
             let (x_rows, w_t) = (row_major(&xs, g.inputs), transposed(&w, g.inputs));
             let bias_rows = || match bias {
                 Some((storage, layout)) => rows_of(OP, storage, layout, g.rows),
@@ -236,16 +310,19 @@ impl WithBias for Linear {
         Ok((storage_from_f32(OP, y, x.0.dtype())?, with_last(x.1.dims(), g.outputs)))
     }
 
-    fn input_gradient(&self, grad: &Tensor, weight: &Tensor) -> Result<Tensor> {
-        grad.apply_op2_no_bwd(weight, &InputGradient(self.0))
+    fn input_gradient(&self, grad: &Tensor, weight: &Tensor, x: &Tensor) -> Result<Tensor> {
+        match self.reads {
+            Reads::Input => grad.apply_op2_no_bwd(weight, &InputGradient(self.geometry)),
+            Reads::Gelu => grad.apply_op3_no_bwd(weight, x, &GeluInputGradient(self.geometry)),
+        }
     }
 
     fn weight_gradient(&self, grad: &Tensor, x: &Tensor) -> Result<Tensor> {
-        grad.apply_op2_no_bwd(x, &WeightGradient(self.0))
+        grad.apply_op2_no_bwd(x, &WeightGradient { geometry: self.geometry, reads: self.reads })
     }
 
     fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor> {
-        grad.apply_op1_no_bwd(&BiasGradient(self.0))
+        grad.apply_op1_no_bwd(&BiasGradient(self.geometry))
     }
 
     #[cfg(feature = "cuda")]
@@ -266,15 +343,8 @@ impl CustomOp2 for InputGradient {
         if cuda::on_the_reference() {
             return self.on_device::<Reference>([(s1, l1), (s2, l2)]);
         }
-        let g = &self.0;
-        let dx = {
-            let (dy, w) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
-            let mut dx = zeros(g.rows * g.inputs);
-            let dims = (g.rows, g.inputs, g.outputs);
-            matmul(&mut dx, Strides::row_major(g.inputs), dims, row_major(&dy, g.outputs), row_major(&w, g.inputs), false, parallelism());
-            dx
-        };
-        Ok((storage_from_f32(self.name(), dx, s1.dtype())?, with_last(l1.dims(), g.inputs)))
+        let dx = self.0.input_gradient(self.name(), (s1, l1), (s2, l2), None)?;
+        Ok((storage_from_f32(self.name(), dx, s1.dtype())?, with_last(l1.dims(), self.0.inputs)))
     }
 
     #[cfg(feature = "cuda")]
@@ -290,8 +360,84 @@ impl InputGradient {
     }
 }
 
-/// `(grad_out, x) -> grad_weight = grad_out^T x`, `out x in`.
-struct WeightGradient(Geometry);
+impl Geometry {
+    /// `dy W`, in f32; with `x`, times GELU's derivative at `x`, in place.
+    fn input_gradient(&self, op: &'static str, dy: Operand, w: Operand, x: Option<Operand>) -> Result<Vec<f32>> {
+        // Viewed first, so that the f32 copies of half operands are alive at once, as the scratch says.
+        let (dy, w, x) = (f32_view(op, dy.0, dy.1)?, f32_view(op, w.0, w.1)?, x.map(|x| f32_view(op, x.0, x.1)).transpose()?);
+        let mut dx = zeros(self.rows * self.inputs);
+        let dims = (self.rows, self.inputs, self.outputs);
+        matmul(
+            &mut dx,
+            Strides::row_major(self.inputs),
+            dims,
+            row_major(&dy, self.outputs),
+            row_major(&w, self.inputs),
+            false,
+            parallelism(),
+        );
+        if let Some(x) = x {
+            dx.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(dx, x)| gelu_backward(dx, x));
+        }
+        Ok(dx)
+    }
+}
+
+/// `(grad_out, weight, x) -> grad_x = (grad_out W) * gelu'(x)`, in `x`'s
+/// shape: [`gelu_linear`]'s input gradient.
+struct GeluInputGradient(Geometry);
+
+impl CustomOp3 for GeluInputGradient {
+    fn name(&self) -> &'static str {
+        "gelu-linear-grad-input"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.on_device::<Reference>([(s1, l1), (s2, l2), (s3, l3)]);
+        }
+        if s3.dtype() != s1.dtype() {
+            Err(OpError::DTypeMismatch { op: self.name(), input: s3.dtype(), other: s1.dtype() })?
+        }
+        let dx = self.0.input_gradient(self.name(), (s1, l1), (s2, l2), Some((s3, l3)))?;
+        Ok((storage_from_f32(self.name(), dx, s1.dtype())?, with_last(l1.dims(), self.0.inputs)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.on_device::<cuda::Cudnn>([(s1, l1), (s2, l2), (s3, l3)])
+    }
+}
+
+impl GeluInputGradient {
+    /// The product's gradient, then GELU's backward from `x`: two buffers of `x`'s size.
+    fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 3]) -> Result<(P::Storage, Shape)> {
+        let l = self.0.on_device();
+        cuda::forward::<P, 3>(self.name(), operands, |p, [dy, w, x]| cuda::gelu_linear_input_gradient(p, l, dy, w, x))
+    }
+}
+
+/// `(grad_out, x) -> grad_weight = grad_out^T x`, `out x in`, or `grad_out^T gelu(x)`.
+struct WeightGradient {
+    geometry: Geometry,
+    reads: Reads,
+}
 
 impl CustomOp2 for WeightGradient {
     fn name(&self) -> &'static str {
@@ -302,9 +448,9 @@ impl CustomOp2 for WeightGradient {
         if cuda::on_the_reference() {
             return self.on_device::<Reference>([(s1, l1), (s2, l2)]);
         }
-        let g = &self.0;
+        let g = &self.geometry;
         let dw = {
-            let (dy, x) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
+            let (dy, x) = (f32_view(self.name(), s1, l1)?, self.reads.operand(self.name(), (s2, l2))?);
             let mut dw = zeros(g.outputs * g.inputs);
             let dims = (g.outputs, g.inputs, g.rows);
             matmul(&mut dw, Strides::row_major(g.inputs), dims, transposed(&dy, g.outputs), row_major(&x, g.inputs), false, parallelism());
@@ -321,8 +467,13 @@ impl CustomOp2 for WeightGradient {
 
 impl WeightGradient {
     fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 2]) -> Result<(P::Storage, Shape)> {
-        let l = self.0.on_device();
-        cuda::forward::<P, 2>("linear-grad-weight", operands, |p, [dy, x]| cuda::linear_weight_gradient(p, l, dy, x))
+        let l = self.geometry.on_device();
+        match self.reads {
+            Reads::Input => cuda::forward::<P, 2>("linear-grad-weight", operands, |p, [dy, x]| cuda::linear_weight_gradient(p, l, dy, x)),
+            Reads::Gelu => {
+                cuda::forward::<P, 2>("linear-grad-weight", operands, |p, [dy, x]| cuda::gelu_linear_weight_gradient(p, l, dy, x))
+            }
+        }
     }
 }
 

@@ -166,3 +166,85 @@ fn linear_refuses_bad_operands_by_name() {
     let text = error_text(linear(&x.to_dtype(DType::BF16).unwrap(), &weight.to_dtype(DType::BF16).unwrap(), Some(&bias)));
     assert!(text.contains("linear: input is BF16 but the other operand is F32"), "{text}");
 }
+
+/// `linear(gelu(x))` as candle's `gelu_erf` and the composed linear layer compute it.
+fn composed_gelu_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Tensor {
+    reference(&x.gelu_erf().unwrap(), weight, bias)
+}
+
+#[test]
+fn gelu_linear_matches_candles_gelu_then_linear_forward_and_backward() {
+    for case in &CASES {
+        let (x, weight, bias) = operands(case);
+        let x = (x * 2.0).unwrap();
+        for bias in [Some(&bias), None] {
+            let r = randn(&[case.0, &[case.2]].concat());
+            let (expected_out, expected_grads) = output_and_gradients((&x, &weight, bias), &r, composed_gelu_linear);
+            let (out, grads) = output_and_gradients((&x, &weight, bias), &r, |x, w, b| gelu_linear(x, w, b).unwrap());
+            let with = if bias.is_some() { "with bias" } else { "without bias" };
+            assert_eq!(out.dims(), expected_out.dims(), "{case:?} {with}");
+            let err = relative_error(&out, &expected_out);
+            assert!(err < 1e-5, "{case:?} {with}: output off by {err}");
+            for (name, (ours, expected)) in ["x", "weight", "bias"].iter().zip(grads.iter().zip(&expected_grads)) {
+                let (Some(ours), Some(expected)) = (ours, expected) else { continue };
+                assert_eq!(ours.dims(), expected.dims(), "{case:?} {with}: gradient of {name}");
+                let err = relative_error(ours, expected);
+                assert!(err < 1e-5, "{case:?} {with}: gradient of {name} off by {err}");
+            }
+        }
+    }
+}
+
+#[test]
+fn gelu_linear_in_half_precision_stays_in_its_dtype_close_to_f32() {
+    let case: Case = (&[2, 19], 96, 40);
+    for (dtype, tolerance) in [(DType::F16, 1e-2), (DType::BF16, 5e-2)] {
+        let (x, weight, bias) = operands(&case);
+        let to32 = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+        let [x, weight, bias] = [x, weight, bias].map(|t| t.to_dtype(dtype).unwrap());
+        let r = randn(&[2, 19, 40]).to_dtype(dtype).unwrap();
+        let (out, grads) = output_and_gradients((&x, &weight, Some(&bias)), &r, |x, w, b| gelu_linear(x, w, b).unwrap());
+        let f32s = (&to32(&x), &to32(&weight), Some(&to32(&bias)));
+        let (out32, grads32) = output_and_gradients(f32s, &to32(&r), |x, w, b| gelu_linear(x, w, b).unwrap());
+        assert_eq!(out.dtype(), dtype);
+        assert!(relative_error(&out, &out32) < tolerance, "{dtype:?}: output");
+        for (ours, f32s) in grads.iter().zip(&grads32) {
+            let (ours, f32s) = (ours.as_ref().unwrap(), f32s.as_ref().unwrap());
+            assert_eq!(ours.dtype(), dtype);
+            assert!(relative_error(ours, f32s) < tolerance, "{dtype:?}: gradient");
+        }
+    }
+}
+
+/// The device passes (GELU's kernel, cuBLAS's products, the bias calls), on
+/// the reference primitives, give what the CPU op gives and allocate, beside
+/// each result, one buffer of the input's size: the GELU forward and in the
+/// weight gradient, the product's gradient before GELU's backward in the
+/// input gradient.
+#[test]
+fn gelu_linear_on_the_reference_primitives_matches_the_cpu() {
+    use super::cuda::{allocations, on_reference};
+    for case in [CASES[1], CASES[3], CASES[5]] {
+        for dtype in [DType::F32, DType::F16] {
+            let (x, weight, bias) = operands(&case);
+            let [x, weight, bias] = [x, weight, bias].map(|t| t.to_dtype(dtype).unwrap());
+            let r = randn(&[case.0, &[case.2]].concat()).to_dtype(dtype).unwrap();
+            let tolerance = if dtype == DType::F32 { 1e-5 } else { 5e-3 };
+            for bias in [Some(&bias), None] {
+                let op = |x: &Tensor, w: &Tensor, b: Option<&Tensor>| gelu_linear(x, w, b).unwrap();
+                let (expected, expected_grads) = output_and_gradients((&x, &weight, bias), &r, op);
+                let ((out, grads), used) = on_reference(|| allocations(|| output_and_gradients((&x, &weight, bias), &r, op)));
+                let what = format!("{case:?} {dtype:?} bias {}", bias.is_some());
+                assert!(relative_error(&out, &expected) < tolerance, "{what}: forward");
+                for (g, e) in grads.iter().zip(&expected_grads) {
+                    let (Some(g), Some(e)) = (g, e) else { continue };
+                    assert!(relative_error(g, e) < tolerance, "{what}: gradient");
+                }
+                assert_eq!(used.left, 0, "{what}: nothing kept beyond candle's storages");
+                let bytes = |t: &Tensor| (t.elem_count() * dtype.size_in_bytes()) as u64;
+                let most = (2 * bytes(&x)).max(bytes(&x) + bytes(&out)).max(bytes(&x) + bytes(&weight));
+                assert_eq!(used.peak, most, "{what}: {used:?}");
+            }
+        }
+    }
+}

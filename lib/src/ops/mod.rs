@@ -143,7 +143,7 @@ pub use cuda::{
 pub use fused_norm::{norm_act, norm_add_act, Activation, Lean, Norm, OwnOps, PlainOps, Residual, Then};
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
-pub use linear::{linear, linear_scratch, LinearScratch};
+pub use linear::{gelu_linear, gelu_linear_scratch, linear, linear_scratch, LinearScratch};
 pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
 
 /// Stride, zero padding (both sides) and groups of a square 2-D convolution.

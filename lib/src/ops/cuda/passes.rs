@@ -322,6 +322,41 @@ pub fn linear_forward<P: Primitives>(
     Ok(y)
 }
 
+/// `y = gelu(x) W^T (+ b)`: GELU into a buffer of `x`'s size, then [`linear_forward`] on it.
+pub fn gelu_linear_forward<P: Primitives>(
+    p: &P,
+    l: Linear,
+    x: Arg<'_, P::Buffer>,
+    w: Arg<'_, P::Buffer>,
+    bias: Option<Arg<'_, P::Buffer>>,
+) -> Result<Made<P::Buffer>> {
+    let activated = gelu_forward(p, x)?;
+    linear_forward(p, l, activated.arg(), w, bias)
+}
+
+/// `dx = (dy W) * gelu'(x)`: two buffers of `x`'s size, the product's and its GELU backward.
+pub fn gelu_linear_input_gradient<P: Primitives>(
+    p: &P,
+    l: Linear,
+    dy: Arg<'_, P::Buffer>,
+    w: Arg<'_, P::Buffer>,
+    x: Arg<'_, P::Buffer>,
+) -> Result<Made<P::Buffer>> {
+    let da = linear_input_gradient(p, l, dy, w)?;
+    gelu_backward(p, x, da.arg())
+}
+
+/// `dW = dy^T gelu(x)`, GELU computed again into a buffer of `x`'s size.
+pub fn gelu_linear_weight_gradient<P: Primitives>(
+    p: &P,
+    l: Linear,
+    dy: Arg<'_, P::Buffer>,
+    x: Arg<'_, P::Buffer>,
+) -> Result<Made<P::Buffer>> {
+    let activated = gelu_forward(p, x)?;
+    linear_weight_gradient(p, l, dy, activated.arg())
+}
+
 /// `dx = dy W`, in the input's shape.
 pub fn linear_input_gradient<P: Primitives>(p: &P, l: Linear, dy: Arg<'_, P::Buffer>, w: Arg<'_, P::Buffer>) -> Result<Made<P::Buffer>> {
     let e = element_of::<P>(Linear::OP, &[dy, w])?;
