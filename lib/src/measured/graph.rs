@@ -161,6 +161,7 @@ fn args(op: &Op) -> Vec<&Tensor> {
         | Op::CustomOp3(a, b, c, _) => {
             vec![a, b, c]
         }
+        Op::CustomOp4(a, b, c, d, _) => vec![a, b, c, d],
         Op::Conv1D { arg, kernel, .. }
         | Op::ConvTranspose1D { arg, kernel, .. }
         | Op::Conv2D { arg, kernel, .. }
@@ -224,7 +225,7 @@ fn read_by_backward(op: &Op) -> (Vec<&Tensor>, bool) {
             UnaryOp::Neg | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Round | UnaryOp::Sign => (vec![], false),
         },
         Op::Powf(arg, _) => (vec![arg], false),
-        Op::CustomOp1(..) | Op::CustomOp2(..) | Op::CustomOp3(..) => (args(op), true),
+        Op::CustomOp1(..) | Op::CustomOp2(..) | Op::CustomOp3(..) | Op::CustomOp4(..) => (args(op), true),
         Op::ConvTranspose1D { .. }
         | Op::AvgPool2D { .. }
         | Op::UpsampleNearest1D { .. }
@@ -319,6 +320,7 @@ fn op_name(op: Option<&Op>) -> String {
         Op::CustomOp1(_, c) => c.name(),
         Op::CustomOp2(_, _, c) => c.name(),
         Op::CustomOp3(_, _, _, c) => c.name(),
+        Op::CustomOp4(_, _, _, _, c) => c.name(),
     };
     name.to_owned()
 }

@@ -52,6 +52,17 @@ impl Tensor {
                 nodes
             } else if let Some(op) = node.op() {
                 match op {
+                    Op::CustomOp4(t1, t2, t3, t4, _) => {
+                        let (tg, nodes) = walk(t1, nodes, already_seen);
+                        track_grad |= tg;
+                        let (tg, nodes) = walk(t2, nodes, already_seen);
+                        track_grad |= tg;
+                        let (tg, nodes) = walk(t3, nodes, already_seen);
+                        track_grad |= tg;
+                        let (tg, nodes) = walk(t4, nodes, already_seen);
+                        track_grad |= tg;
+                        nodes
+                    }
                     Op::IndexAdd(t1, t2, t3, _)
                     | Op::Scatter(t1, t2, t3, _)
                     | Op::ScatterAdd(t1, t2, t3, _)
@@ -638,6 +649,15 @@ impl Tensor {
                         }
                         if let Some(arg_grad3) = arg_grad3 {
                             grads.accumulate(arg3, &arg_grad3)?;
+                        }
+                    }
+                    Op::CustomOp4(arg1, arg2, arg3, arg4, c) => {
+                        let grads4 = c.bwd(arg1, arg2, arg3, arg4, node, &grad)?;
+                        let (g1, g2, g3, g4) = grads4;
+                        for (arg, arg_grad) in [(arg1, g1), (arg2, g2), (arg3, g3), (arg4, g4)] {
+                            if let Some(arg_grad) = arg_grad {
+                                grads.accumulate(arg, &arg_grad)?;
+                            }
                         }
                     }
                     Op::Unary(arg, UnaryOp::Sqr) => {

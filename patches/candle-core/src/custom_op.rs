@@ -152,6 +152,79 @@ pub trait CustomOp3 {
     }
 }
 
+/// An op of four tensors, as [`CustomOp3`] is of three: for fused ops whose
+/// operands do not fit in three, such as a layer-norm with its weight and bias
+/// read by a linear layer with its own.
+pub trait CustomOp4 {
+    fn name(&self) -> &'static str;
+
+    /// The forward pass, as run on a cpu device. Note that the storage can use arbitrary strides,
+    /// offsets etc so the associated layout should be used to access it.
+    #[allow(clippy::too_many_arguments)]
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+        s4: &CpuStorage,
+        l4: &Layout,
+    ) -> Result<(CpuStorage, Shape)>;
+
+    /// The forward pass, as run on a gpu device. Note that the storage can use arbitrary strides,
+    /// offsets etc so the associated layout should be used to access it.
+    #[allow(clippy::too_many_arguments)]
+    fn cuda_fwd(
+        &self,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+        _: &CudaStorage,
+        _: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        Err(crate::Error::Cuda(
+            format!("no cuda implementation for {}", self.name()).into(),
+        ))
+    }
+
+    /// The forward pass, as run on a metal gpu device. Note that the storage can use arbitrary strides,
+    /// offsets etc so the associated layout should be used to access it.
+    #[allow(clippy::too_many_arguments)]
+    fn metal_fwd(
+        &self,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+        _: &MetalStorage,
+        _: &Layout,
+    ) -> Result<(MetalStorage, Shape)> {
+        Err(crate::Error::Metal(
+            format!("no metal implementation for {}", self.name()).into(),
+        ))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn bwd(
+        &self,
+        _arg1: &Tensor,
+        _arg2: &Tensor,
+        _arg3: &Tensor,
+        _arg4: &Tensor,
+        _res: &Tensor,
+        _grad_res: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        Err(crate::Error::BackwardNotSupported { op: self.name() })
+    }
+}
+
 impl Tensor {
     /// Applies a unary custom op without backward support
     pub fn apply_op1_no_bwd<C: CustomOp1>(&self, c: &C) -> Result<Self> {
@@ -241,6 +314,57 @@ impl Tensor {
         c: C,
     ) -> Result<Self> {
         self.apply_op3_arc(t2, t3, Arc::new(Box::new(c)))
+    }
+}
+
+impl Tensor {
+    /// Applies a quaternary custom op without backward support
+    pub fn apply_op4_no_bwd<C: CustomOp4>(&self, t2: &Self, t3: &Self, t4: &Self, c: &C) -> Result<Self> {
+        let (storage, shape) = self.storage().apply_op4(
+            self.layout(),
+            &t2.storage(),
+            t2.layout(),
+            &t3.storage(),
+            t3.layout(),
+            &t4.storage(),
+            t4.layout(),
+            c,
+        )?;
+        Ok(from_storage(storage, shape, BackpropOp::none(), false))
+    }
+
+    /// Applies a quaternary custom op.
+    pub fn apply_op4_arc(
+        &self,
+        t2: &Self,
+        t3: &Self,
+        t4: &Self,
+        c: Arc<Box<dyn CustomOp4 + Send + Sync>>,
+    ) -> Result<Self> {
+        let (storage, shape) = self.storage().apply_op4(
+            self.layout(),
+            &t2.storage(),
+            t2.layout(),
+            &t3.storage(),
+            t3.layout(),
+            &t4.storage(),
+            t4.layout(),
+            c.as_ref().as_ref(),
+        )?;
+        let op = BackpropOp::new4(self, t2, t3, t4, |t1, t2, t3, t4| {
+            Op::CustomOp4(t1, t2, t3, t4, c.clone())
+        });
+        Ok(from_storage(storage, shape, op, false))
+    }
+
+    pub fn apply_op4<C: 'static + CustomOp4 + Send + Sync>(
+        &self,
+        t2: &Self,
+        t3: &Self,
+        t4: &Self,
+        c: C,
+    ) -> Result<Self> {
+        self.apply_op4_arc(t2, t3, t4, Arc::new(Box::new(c)))
     }
 }
 

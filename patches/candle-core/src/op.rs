@@ -187,6 +187,13 @@ pub enum Op {
         Tensor,
         std::sync::Arc<Box<dyn crate::CustomOp3 + Send + Sync>>,
     ),
+    CustomOp4(
+        Tensor,
+        Tensor,
+        Tensor,
+        Tensor,
+        std::sync::Arc<Box<dyn crate::CustomOp4 + Send + Sync>>,
+    ),
 }
 
 pub trait UnaryOpT {
@@ -1123,6 +1130,21 @@ impl BackpropOp {
     ) -> Self {
         let op = if arg1.track_op() || arg2.track_op() || arg3.track_op() {
             Some(f(arg1.clone(), arg2.clone(), arg3.clone()))
+        } else {
+            None
+        };
+        Self(op)
+    }
+
+    pub(crate) fn new4(
+        arg1: &Tensor,
+        arg2: &Tensor,
+        arg3: &Tensor,
+        arg4: &Tensor,
+        f: impl Fn(Tensor, Tensor, Tensor, Tensor) -> Op,
+    ) -> Self {
+        let op = if arg1.track_op() || arg2.track_op() || arg3.track_op() || arg4.track_op() {
+            Some(f(arg1.clone(), arg2.clone(), arg3.clone(), arg4.clone()))
         } else {
             None
         };

@@ -3,7 +3,7 @@ use crate::custom_op::{all_distinct, InplaceOpN, Src};
 use crate::op::{self, CmpOp, ReduceOp};
 use crate::scalar::Scalar;
 use crate::{CpuStorage, CudaStorage, DType, Device, Error, Layout, MetalStorage, Result, Shape};
-use crate::{CustomOp1, CustomOp2, CustomOp3};
+use crate::{CustomOp1, CustomOp2, CustomOp3, CustomOp4};
 use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
 // We do not want to implement Clone on Storage as cloning may fail because of
@@ -271,6 +271,38 @@ impl Storage {
             }
             (Self::Metal(s1), Self::Metal(s2), Self::Metal(s3)) => {
                 let (s, shape) = c.metal_fwd(s1, l1, s2, l2, s3, l3)?;
+                Ok((Self::Metal(s), shape))
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply_op4(
+        &self,
+        l1: &Layout,
+        t2: &Self,
+        l2: &Layout,
+        t3: &Self,
+        l3: &Layout,
+        t4: &Self,
+        l4: &Layout,
+        c: &dyn CustomOp4,
+    ) -> Result<(Self, Shape)> {
+        self.same_device(t2, c.name())?;
+        self.same_device(t3, c.name())?;
+        self.same_device(t4, c.name())?;
+        match (self, t2, t3, t4) {
+            (Self::Cpu(s1), Self::Cpu(s2), Self::Cpu(s3), Self::Cpu(s4)) => {
+                let (s, shape) = c.cpu_fwd(s1, l1, s2, l2, s3, l3, s4, l4)?;
+                Ok((Self::Cpu(s), shape))
+            }
+            (Self::Cuda(s1), Self::Cuda(s2), Self::Cuda(s3), Self::Cuda(s4)) => {
+                let (s, shape) = c.cuda_fwd(s1, l1, s2, l2, s3, l3, s4, l4)?;
+                Ok((Self::Cuda(s), shape))
+            }
+            (Self::Metal(s1), Self::Metal(s2), Self::Metal(s3), Self::Metal(s4)) => {
+                let (s, shape) = c.metal_fwd(s1, l1, s2, l2, s3, l3, s4, l4)?;
                 Ok((Self::Metal(s), shape))
             }
             _ => unreachable!(),
