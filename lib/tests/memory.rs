@@ -232,30 +232,45 @@ fn attention_keeps_and_allocates_what_it_says() {
 }
 
 #[test]
-fn linear_and_gelu_linear_keep_their_output_alone_and_allocate_what_they_say() {
+fn the_linear_ops_keep_their_output_alone_and_allocate_what_they_say() {
     use vramlab::candle::Var;
-    use vramlab::ops;
+    use vramlab::ops::{self, Fused, Reads};
     let _guard = setup();
     // `(leading dims of x, in features, out features)`: ViT-Tiny's MLP up and
     // down on two images, and a classifier head on 32 rows.
     let cases: [(&[usize], usize, usize); 3] = [(&[2, 197], 192, 768), (&[2, 197], 768, 192), (&[32], 512, 1000)];
-    // The linear layer, and the one that reads its input through GELU (the MLP's second layer).
-    type Apply = fn(&Tensor, &Tensor, Option<&Tensor>) -> vramlab::candle::Result<Tensor>;
-    type Scratch = fn(usize, usize, usize, DType) -> Result<ops::LinearScratch, ops::OpError>;
-    let kinds: [(&str, Apply, Scratch); 2] =
-        [("linear", ops::linear, ops::linear_scratch), ("gelu_linear", ops::gelu_linear, ops::gelu_linear_scratch)];
-    for ((name, apply, scratch), threads) in kinds.into_iter().flat_map(|kind| [1, 2].map(|threads| (kind, threads))) {
+    // The linear layer, and the ones that read its input through a GELU or a layer-norm or add a
+    // residual, as the lean transformer runs them.
+    let fused = |reads, adds_residual| Fused { reads, adds_residual };
+    let kinds = [
+        ("linear", fused(Reads::Input, false)),
+        ("gelu_linear", fused(Reads::Gelu, false)),
+        ("linear_residual", fused(Reads::Input, true)),
+        ("gelu_linear_residual", fused(Reads::Gelu, true)),
+        ("norm_linear", fused(Reads::Norm, false)),
+    ];
+    for ((name, fused), threads) in kinds.into_iter().flat_map(|kind| [1, 2].map(|threads| (kind, threads))) {
         let pool = pool_of(threads);
         for (leading, inputs, outputs) in cases {
             for dtype in [DType::F32, DType::F16] {
                 let rows: usize = leading.iter().product();
                 let randn = |dims: &[usize]| Tensor::randn(0f32, 1.0, dims, &Device::Cpu).unwrap().to_dtype(dtype).unwrap();
                 let operands = [randn(&[leading, &[inputs]].concat()), randn(&[outputs, inputs]), randn(&[outputs])];
+                let residual = randn(&[leading, &[outputs]].concat());
+                let norm =
+                    [Tensor::ones(inputs, DType::F32, &Device::Cpu).unwrap(), Tensor::zeros(inputs, DType::F32, &Device::Cpu).unwrap()];
+                let apply = |x: &Tensor, w: &Tensor, b: &Tensor| match (fused.reads, fused.adds_residual) {
+                    (Reads::Input, false) => ops::linear(x, w, Some(b)),
+                    (Reads::Gelu, false) => ops::gelu_linear(x, w, Some(b)),
+                    (Reads::Input, true) => ops::linear_residual(x, w, Some(b), &residual),
+                    (Reads::Gelu, true) => ops::gelu_linear_residual(x, w, Some(b), &residual),
+                    (Reads::Norm, _) => ops::norm_linear(x, &norm[0], &norm[1], 1e-6, w, Some(b)),
+                };
                 let vars = operands.each_ref().map(|t| Var::from_tensor(t).unwrap());
                 // The operands with the gradients `tracked` asks for, detached before any measurement.
                 let with_gradients = |tracked: [bool; 3]| {
                     let [x, w, b] = [0, 1, 2].map(|i| if tracked[i] { vars[i].as_tensor().clone() } else { vars[i].as_tensor().detach() });
-                    move || apply(&x, &w, Some(&b)).unwrap()
+                    move || apply(&x, &w, &b).unwrap()
                 };
                 let all = with_gradients([true; 3]);
                 // gemm's per-thread slab, kept for good, on every thread first.
@@ -265,7 +280,7 @@ fn linear_and_gelu_linear_keep_their_output_alone_and_allocate_what_they_say() {
                 let case = format!("{name} {leading:?} x {inputs} -> {outputs}, {dtype:?} on {threads} thread(s)");
                 // The scratch follows rayon's pool: the prediction and the runs all see this one.
                 let (predicted, kept, forward, candle_kept) = pool.install(|| {
-                    let predicted = scratch(rows, inputs, outputs, dtype).unwrap();
+                    let predicted = ops::fused_linear_scratch(fused, rows, inputs, outputs, dtype).unwrap();
                     let before = HostMemory::reset_peak();
                     let y = all();
                     let after = HostMemory::sample();
@@ -273,27 +288,40 @@ fn linear_and_gelu_linear_keep_their_output_alone_and_allocate_what_they_say() {
                     drop(y);
                     let [x, w, b] = vars.each_ref().map(Var::as_tensor);
                     let before = HostMemory::sample();
-                    let x = if name == "gelu_linear" { x.gelu_erf().unwrap() } else { x.clone() };
+                    let x = match fused.reads {
+                        Reads::Input => x.clone(),
+                        Reads::Gelu => x.gelu_erf().unwrap(),
+                        Reads::Norm => ops::layer_norm(x, &norm[0], &norm[1], 1e-6).unwrap(),
+                    };
                     let y = x.reshape((rows, inputs)).unwrap().matmul(&w.t().unwrap()).unwrap().broadcast_add(b).unwrap();
+                    let y = if fused.adds_residual { (y.reshape(residual.shape()).unwrap() + &residual).unwrap() } else { y };
                     let candle_kept = HostMemory::sample().in_use - before.in_use;
-                    drop(x);
-                    drop(y);
+                    drop((x, y));
                     (predicted, kept, forward, candle_kept)
                 });
-                assert!(kept.abs_diff(out) <= 4096, "{case}: the graph holds {kept} B after the forward, the output is {out} B");
-                // candle's ops keep the GELU's output too, where there is one.
-                let candle_expected = 2 * out + if name == "gelu_linear" { size(rows * inputs) } else { 0 };
+                // The norm's weight and bias, stacked, are kept with the output.
+                let stacked = if fused.reads == Reads::Norm { 2 * inputs as u64 * 4 } else { 0 };
+                assert!(kept.abs_diff(out + stacked) <= 4096, "{case}: the graph holds {kept} B after the forward, the output is {out} B");
+                // candle's ops keep the GELU's or layer-norm's output and the sum too, where there are.
+                let transformed = if fused.reads == Reads::Input { 0 } else { size(rows * inputs) };
+                let candle_expected = 2 * out + transformed + if fused.adds_residual { out } else { 0 };
                 assert!(
                     candle_kept.abs_diff(candle_expected) <= 4096,
                     "{case}: candle's ops hold {candle_kept} B where they keep {candle_expected} B"
                 );
                 // Each gradient alone: its pass's scratch beyond the output's gradient (ones) and the one it returns.
-                let passes = [
-                    ([true, false, false], size(rows * inputs), predicted.input_gradient),
-                    ([false, true, false], size(outputs * inputs), predicted.weight_gradient),
-                    ([false, false, true], size(outputs), predicted.bias_gradient),
-                    ([true; 3], size(rows * inputs + outputs * inputs + outputs), predicted.most()),
-                ];
+                // A layer-norm's backward runs the plain ops one after the other, whose rules the
+                // measure matrix holds to the counters on whole steps.
+                let passes = if fused.reads == Reads::Norm {
+                    Vec::new()
+                } else {
+                    vec![
+                        ([true, false, false], size(rows * inputs), predicted.input_gradient),
+                        ([false, true, false], size(outputs * inputs), predicted.weight_gradient),
+                        ([false, false, true], size(outputs), predicted.bias_gradient),
+                        ([true; 3], size(rows * inputs + outputs * inputs + outputs), predicted.most()),
+                    ]
+                };
                 // `(pass, operands with gradients, measured, predicted, exact)`: with two threads gemm's threads
                 // meet only when both are busy at once, and the whole backward holds the largest
                 // pass's scratch only where that pass comes last.

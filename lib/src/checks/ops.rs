@@ -534,6 +534,10 @@ enum Op {
     Linear(usize),
     /// A GELU, then a linear layer with a bias to this many outputs, as one op.
     GeluLinear(usize),
+    /// A layer-norm, then a linear layer with a bias to this many outputs, as one op.
+    NormLinear(usize),
+    /// A linear layer with a bias to this many outputs adding a residual, through a GELU first with `true`.
+    LinearResidual(usize, bool),
     /// Over `batch x tokens x 3 dim`, with this many heads.
     Attention(usize, AttentionKeeps),
     /// An up-convolution with a bias, to this many channels, its kernel and stride this size.
@@ -551,6 +555,9 @@ impl Op {
             Op::LayerNorm => "layer_norm",
             Op::Linear(_) => "linear",
             Op::GeluLinear(_) => "gelu_linear",
+            Op::NormLinear(_) => "norm_linear",
+            Op::LinearResidual(_, false) => "linear_residual",
+            Op::LinearResidual(_, true) => "gelu_linear_residual",
             Op::ConvTranspose(..) => "conv_transpose2d",
             Op::Attention(..) => "attention",
             Op::NormAct(..) => "norm_act",
@@ -582,6 +589,16 @@ impl Op {
             (Op::GeluLinear(_), [x, w, b]) => match implementation {
                 Implementation::Ours => ops::gelu_linear(x, w, Some(b)),
                 Implementation::Composed => composed::linear(&composed::gelu(x)?, w, Some(b)),
+            },
+            (Op::NormLinear(_), [x, g, beta, w, b]) => match implementation {
+                Implementation::Ours => ops::norm_linear(x, g, beta, LAYER_NORM_EPS, w, Some(b)),
+                Implementation::Composed => composed::linear(&composed::layer_norm(x, g, beta, LAYER_NORM_EPS)?, w, Some(b)),
+            },
+            (Op::LinearResidual(_, gelu), [x, w, b, residual]) => match (implementation, gelu) {
+                (Implementation::Ours, false) => ops::linear_residual(x, w, Some(b), residual),
+                (Implementation::Ours, true) => ops::gelu_linear_residual(x, w, Some(b), residual),
+                (Implementation::Composed, false) => composed::linear(x, w, Some(b))? + residual,
+                (Implementation::Composed, true) => composed::linear(&composed::gelu(x)?, w, Some(b))? + residual,
             },
             (Op::ConvTranspose(_, kernel), [x, w, b]) => match implementation {
                 Implementation::Ours => ops::conv_transpose2d(x, w, Some(b), kernel),
@@ -748,7 +765,13 @@ impl Case {
     /// The input's dimensions: three for an op over tokens, else four.
     fn dims(&self) -> Vec<usize> {
         match self.op {
-            Op::Gelu | Op::LayerNorm | Op::Linear(_) | Op::GeluLinear(_) | Op::Attention(..) => self.input[..3].to_vec(),
+            Op::Gelu
+            | Op::LayerNorm
+            | Op::Linear(_)
+            | Op::GeluLinear(_)
+            | Op::NormLinear(_)
+            | Op::LinearResidual(..)
+            | Op::Attention(..) => self.input[..3].to_vec(),
             _ => self.input.to_vec(),
         }
     }
@@ -771,15 +794,22 @@ impl Case {
             Op::MaxPool(_) => operands.push(Operand::new(input, Fill::Distinct, Pass::GradInput)),
             Op::Silu => operands.push(Operand::new(input, Fill::Normal { mean: 0.0, std: 3.0 }, Pass::GradInput)),
             Op::Gelu => operands.push(Operand::new(&self.dims(), Fill::Normal { mean: 0.0, std: 3.0 }, Pass::GradInput)),
-            Op::Linear(outputs) | Op::GeluLinear(outputs) => {
+            Op::Linear(outputs) | Op::GeluLinear(outputs) | Op::NormLinear(outputs) | Op::LinearResidual(outputs, _) => {
                 let inputs = input[2];
-                operands.push(Operand::new(&self.dims(), STANDARD, Pass::GradInput));
+                let norm = matches!(self.op, Op::NormLinear(_));
+                operands.push(Operand::new(&self.dims(), if norm { PRE_NORM } else { STANDARD }, Pass::GradInput));
+                if norm {
+                    operands.extend(Operand::norm(inputs, Pass::GradNorm, BIAS));
+                }
                 operands.push(Operand::new(
                     &[outputs, inputs],
                     Fill::Normal { mean: 0.0, std: (inputs as f64).sqrt().recip() },
                     Pass::GradWeight,
                 ));
                 operands.push(Operand::new(&[outputs], BIAS, Pass::GradBias));
+                if matches!(self.op, Op::LinearResidual(..)) {
+                    operands.push(Operand::new(&[input[0], input[1], outputs], STANDARD, Pass::GradResidual));
+                }
             }
             Op::Attention(..) => operands.push(Operand::new(&self.dims(), STANDARD, Pass::GradInput)),
             Op::ConvTranspose(outputs, kernel) => {
@@ -828,7 +858,7 @@ impl Case {
             Op::Conv2d(conv) => format!("{input}, {}", conv.describe(self.input)),
             Op::BatchNorm | Op::Silu => input,
             Op::Gelu | Op::LayerNorm => self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"),
-            Op::Linear(outputs) | Op::GeluLinear(outputs) => {
+            Op::Linear(outputs) | Op::GeluLinear(outputs) | Op::NormLinear(outputs) | Op::LinearResidual(outputs, _) => {
                 format!("{} -> {outputs}", self.dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x"))
             }
             Op::Attention(heads, keeps) => {
@@ -926,6 +956,10 @@ fn cases(batch: usize, res: usize) -> Vec<Case> {
         Case::tokens("vit-tiny encoder layer mlp.3", Op::Linear(192), [batch, tokens, 768]),
         Case::tokens("vit-tiny encoder layer mlp.1, mlp.3", Op::GeluLinear(192), [batch, tokens, 768]),
         Case::tokens("vit-small encoder layer mlp.1, mlp.3", Op::GeluLinear(384), [batch, tokens, 1536]),
+        Case::tokens("vit-tiny encoder layer ln_1, in_proj", Op::NormLinear(576), [batch, tokens, 192]),
+        Case::tokens("vit-small encoder layer ln_2, mlp.0", Op::NormLinear(1536), [batch, tokens, 384]),
+        Case::tokens("vit-tiny encoder layer out_proj + x", Op::LinearResidual(192, false), [batch, tokens, 192]),
+        Case::tokens("vit-tiny encoder layer mlp.1, mlp.3 + x", Op::LinearResidual(192, true), [batch, tokens, 768]),
         Case::tokens("resnet18 fc", Op::Linear(10), [batch, 1, 512]),
         Case::tokens("vit-tiny encoder layer self_attention", Op::Attention(3, AttentionKeeps::RowStatistics), [batch, tokens, 576]),
         Case::tokens(
@@ -1215,6 +1249,9 @@ mod tests {
             "layer_norm",
             "linear",
             "gelu_linear",
+            "norm_linear",
+            "linear_residual",
+            "gelu_linear_residual",
             "attention",
             "conv_transpose2d",
         ] {

@@ -104,27 +104,32 @@ struct Step<'a> {
     layer_scratch: Vec<LayerScratch>,
 }
 
-/// A layer's scratch, each pass's the most it holds at once.
+/// A layer's scratch, each pass's the most it holds at once, and, where its
+/// backward scratch meets only that layer's own backward temporaries (an
+/// attention's, a linear layer's), those per sample. A transposed
+/// convolution's meets the stage's largest (measured on the U-Net in half
+/// precision, whose up-convolutions' scratch outlasts their own pass).
 struct LayerScratch {
     stage: usize,
     forward: u64,
     backward: u64,
+    own_temporaries: Option<u64>,
 }
 
 fn layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<LayerScratch> {
     let attentions = cost.attentions.iter().map(|a| {
         let scratch = a.host_scratch(batch, config.levers.precision, config.levers.layers);
-        LayerScratch { stage: a.stage, forward: scratch.forward, backward: scratch.backward }
+        LayerScratch { stage: a.stage, forward: scratch.forward, backward: scratch.backward, own_temporaries: Some(a.backward_bytes) }
     });
     let linears = cost.linears.iter().map(|l| {
         let scratch = l.host_scratch(batch, config.levers.precision);
         let backward = scratch.input_gradient.max(scratch.weight_gradient).max(scratch.bias_gradient);
-        LayerScratch { stage: l.stage, forward: scratch.forward, backward }
+        LayerScratch { stage: l.stage, forward: scratch.forward, backward, own_temporaries: Some(l.backward_bytes) }
     });
     let transposed_convs = cost.transposed_convs.iter().map(|t| {
         let scratch = t.host_scratch(batch, config.levers.precision);
         let backward = scratch.input_gradient.max(scratch.weight_gradient).max(scratch.bias_gradient);
-        LayerScratch { stage: t.stage, forward: scratch.forward, backward }
+        LayerScratch { stage: t.stage, forward: scratch.forward, backward, own_temporaries: None }
     });
     attentions.chain(linears).chain(transposed_convs).collect()
 }
@@ -140,7 +145,7 @@ fn device_layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Ve
         .map(|a| {
             // The walk has already checked every attention's heads against its input.
             let scratch = crate::ops::attention_device_scratch(batch as usize, a.tokens, a.dim, a.heads, dtype, keeps).unwrap_or_default();
-            LayerScratch { stage: a.stage, forward: scratch.forward, backward: scratch.backward }
+            LayerScratch { stage: a.stage, forward: scratch.forward, backward: scratch.backward, own_temporaries: Some(a.backward_bytes) }
         })
         .collect()
 }
@@ -273,9 +278,16 @@ impl Step<'_> {
         convs.chain(self.host_layers(i).map(|l| l.forward)).max().unwrap_or(0)
     }
 
-    /// The host attentions' and linear layers' scratch while stage `i` runs backward.
-    fn backward_workspace(&self, i: usize) -> u64 {
-        self.host_layers(i).map(|l| l.backward).max().unwrap_or(0)
+    /// The host layers' scratch while stage `i` runs backward, beyond the
+    /// stage's largest backward temporaries (`temporaries`, for the batch):
+    /// an attention's or linear layer's scratch meets its own temporaries,
+    /// which may be fewer.
+    fn backward_workspace(&self, i: usize, temporaries: u64) -> u64 {
+        let beyond = |l: &LayerScratch| match l.own_temporaries {
+            Some(own) => (l.backward + self.batch * own).saturating_sub(temporaries),
+            None => l.backward,
+        };
+        self.host_layers(i).map(beyond).max().unwrap_or(0)
     }
 
     fn host_layers(&self, i: usize) -> impl Iterator<Item = &LayerScratch> {
@@ -528,7 +540,7 @@ impl Step<'_> {
                 }
                 let mut transient = Parts::default();
                 transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes + root);
-                transient.set(Part::Workspace, self.backward_workspace(i));
+                transient.set(Part::Workspace, self.backward_workspace(i, self.batch * stage.cost.backward_bytes));
                 live.add(Part::Gradients, stage.cost.params * F32_BYTES);
                 // The stage's largest weight gradient is made before the
                 // gradients of the layers that precede it.

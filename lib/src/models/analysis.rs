@@ -92,11 +92,13 @@ impl TransposedConvLayer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct LinearLayer {
     pub stage: usize,
+    /// Per sample, what its backward holds beside its scratch (`Cost::backward_bytes`).
+    pub backward_bytes: u64,
     pub rows: usize,
     pub in_features: usize,
     pub out_features: usize,
-    /// Whether it reads its input through the GELU before it, as one op (the lean layers).
-    pub through_gelu: bool,
+    /// What it reads and adds inside one op, beside its product (the lean layers).
+    pub fused: crate::ops::Fused,
 }
 
 impl LinearLayer {
@@ -104,9 +106,9 @@ impl LinearLayer {
     /// `batch`, in each of its passes.
     pub fn host_scratch(&self, batch: u64, precision: Precision) -> crate::ops::LinearScratch {
         let rows = batch as usize * self.rows;
-        let scratch = if self.through_gelu { crate::ops::gelu_linear_scratch } else { crate::ops::linear_scratch };
         // The walk has already checked every linear layer against its input.
-        scratch(rows, self.in_features, self.out_features, precision.compute_dtype()).unwrap_or_default()
+        crate::ops::fused_linear_scratch(self.fused, rows, self.in_features, self.out_features, precision.compute_dtype())
+            .unwrap_or_default()
     }
 }
 
@@ -114,6 +116,8 @@ impl LinearLayer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct AttentionLayer {
     pub stage: usize,
+    /// Per sample, what its backward holds beside its scratch (`Cost::backward_bytes`).
+    pub backward_bytes: u64,
     pub tokens: usize,
     /// Features of its output (its input holds q, k and v: three times as many).
     pub dim: usize,
@@ -299,6 +303,7 @@ impl Fold for Costing {
         // The layers whose host scratch the ledger asks their op for, and
         // attention's score matrix as a row of its own.
         let (stage, input, params_before, reads_images) = (site.stage, site.input, self.params_seen, site.reads_images);
+        let backward_bytes = cost.backward_bytes;
         let conv = |conv, output| ConvLayer { stage, input, output, conv, params_before, reads_images };
         let mut scores = None;
         match (&site.layer.op, input) {
@@ -307,13 +312,16 @@ impl Fold for Costing {
                 self.convs.push(conv(Conv2d::new(dim, patch, patch, 0), Shape::map(dim, h / patch, w / patch)));
             }
             (&Op::Attention { heads }, Shape::Tokens { n, .. }) => {
-                self.attentions.push(AttentionLayer { stage, tokens: n, dim: output.channels(), heads });
+                self.attentions.push(AttentionLayer { stage, backward_bytes, tokens: n, dim: output.channels(), heads });
                 scores = Some(self.scores(&site, heads, n));
             }
             (&Op::Linear { out_features, .. }, _) => {
                 let rows = if let Shape::Tokens { n, .. } = input { n } else { 1 };
-                let through_gelu = site.role == Role::ThroughGelu;
-                self.linears.push(LinearLayer { stage, rows, in_features: input.channels(), out_features, through_gelu });
+                let fused = match site.role {
+                    Role::Linear(fused) => fused,
+                    _ => crate::ops::Fused::default(),
+                };
+                self.linears.push(LinearLayer { stage, backward_bytes, rows, in_features: input.channels(), out_features, fused });
             }
             (&Op::ConvTranspose2d { out_channels, kernel, .. }, Shape::Map { c, h, w }) => {
                 self.transposed_convs.push(TransposedConvLayer { stage, input: [c, h, w], out_channels, kernel });
@@ -358,12 +366,14 @@ impl Fold for Costing {
             Op::Block(spec) if self.layers == Layers::Lean => lean::merge(spec),
             _ => None,
         };
+        // A lean block whose last linear layer adds its input: the sum is that layer's output.
+        let streamed = matches!(&site.layer.op, Op::Block(spec) if self.layers == Layers::Lean && lean::streams(spec));
         if let Some(shortcut) = shortcut {
             // The residual add materialises its sum; in backward the
             // shortcut's gradient waits while the body's backward runs.
             let mut add = Cost::default();
             let out_bytes = self.bytes(merged.elems());
-            if matches!(merged_into, None | Some(crate::ops::Activation::Identity)) {
+            if !streamed && matches!(merged_into, None | Some(crate::ops::Activation::Identity)) {
                 add.keep(out_bytes);
             }
             add.backward_bytes = out_bytes;

@@ -258,6 +258,16 @@ impl Linear {
         ops::gelu_linear(x, &w, bias.as_ref())
     }
 
+    /// `forward(x) + residual`, or `forward(gelu(x)) + residual` with
+    /// `gelu`, as one op (`ops::linear_residual`, `gelu_linear_residual`).
+    pub fn forward_adding(&self, x: &Tensor, residual: &Tensor, gelu: bool, pass: Pass) -> Result<Tensor> {
+        let (w, bias) = self.params(pass)?;
+        match gelu {
+            true => ops::gelu_linear_residual(x, &w, bias.as_ref(), residual),
+            false => ops::linear_residual(x, &w, bias.as_ref(), residual),
+        }
+    }
+
     /// The weight and bias in the pass's compute dtype.
     fn params(&self, pass: Pass) -> Result<(Tensor, Option<Tensor>)> {
         let w = cast(&pass.param(&self.weight), pass.compute)?;
@@ -317,6 +327,12 @@ impl LayerNorm {
 
     pub fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
         ops::layer_norm(x, &pass.param(&self.weight), &pass.param(&self.bias), self.eps)
+    }
+
+    /// `linear.forward(self.forward(x))` as one op that keeps `x` (`ops::norm_linear`).
+    pub fn read_by(&self, linear: &Linear, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let (w, bias) = linear.params(pass)?;
+        ops::norm_linear(x, &pass.param(&self.weight), &pass.param(&self.bias), self.eps, &w, bias.as_ref())
     }
 }
 

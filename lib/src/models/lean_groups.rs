@@ -11,8 +11,13 @@
 //! - a residual block whose body and projection each end in a batch-norm,
 //!   and whose post layers are nothing or one activation, ends in one op
 //!   that adds the two normalised tensors and activates;
-//! - a GELU and the linear layer after it are one op
-//!   (`crate::ops::gelu_linear`) that keeps the GELU's input.
+//! - a GELU or a layer-norm and the linear layer after it are one op
+//!   (`crate::ops::gelu_linear`, `norm_linear`) that keeps the GELU's or
+//!   the layer-norm's input;
+//! - a residual block whose body ends in a linear layer, with nothing after
+//!   the add, adds its input inside that layer's op
+//!   (`crate::ops::linear_residual`), so that the layer's output is never
+//!   kept beside the sum.
 //!
 //! A batch-norm alone, with nothing of either kind after it, stays a plain
 //! batch-norm: it would keep as much either way.
@@ -20,7 +25,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::spec::{self, Op};
-use crate::ops::{Activation, AttentionKeeps};
+use crate::ops::{Activation, AttentionKeeps, Fused, Reads};
 
 /// The layers a network is built from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, clap::ValueEnum)]
@@ -82,8 +87,9 @@ pub(super) enum Role {
     /// The activation a lean residual block's end applies: it stores the
     /// block's output; the block's sum carries the op's transients.
     Stored,
-    /// A linear layer that reads the GELU before it, which is `Inside`.
-    ThroughGelu,
+    /// A linear layer as one op with what it reads (the GELU or layer-norm
+    /// before it, then `Inside`) and adds (its block's input).
+    Linear(Fused),
 }
 
 /// Where a list of layers sits in a lean residual block.
@@ -95,6 +101,8 @@ pub(super) enum Place {
     Merged,
     /// The post layers: the block's end applies them.
     Post,
+    /// The body of a residual block whose last linear layer adds the block's input.
+    Streamed,
 }
 
 /// A lean op over layers of one list, by index: `bn`, then `act` and `then` where present.
@@ -140,15 +148,27 @@ pub(super) fn groups(layers: &[spec::Layer], skip_last: bool) -> Vec<Group> {
     found
 }
 
-/// The index of each GELU of a list that the linear layer after it reads
-/// inside one op.
-pub(super) fn gelu_linears(layers: &[spec::Layer]) -> Vec<usize> {
-    layers
-        .windows(2)
-        .enumerate()
-        .filter(|(_, pair)| matches!((&pair[0].op, &pair[1].op), (Op::Gelu, Op::Linear { .. })))
-        .map(|(i, _)| i)
-        .collect()
+/// The layers of a list that the linear layer after each reads inside one
+/// op: the index of each, and what the linear layer reads.
+pub(super) fn read_by_linears(layers: &[spec::Layer]) -> Vec<(usize, Reads)> {
+    let reads = |op: &Op| match op {
+        Op::Gelu => Some(Reads::Gelu),
+        Op::LayerNorm { .. } => Some(Reads::Norm),
+        _ => None,
+    };
+    let pairs = layers.windows(2).enumerate();
+    pairs.filter(|(_, pair)| matches!(pair[1].op, Op::Linear { .. })).filter_map(|(i, pair)| Some((i, reads(&pair[0].op)?))).collect()
+}
+
+/// Whether a residual block adds its input inside its body's last linear
+/// layer: an identity shortcut, a body that ends in a linear layer (which
+/// reads no layer-norm), and nothing after the add.
+pub(super) fn streams(block: &spec::Block) -> bool {
+    let ops: Vec<&Op> = block.body.iter().map(|layer| &layer.op).collect();
+    matches!(block.shortcut, spec::Shortcut::Identity)
+        && block.post.is_empty()
+        && matches!(ops.as_slice(), [.., Op::Linear { .. }])
+        && !matches!(ops.as_slice(), [.., Op::LayerNorm { .. }, Op::Linear { .. }])
 }
 
 /// The role of each layer of a list under [`groups`] and [`gelu_linears`].
@@ -169,9 +189,16 @@ pub(super) fn roles(layers: &[spec::Layer], place: Place) -> Vec<Role> {
             *last = Role::Inside;
         }
     }
-    for gelu in gelu_linears(layers) {
-        if roles[gelu] == Role::Own && roles[gelu + 1] == Role::Own {
-            (roles[gelu], roles[gelu + 1]) = (Role::Inside, Role::ThroughGelu);
+    for (read, reads) in read_by_linears(layers) {
+        if roles[read] == Role::Own && roles[read + 1] == Role::Own {
+            (roles[read], roles[read + 1]) = (Role::Inside, Role::Linear(Fused { reads, adds_residual: false }));
+        }
+    }
+    if place == Place::Streamed {
+        match roles.last_mut() {
+            Some(Role::Linear(fused)) => fused.adds_residual = true,
+            Some(last @ Role::Own) => *last = Role::Linear(Fused { reads: Reads::Input, adds_residual: true }),
+            _ => {}
         }
     }
     roles

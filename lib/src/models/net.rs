@@ -37,6 +37,10 @@ pub(super) enum Module {
     Linear(Linear),
     /// A linear layer reading the GELU before it, as one op.
     GeluLinear(Linear),
+    /// A layer-norm and the linear layer reading it, as one op.
+    NormLinear(Box<(LayerNorm, Linear)>),
+    /// A residual block whose last linear layer adds the block's input.
+    Stream(Box<Stream>),
     SqueezeExcite(SqueezeExcite),
     LayerNorm(LayerNorm),
     Gelu,
@@ -81,6 +85,22 @@ enum MergeResidual {
     Identity,
     /// The projection's layers before its batch-norm, and the batch-norm.
     Projection(Vec<Module>, BatchNorm),
+}
+
+/// A residual block whose last layer, a linear one, adds the block's input
+/// to its output inside its op (reading its input through a GELU with `gelu`).
+#[derive(Debug)]
+pub(super) struct Stream {
+    body: Vec<Module>,
+    last: Linear,
+    gelu: bool,
+}
+
+impl Stream {
+    fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let h = sequential(&self.body, x, pass)?;
+        self.last.forward_adding(&h, x, self.gelu, pass)
+    }
 }
 
 /// Whether a pass records a graph, the only case in which the lean ops keep less.
@@ -163,13 +183,16 @@ impl Merge {
 /// out of any group (a residual block's end takes it).
 fn fuse(layers: &[spec::Layer], modules: Vec<Module>, skip_last: bool) -> Vec<Module> {
     let mut slots: Vec<Option<Module>> = modules.into_iter().map(Some).collect();
-    for gelu in lean::gelu_linears(layers) {
-        if let [gelu @ Some(Module::Gelu), linear @ Some(Module::Linear(_))] = &mut slots[gelu..gelu + 2] {
-            *gelu = None;
-            if let Some(Module::Linear(inner)) = linear.take() {
-                *linear = Some(Module::GeluLinear(inner));
+    for (read, _) in lean::read_by_linears(layers) {
+        let [first, second] = &mut slots[read..read + 2] else { continue };
+        *second = match (first.take(), second.take()) {
+            (Some(Module::Gelu), Some(Module::Linear(linear))) => Some(Module::GeluLinear(linear)),
+            (Some(Module::LayerNorm(norm)), Some(Module::Linear(linear))) => Some(Module::NormLinear(Box::new((norm, linear)))),
+            (taken, other) => {
+                *first = taken;
+                other
             }
-        }
+        };
     }
     for g in lean::groups(layers, skip_last).iter().rev() {
         let last = g.then.or(g.act).unwrap_or(g.bn).min(slots.len().saturating_sub(1));
@@ -241,6 +264,8 @@ impl Module {
             Module::Dropout(dropout) => dropout.forward(x, pass),
             Module::Linear(linear) => linear.forward(x, pass),
             Module::GeluLinear(linear) => linear.forward_through_gelu(x, pass),
+            Module::NormLinear(pair) => pair.0.read_by(&pair.1, x, pass),
+            Module::Stream(stream) => stream.forward(x, pass),
             Module::SqueezeExcite(se) => se.forward(x, pass),
             Module::LayerNorm(norm) => norm.forward(x, pass),
             Module::Gelu => ops::gelu(x),
@@ -450,6 +475,15 @@ impl Fold for Builder<'_> {
             return Ok(Module::Block(Box::new(block)));
         }
         let Block { body, shortcut, post } = block;
+        if lean::streams(spec) {
+            let mut body = fuse(&spec.body, body, false);
+            let (last, gelu) = match body.pop() {
+                Some(Module::Linear(last)) => (last, false),
+                Some(Module::GeluLinear(last)) => (last, true),
+                _ => return Err(site.rejected("the lean layers expected a linear layer at the end of the body".to_owned())),
+            };
+            return Ok(Module::Stream(Box::new(Stream { body, last, gelu })));
+        }
         let Some(act) = lean::merge(spec) else {
             let shortcut = match (shortcut, &spec.shortcut) {
                 (Shortcut::Projection(layers), spec::Shortcut::Projection(specs)) => Shortcut::Projection(fuse(specs, layers, false)),

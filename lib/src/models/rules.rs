@@ -32,6 +32,7 @@ use super::lean_groups::{Layers, Role};
 use super::precision::{Precision, F32_BYTES};
 use super::shape::Shape;
 use super::spec::{Conv2d, Grouping, Op};
+use crate::ops::Reads;
 
 /// Whose transients the rules count. What an op keeps for backward is the
 /// same on both (the device passes keep what the CPU kernels keep); what it
@@ -360,22 +361,39 @@ fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers, k
 /// input gradient beside the activation's. Measured on the reference
 /// primitives (`fused_norm_tests`).
 ///
-/// A linear layer that reads the GELU before it (`crate::ops::gelu_linear`)
-/// keeps what the linear layer keeps, and the GELU nothing: its output is
-/// made again in backward. On the CPU its transients are the op's scratch
-/// (`ModelCost::linears`); the device passes hold one map of its input
-/// beside the linear layer's buffers, forward and backward (`linear_tests`).
+/// A linear layer that reads the GELU or layer-norm before it
+/// (`crate::ops::gelu_linear`, `norm_linear`) keeps what the linear layer
+/// keeps, and the GELU or layer-norm nothing: its output is made again in
+/// backward. On the CPU the GELU's transients are the op's scratch
+/// (`ModelCost::linears`), as are the layer-norm's forward, and its backward
+/// runs the plain ops (the layer-norm again, the product's gradients, the
+/// layer-norm's backward: its input gradient beside the product's, with f32
+/// copies of the half input, gradient and result). The device passes hold
+/// one map of the input more beside the linear layer's buffers, forward and
+/// backward (`linear_tests`). One that adds its block's input keeps only the
+/// sum, its output (the block's add keeps nothing more).
 pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: Precision, kernels: Kernels, cost: Cost) -> Cost {
     let cb = precision.compute_bytes();
     let (map, out) = (input.elems(), output.elems());
     let pools = matches!(op, Op::MaxPool2d { .. });
     match (role, kernels) {
-        (Role::Own, _) | (Role::ThroughGelu, Kernels::Host) => cost,
-        // The GELU of the input, made forward and again for the weight
-        // gradient; the input gradient's product before GELU's backward.
-        (Role::ThroughGelu, Kernels::Device) => {
-            let activated = map * cb;
-            Cost { workspace_bytes: cost.workspace_bytes + activated, backward_bytes: cost.backward_bytes + activated, ..cost }
+        (Role::Own, _) => cost,
+        (Role::Linear(fused), kernels) => {
+            let transformed = match (fused.reads, kernels) {
+                (Reads::Input, _) | (Reads::Gelu, Kernels::Host) => 0,
+                _ => map * cb,
+            };
+            // The layer-norm's backward beside the product's input gradient,
+            // and, on the host, its f32 copies of half operands.
+            let normalised_gradient = match (fused.reads, kernels) {
+                (Reads::Norm, Kernels::Host) => map * cb + if precision.is_mixed() { 3 * map * F32_BYTES } else { 0 },
+                _ => 0,
+            };
+            Cost {
+                workspace_bytes: cost.workspace_bytes + transformed,
+                backward_bytes: cost.backward_bytes + transformed + normalised_gradient,
+                ..cost
+            }
         }
         (Role::Inside, _) => Cost { saved_bytes: 0, largest_tensor_bytes: 0, workspace_bytes: 0, backward_bytes: 0, ..cost },
         (Role::Stored, _) => Cost { workspace_bytes: 0, backward_bytes: 0, ..cost },

@@ -197,8 +197,12 @@ impl<'a, F: Fold> Walker<'a, F> {
     fn block(&mut self, block: &'a spec::Block, site: Site<'a>) -> Result<(F::Layer, Shape), ModelError> {
         let input = site.input;
         let keeps_input = !matches!(block.shortcut, spec::Shortcut::None);
-        let merges = self.layers == Layers::Lean && lean::merge(block).is_some();
-        let (inner, post_place) = if merges { (Place::Merged, Place::Post) } else { (Place::Open, Place::Open) };
+        let lean_layers = self.layers == Layers::Lean;
+        let (inner, post_place) = match (lean_layers && lean::merge(block).is_some(), lean_layers && lean::streams(block)) {
+            (true, _) => (Place::Merged, Place::Post),
+            (false, true) => (Place::Streamed, Place::Open),
+            (false, false) => (Place::Open, Place::Open),
+        };
         let body_waiting = site.waiting + if keeps_input { input.elems() } else { 0 };
         let (body, mut merged) = self.layers(&block.body, site.inner(&site.path, body_waiting), input, inner)?;
         let shortcut = match &block.shortcut {

@@ -41,7 +41,7 @@ pub(super) struct Biased<T>(pub T);
 
 impl<T: WithBias> Biased<T> {
     /// The gradients of `x`, `weight` and `bias`, each `None` for an operand that needs none.
-    fn gradients(
+    pub(super) fn gradients(
         &self,
         x: &Tensor,
         weight: &Tensor,

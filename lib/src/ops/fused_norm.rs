@@ -48,7 +48,7 @@ use rayon::prelude::*;
 pub use super::activation::Activation;
 use super::conv_geometry::Geometry as ConvGeometry;
 use super::cpu::conv::{convolve, convolve_grad_input, convolve_grad_weight};
-use super::cpu::floats::{f32_view, par_chunks_from, par_filled, storage_from_f32};
+use super::cpu::floats::{f32_view, par_chunks_from, par_filled, round_to, round_to_serial, storage_from_f32};
 use super::cpu::{silu, CHUNK};
 use super::cuda::{self, norm_act_backward, norm_add_act_backward, on_body, saved_statistics, Body, DeviceSaves};
 use super::norm::{self, cpu_f32, BatchStatistics, Statistics};
@@ -246,14 +246,6 @@ pub(super) fn plain_norm_add_act(ops: &dyn PlainOps, z: &Tensor, norm: Norm<'_>,
 const OP: &str = "norm_act";
 const MERGE: &str = "norm_add_act";
 
-/// Rounds f32 values to what a tensor of `dtype` stores, as the plain ops do
-/// when they write a half-precision result.
-fn round_to(dtype: DType, values: &mut [f32]) {
-    if matches!(dtype, DType::F16 | DType::BF16) {
-        values.par_chunks_mut(CHUNK).for_each(|c| round_to_serial(dtype, c));
-    }
-}
-
 /// `act(x * scale + shift)` per channel, rounded where the plain layers store.
 fn normalise(g: &norm::Geometry, dtype: DType, x: &[f32], scale: &[f32], shift: &[f32], act: Activation) -> Vec<f32> {
     par_filled(x.len(), g.plane, 0.0, |i, plane| {
@@ -290,34 +282,6 @@ fn through_activation(dtype: DType, grad: &mut [f32], pre: &[f32], act: Activati
     }
     grad.par_chunks_mut(CHUNK).zip(pre.par_chunks(CHUNK)).for_each(|(grad, pre)| act.backward(dtype, grad, pre));
     round_to(dtype, grad);
-}
-
-/// [`round_to`] on one thread: a block at a time through a buffer on the
-/// stack and the half crate's slice conversions (F16C where the CPU has
-/// it). A buffer on the heap per call was 18% of an f16 ResNet18 step on
-/// 2 threads: the calls are per plane and per chunk, and every allocation
-/// passes the process's shared counters.
-fn round_to_serial(dtype: DType, values: &mut [f32]) {
-    match dtype {
-        DType::F16 => round_through(values, half::f16::ZERO),
-        DType::BF16 => round_through(values, half::bf16::ZERO),
-        _ => {}
-    }
-}
-
-/// `values` rounded to the half type of `zero` and back, through a block on the stack.
-fn round_through<H: Copy>(values: &mut [f32], zero: H)
-where
-    [H]: half::slice::HalfFloatSliceExt,
-{
-    use half::slice::HalfFloatSliceExt;
-    const BLOCK: usize = 1024;
-    let mut half = [zero; BLOCK];
-    for block in values.chunks_mut(BLOCK) {
-        let half = &mut half[..block.len()];
-        half.convert_from_f32_slice(block);
-        half.convert_to_f32_slice(block);
-    }
 }
 
 fn per_channel(params: &[f32], index: usize, channels: usize) -> &[f32] {

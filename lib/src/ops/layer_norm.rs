@@ -16,7 +16,7 @@ use super::{checked_gradients, uses_own_kernels, OpError};
 const OP: &str = "layer_norm";
 
 /// Rows a task normalises: the weight and bias gradients are summed per task, then across tasks.
-const ROWS: usize = 64;
+pub(super) const ROWS: usize = 64;
 
 /// `y = (x - mean) / sqrt(var + eps) * weight + bias` over `x`'s last
 /// dimension, `weight` and `bias` holding one value per feature. `y` has
@@ -54,13 +54,13 @@ pub(super) fn composed(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> 
     y.to_dtype(x.dtype())
 }
 
-struct LayerNorm {
+pub(super) struct LayerNorm {
     eps: f32,
     features: usize,
 }
 
 impl LayerNorm {
-    fn on_device(&self) -> cuda::LayerNorm {
+    pub(super) fn on_device(&self) -> cuda::LayerNorm {
         cuda::LayerNorm { features: self.features, eps: self.eps }
     }
 
@@ -100,10 +100,7 @@ impl CustomOp3 for LayerNorm {
         let d = self.features;
         y.par_chunks_mut(d * ROWS).zip(x.par_chunks(d * ROWS)).for_each(|(y, x)| {
             for (y, x) in y.chunks_mut(d).zip(x.chunks(d)) {
-                let (mean, rstd) = statistics(x, self.eps);
-                for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(weight.iter()).zip(bias.iter()) {
-                    *y = (x - mean) * rstd * w + b;
-                }
+                normalise_row(x, &weight, &bias, self.eps, y);
             }
         });
         Ok((storage_from_f32(OP, y, s1.dtype())?, l1.shape().clone()))
@@ -130,11 +127,27 @@ impl CustomOp3 for LayerNorm {
         _y: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let [dx, dweight, dbias] = self.gradients(x, weight, grad)?;
+        let [dx, dweight, dbias] = checked_gradients(OP, [x, weight, bias], [Some(dx), Some(dweight), Some(dbias)])?;
+        Ok((dx, dweight, dbias))
+    }
+}
+
+impl LayerNorm {
+    pub(super) fn new(features: usize, eps: f64) -> Self {
+        LayerNorm { eps: eps as f32, features }
+    }
+
+    /// `layer_norm(x, weight, bias)` without a graph, on `x`'s body (the weight and bias f32).
+    pub(super) fn normalised(&self, x: &Tensor, weight: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        x.apply_op3_no_bwd(weight, bias, self)
+    }
+
+    /// The gradients of the input, weight and bias, in the input's and the weight's dtypes.
+    pub(super) fn gradients(&self, x: &Tensor, weight: &Tensor, grad: &Tensor) -> Result<[Tensor; 3]> {
         let grad = grad.contiguous()?;
         if let Some(body) = Body::of(x) {
-            let [dx, dweight, dbias] = on_body!(body, layer_norm_backward(self.on_device(), x, weight, &grad))?;
-            let [dx, dweight, dbias] = checked_gradients(OP, [x, weight, bias], [Some(dx), Some(dweight), Some(dbias)])?;
-            return Ok((dx, dweight, dbias));
+            return on_body!(body, layer_norm_backward(self.on_device(), x, weight, &grad));
         }
         let (dx, dweight, dbias) = {
             let (xs, xl) = x.storage_and_layout();
@@ -150,8 +163,15 @@ impl CustomOp3 for LayerNorm {
         let dx = Tensor::from_vec(dx, x.shape(), x.device())?.to_dtype(x.dtype())?;
         let dweight = Tensor::from_vec(dweight, weight.shape(), weight.device())?.to_dtype(weight.dtype())?;
         let dbias = Tensor::from_vec(dbias, weight.shape(), weight.device())?.to_dtype(weight.dtype())?;
-        let [dx, dweight, dbias] = checked_gradients(OP, [x, weight, bias], [Some(dx), Some(dweight), Some(dbias)])?;
-        Ok((dx, dweight, dbias))
+        Ok([dx, dweight, dbias])
+    }
+}
+
+/// One row normalised into `y`: `(x - mean) * rstd * weight + bias`.
+pub(super) fn normalise_row(x: &[f32], weight: &[f32], bias: &[f32], eps: f32, y: &mut [f32]) {
+    let (mean, rstd) = statistics(x, eps);
+    for (((y, &x), &w), &b) in y.iter_mut().zip(x).zip(weight).zip(bias) {
+        *y = (x - mean) * rstd * w + b;
     }
 }
 

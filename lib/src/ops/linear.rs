@@ -11,20 +11,20 @@
 //! (g read transposed in place) by gemm, `db` as the column sums of `g`.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, CustomOp4, DType, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
 #[cfg(feature = "cuda")]
 use super::biased::CudaOperand;
 use super::biased::{Biased, Operand, WithBias};
-use super::cpu::floats::{f32_view, rows_of, storage_from_f32, zeros};
+use super::cpu::floats::{f32_view, round_to, rows_of, storage_from_f32, zeros};
 use super::cpu::gemm::{matmul, parallelism, row_major, transposed};
 use super::cpu::gemm_packing::{packing_bytes, Strides};
 use super::cpu::CHUNK;
 use super::cuda::{self, Reference};
 use super::gelu::{gelu_backward, gelu_in_place};
-use super::{uses_own_kernels, OpError};
+use super::{checked_gradients, uses_own_kernels, OpError};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
 
@@ -40,7 +40,7 @@ const OP: &str = "linear";
 /// and bias gradient). Elsewhere and in other dtypes it is candle's `matmul`
 /// and `broadcast_add`, whose autograd keeps both their outputs.
 pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    linear_reading(Reads::Input, x, weight, bias)
+    fused_linear(false, x, weight, bias, None)
 }
 
 /// `linear(gelu(x), weight, bias)` as one op that keeps `x` (the layer
@@ -50,26 +50,54 @@ pub fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tens
 /// gradient is `(g W) * gelu'(x)`. Where [`linear`] is candle's operations,
 /// this is candle's `gelu_erf` and [`linear`].
 pub fn gelu_linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
-    linear_reading(Reads::Gelu, x, weight, bias)
+    fused_linear(true, x, weight, bias, None)
 }
 
-fn linear_reading(reads: Reads, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+/// `linear(x, weight, bias) + residual` as one op: a residual block's last
+/// layer adding the block's input, where the add after the layer would
+/// keep the layer's output until backward. `residual` has the output's
+/// shape and its gradient is the output's. Without a bias the op takes a
+/// zero one, which needs no gradient.
+pub fn linear_residual(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, residual: &Tensor) -> Result<Tensor> {
+    fused_linear(false, x, weight, bias, Some(residual))
+}
+
+/// [`gelu_linear`] with a residual added to its output, as [`linear_residual`].
+pub fn gelu_linear_residual(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, residual: &Tensor) -> Result<Tensor> {
+    fused_linear(true, x, weight, bias, Some(residual))
+}
+
+fn fused_linear(gelu: bool, x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, residual: Option<&Tensor>) -> Result<Tensor> {
     let geometry = Geometry::of_dims(x.dims(), weight.dims(), bias.map(Tensor::dims))?;
+    if let Some(residual) = residual {
+        let out = with_last(x.dims(), geometry.outputs);
+        if residual.shape() != &out {
+            Err(OpError::ResidualShape { body: out.dims().to_vec(), residual: residual.dims().to_vec() })?
+        }
+    }
     if !uses_own_kernels(x) {
-        return match reads {
-            Reads::Input => composed(x, weight, bias, &geometry),
-            Reads::Gelu => composed(&x.gelu_erf()?, weight, bias, &geometry),
+        let y = if gelu { composed(&x.gelu_erf()?, weight, bias, &geometry)? } else { composed(x, weight, bias, &geometry)? };
+        return match residual {
+            Some(residual) => y + residual,
+            None => Ok(y),
         };
     }
-    for other in std::iter::once(weight).chain(bias) {
+    for other in std::iter::once(weight).chain(bias).chain(residual) {
         if other.dtype() != x.dtype() {
             Err(OpError::DTypeMismatch { op: OP, input: x.dtype(), other: other.dtype() })?
         }
     }
-    let (x, weight) = (x.contiguous()?, weight.contiguous()?);
-    match bias {
-        Some(bias) => x.apply_op3(&weight, &bias.contiguous()?, Biased(Linear { geometry, reads })),
-        None => x.apply_op2(&weight, Biased(Linear { geometry, reads })),
+    let (x, weight, op) = (x.contiguous()?, weight.contiguous()?, Biased(Linear { geometry, gelu }));
+    match (bias, residual) {
+        (Some(bias), None) => x.apply_op3(&weight, &bias.contiguous()?, op),
+        (None, None) => x.apply_op2(&weight, op),
+        (bias, Some(residual)) => {
+            let bias = match bias {
+                Some(bias) => bias.contiguous()?,
+                None => Tensor::zeros(geometry.outputs, x.dtype(), x.device())?,
+            };
+            x.apply_op4(&weight, &bias, &residual.contiguous()?, op)
+        }
     }
 }
 
@@ -105,26 +133,21 @@ impl LinearScratch {
 /// result beside the narrowed one counts where it outweighs the rest:
 /// `max(copies + f32 result + the f32 scratch - result, f32 result)`.
 pub fn linear_scratch(rows: usize, in_features: usize, out_features: usize, dtype: DType) -> std::result::Result<LinearScratch, OpError> {
-    scratch(Reads::Input, rows, in_features, out_features, dtype)
+    fused_linear_scratch(Fused::default(), rows, in_features, out_features, dtype)
 }
 
-/// [`LinearScratch`] of [`gelu_linear`]: [`linear_scratch`]'s, the input's
-/// f32 copy made wherever the GELU is computed from it. In f32 that is a
-/// buffer more in the forward and in the weight gradient (the half passes
-/// compute it in place in the copy they make anyway), and in half precision
-/// an f32 copy of the input more in the input gradient, which reads the
-/// GELU's derivative from it.
-pub fn gelu_linear_scratch(
-    rows: usize,
-    in_features: usize,
-    out_features: usize,
-    dtype: DType,
-) -> std::result::Result<LinearScratch, OpError> {
-    scratch(Reads::Gelu, rows, in_features, out_features, dtype)
-}
-
-fn scratch(
-    reads: Reads,
+/// [`linear_scratch`] of a linear op that reads and adds what `fused` says.
+/// One that reads its input through a GELU or a layer-norm makes the
+/// input's f32 copy wherever it computes one from it: in f32 a buffer more
+/// in the forward (and for the GELU in the weight gradient; a layer-norm's
+/// backward runs the plain ops, whose rules count them), where the half
+/// passes transform the copy they make anyway; for the GELU in half
+/// precision an f32 copy of the input more in the input gradient, which
+/// reads GELU's derivative from it. A residual added to the output is read
+/// in place in f32, and through an f32 copy beside the result, before the
+/// product, in half precision.
+pub fn fused_linear_scratch(
+    fused: Fused,
     rows: usize,
     in_features: usize,
     out_features: usize,
@@ -147,17 +170,24 @@ fn scratch(
     };
     let input_gradient = packing((m, i, o), Strides::row_major(i), Strides::row_major(o), Strides::row_major(i));
     let weight_gradient = packing((o, i, m), Strides::row_major(i), Strides::column_major(o), Strides::row_major(i));
-    let activated = if reads == Reads::Gelu { m * i } else { 0 };
+    let transformed = if fused.reads == Reads::Input { 0 } else { m * i };
+    let gelu = if fused.reads == Reads::Gelu { m * i } else { 0 };
     if dtype == DType::F32 {
-        let (forward, weight_gradient) = (forward + floats(activated), weight_gradient + floats(activated));
+        let (forward, weight_gradient) = (forward + floats(transformed), weight_gradient + floats(gelu));
         return Ok(LinearScratch { forward, input_gradient, weight_gradient, bias_gradient: 0 });
     }
     let half = |count: usize| (count * dtype.size_in_bytes()) as u64;
     let pass =
         |copies: usize, result: usize, beside: u64| (floats(copies + result) + beside).saturating_sub(half(result)).max(floats(result));
+    // The residual's f32 copy is made beside the result (and beside `y^T`, which is added to it after).
+    let forward = match (fused.adds_residual, g.transposes()) {
+        (false, _) => forward,
+        (true, false) => forward.max(floats(m * o)),
+        (true, true) => forward.max(floats(2 * m * o)),
+    };
     Ok(LinearScratch {
         forward: pass(m * i + o * i, m * o, forward),
-        input_gradient: pass(m * o + o * i + activated, m * i, input_gradient),
+        input_gradient: pass(m * o + o * i + gelu, m * i, input_gradient),
         weight_gradient: pass(m * o + m * i, o * i, weight_gradient),
         bias_gradient: pass(m * o, o, 0),
     })
@@ -219,7 +249,7 @@ impl Geometry {
 }
 
 /// `dims` with its last dimension set to `last`.
-fn with_last(dims: &[usize], last: usize) -> Shape {
+pub(super) fn with_last(dims: &[usize], last: usize) -> Shape {
     let mut dims = dims.to_vec();
     if let Some(d) = dims.last_mut() {
         *d = last;
@@ -227,36 +257,49 @@ fn with_last(dims: &[usize], last: usize) -> Shape {
     dims.into()
 }
 
-/// What the product reads: the input, or its GELU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reads {
+/// What a linear layer's product reads: its input, or what an op before it
+/// makes of it inside the same op (the lean layers' transformer MLP and
+/// norms: the op keeps the input and makes the rest again in backward).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reads {
+    #[default]
     Input,
+    /// Its GELU ([`gelu_linear`]).
     Gelu,
+    /// Its layer-norm ([`super::norm_linear`]).
+    Norm,
 }
 
-impl Reads {
-    /// The operand the product reads, in f32: `x` itself, or its GELU in a buffer of its own.
-    fn operand<'a>(self, op: &'static str, x: Operand<'a>) -> Result<std::borrow::Cow<'a, [f32]>> {
-        let values = f32_view(op, x.0, x.1)?;
-        Ok(match self {
-            Reads::Input => values,
-            Reads::Gelu => {
-                let mut values = values.into_owned();
-                values.par_chunks_mut(CHUNK).for_each(gelu_in_place);
-                values.into()
-            }
-        })
+/// What a linear op reads, and whether it adds a residual to its output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Fused {
+    pub reads: Reads,
+    pub adds_residual: bool,
+}
+
+/// The operand the product reads, in f32: `x` itself, or its GELU in a
+/// buffer of its own, rounded to `x`'s dtype as the GELU's output would be.
+fn product_operand<'a>(op: &'static str, x: Operand<'a>, gelu: bool) -> Result<std::borrow::Cow<'a, [f32]>> {
+    let values = f32_view(op, x.0, x.1)?;
+    if !gelu {
+        return Ok(values);
     }
+    let mut values = values.into_owned();
+    values.par_chunks_mut(CHUNK).for_each(gelu_in_place);
+    round_to(x.0.dtype(), &mut values);
+    Ok(values.into())
 }
 
 /// The linear layer, a candle op through [`Biased`].
 struct Linear {
     geometry: Geometry,
-    reads: Reads,
+    /// Whether the product reads the input's GELU.
+    gelu: bool,
 }
 
 impl Geometry {
-    fn on_device(&self) -> cuda::Linear {
+    pub(super) fn on_device(&self) -> cuda::Linear {
         cuda::Linear { rows: self.rows, inputs: self.inputs, outputs: self.outputs }
     }
 }
@@ -269,11 +312,60 @@ impl Linear {
         weight: (&P::Storage, &Layout),
         bias: Option<(&P::Storage, &Layout)>,
     ) -> Result<(P::Storage, Shape)> {
-        let l = self.geometry.on_device();
-        match self.reads {
-            Reads::Input => cuda::forward_with_bias::<P>(OP, x, weight, bias, |p, x, w, b| cuda::linear_forward(p, l, x, w, b)),
-            Reads::Gelu => cuda::forward_with_bias::<P>(OP, x, weight, bias, |p, x, w, b| cuda::gelu_linear_forward(p, l, x, w, b)),
-        }
+        let (l, gelu) = (self.geometry.on_device(), self.gelu);
+        cuda::forward_with_bias::<P>(OP, x, weight, bias, |p, x, w, b| cuda::linear_forward_fused(p, l, gelu, x, w, b, None))
+    }
+
+    /// The forward on a device body with a bias and a residual added to the output.
+    fn device_forward_adding<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 4]) -> Result<(P::Storage, Shape)> {
+        let (l, gelu) = (self.geometry.on_device(), self.gelu);
+        cuda::forward::<P, 4>(OP, operands, |p, [x, w, b, residual]| cuda::linear_forward_fused(p, l, gelu, x, w, Some(b), Some(residual)))
+    }
+
+    /// `x W^T + b + residual` on the CPU, `residual` in the output's shape.
+    fn forward_adding(&self, x: Operand, weight: Operand, bias: Option<Operand>, residual: Option<Operand>) -> Result<(CpuStorage, Shape)> {
+        let g = &self.geometry;
+        let y = {
+            // Scoped, so that the f32 copies of half-precision operands are
+            // freed before the result is narrowed.
+            let (xs, w) = (product_operand(OP, x, self.gelu)?, f32_view(OP, weight.0, weight.1)?);
+            g.product(&xs, &w, bias, residual)?
+        };
+        Ok((storage_from_f32(OP, y, x.0.dtype())?, with_last(x.1.dims(), g.outputs)))
+    }
+}
+
+impl Geometry {
+    /// `x W^T (+ b) (+ residual)` in f32: gemm reads the weight transposed
+    /// through its strides and accumulates into rows pre-filled with the
+    /// bias and the residual, or, for a few rows, writes `y^T`, added
+    /// transposed to them.
+    pub(super) fn product(&self, x: &[f32], w: &[f32], bias: Option<Operand>, residual: Option<Operand>) -> Result<Vec<f32>> {
+        let (x_rows, w_t) = (row_major(x, self.inputs), transposed(w, self.inputs));
+        let start_rows = || -> Result<Vec<f32>> {
+            let mut rows = match bias {
+                Some((storage, layout)) => rows_of(OP, storage, layout, self.rows)?,
+                None => zeros(self.rows * self.outputs),
+            };
+            if let Some((storage, layout)) = residual {
+                let residual = f32_view(OP, storage, layout)?;
+                rows.par_chunks_mut(CHUNK).zip(residual.par_chunks(CHUNK)).for_each(|(rows, residual)| add(rows, residual));
+            }
+            Ok(rows)
+        };
+        let dims = (self.rows, self.outputs, self.inputs);
+        Ok(if self.transposes() {
+            let mut y_t = zeros(self.rows * self.outputs);
+            matmul(&mut y_t, Strides::column_major(self.rows), dims, x_rows, w_t, false, parallelism());
+            let mut y = start_rows()?;
+            add_transposed(&y_t, self.rows, &mut y, self.outputs, self.outputs, self.rows);
+            y
+        } else {
+            let mut y = start_rows()?;
+            let accumulates = bias.is_some() || residual.is_some();
+            matmul(&mut y, Strides::row_major(self.outputs), dims, x_rows, w_t, accumulates, parallelism());
+            y
+        })
     }
 }
 
@@ -284,41 +376,19 @@ impl WithBias for Linear {
         if cuda::on_the_reference() {
             return self.device_forward::<Reference>(x, weight, bias);
         }
-        let g = &self.geometry;
-        let y = {
-            // Scoped, so that the f32 copies of half-precision operands are
-            // freed before the result is narrowed.
-            let (xs, w) = (self.reads.operand(OP, x)?, f32_view(OP, weight.0, weight.1)?);
-            let (x_rows, w_t) = (row_major(&xs, g.inputs), transposed(&w, g.inputs));
-            let bias_rows = || match bias {
-                Some((storage, layout)) => rows_of(OP, storage, layout, g.rows),
-                None => Ok(zeros(g.rows * g.outputs)),
-            };
-            let dims = (g.rows, g.outputs, g.inputs);
-            if g.transposes() {
-                let mut y_t = zeros(g.rows * g.outputs);
-                matmul(&mut y_t, Strides::column_major(g.rows), dims, x_rows, w_t, false, parallelism());
-                let mut y = bias_rows()?;
-                add_transposed(&y_t, g.rows, &mut y, g.outputs, g.outputs, g.rows);
-                y
-            } else {
-                let mut y = bias_rows()?;
-                matmul(&mut y, Strides::row_major(g.outputs), dims, x_rows, w_t, bias.is_some(), parallelism());
-                y
-            }
-        };
-        Ok((storage_from_f32(OP, y, x.0.dtype())?, with_last(x.1.dims(), g.outputs)))
+        self.forward_adding(x, weight, bias, None)
     }
 
     fn input_gradient(&self, grad: &Tensor, weight: &Tensor, x: &Tensor) -> Result<Tensor> {
-        match self.reads {
-            Reads::Input => grad.apply_op2_no_bwd(weight, &InputGradient(self.geometry)),
-            Reads::Gelu => grad.apply_op3_no_bwd(weight, x, &GeluInputGradient(self.geometry)),
+        if self.gelu {
+            grad.apply_op3_no_bwd(weight, x, &GeluInputGradient(self.geometry))
+        } else {
+            grad.apply_op2_no_bwd(weight, &InputGradient(self.geometry))
         }
     }
 
     fn weight_gradient(&self, grad: &Tensor, x: &Tensor) -> Result<Tensor> {
-        grad.apply_op2_no_bwd(x, &WeightGradient { geometry: self.geometry, reads: self.reads })
+        grad.apply_op2_no_bwd(x, &WeightGradient { geometry: self.geometry, gelu: self.gelu })
     }
 
     fn bias_gradient(&self, grad: &Tensor) -> Result<Tensor> {
@@ -328,6 +398,76 @@ impl WithBias for Linear {
     #[cfg(feature = "cuda")]
     fn cuda_forward(&self, x: CudaOperand, weight: CudaOperand, bias: Option<CudaOperand>) -> Result<(CudaStorage, Shape)> {
         self.device_forward::<cuda::Cudnn>(x, weight, bias)
+    }
+}
+
+impl CustomOp4 for Biased<Linear> {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+        s4: &CpuStorage,
+        l4: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        if cuda::on_the_reference() {
+            return self.0.device_forward_adding::<Reference>([(s1, l1), (s2, l2), (s3, l3), (s4, l4)]);
+        }
+        self.0.forward_adding((s1, l1), (s2, l2), Some((s3, l3)), Some((s4, l4)))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &CudaStorage,
+        l1: &Layout,
+        s2: &CudaStorage,
+        l2: &Layout,
+        s3: &CudaStorage,
+        l3: &Layout,
+        s4: &CudaStorage,
+        l4: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        self.0.device_forward_adding::<cuda::Cudnn>([(s1, l1), (s2, l2), (s3, l3), (s4, l4)])
+    }
+
+    /// The residual's gradient is the output's, as it came.
+    fn bwd(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        residual: &Tensor,
+        _out: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (input, weight, bias) = self.gradients(x, weight, Some(bias), grad)?;
+        let [residual] = checked_gradients(OP, [residual], [residual.track_op().then(|| grad.clone())])?;
+        Ok((input, weight, bias, residual))
+    }
+}
+
+impl Geometry {
+    /// `grad_out W`, in the input's shape and the gradient's dtype, on the gradient's body.
+    pub(super) fn input_gradient_of(&self, grad: &Tensor, weight: &Tensor) -> Result<Tensor> {
+        grad.apply_op2_no_bwd(weight, &InputGradient(*self))
+    }
+
+    /// `grad_out^T x`, `out x in`.
+    pub(super) fn weight_gradient_of(&self, grad: &Tensor, x: &Tensor) -> Result<Tensor> {
+        grad.apply_op2_no_bwd(x, &WeightGradient { geometry: *self, gelu: false })
+    }
+
+    /// The sum of `grad_out`'s rows.
+    pub(super) fn bias_gradient_of(&self, grad: &Tensor) -> Result<Tensor> {
+        grad.apply_op1_no_bwd(&BiasGradient(*self))
     }
 }
 
@@ -436,7 +576,7 @@ impl GeluInputGradient {
 /// `(grad_out, x) -> grad_weight = grad_out^T x`, `out x in`, or `grad_out^T gelu(x)`.
 struct WeightGradient {
     geometry: Geometry,
-    reads: Reads,
+    gelu: bool,
 }
 
 impl CustomOp2 for WeightGradient {
@@ -450,7 +590,7 @@ impl CustomOp2 for WeightGradient {
         }
         let g = &self.geometry;
         let dw = {
-            let (dy, x) = (f32_view(self.name(), s1, l1)?, self.reads.operand(self.name(), (s2, l2))?);
+            let (dy, x) = (f32_view(self.name(), s1, l1)?, product_operand(self.name(), (s2, l2), self.gelu)?);
             let mut dw = zeros(g.outputs * g.inputs);
             let dims = (g.outputs, g.inputs, g.rows);
             matmul(&mut dw, Strides::row_major(g.inputs), dims, transposed(&dy, g.outputs), row_major(&x, g.inputs), false, parallelism());
@@ -468,12 +608,8 @@ impl CustomOp2 for WeightGradient {
 impl WeightGradient {
     fn on_device<P: cuda::Primitives>(&self, operands: [(&P::Storage, &Layout); 2]) -> Result<(P::Storage, Shape)> {
         let l = self.geometry.on_device();
-        match self.reads {
-            Reads::Input => cuda::forward::<P, 2>("linear-grad-weight", operands, |p, [dy, x]| cuda::linear_weight_gradient(p, l, dy, x)),
-            Reads::Gelu => {
-                cuda::forward::<P, 2>("linear-grad-weight", operands, |p, [dy, x]| cuda::gelu_linear_weight_gradient(p, l, dy, x))
-            }
-        }
+        let gelu = self.gelu;
+        cuda::forward::<P, 2>("linear-grad-weight", operands, |p, [dy, x]| cuda::linear_weight_gradient_fused(p, l, gelu, dy, x))
     }
 }
 

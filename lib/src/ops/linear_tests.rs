@@ -183,13 +183,14 @@ fn gelu_linear_matches_candles_gelu_then_linear_forward_and_backward() {
             let (out, grads) = output_and_gradients((&x, &weight, bias), &r, |x, w, b| gelu_linear(x, w, b).unwrap());
             let with = if bias.is_some() { "with bias" } else { "without bias" };
             assert_eq!(out.dims(), expected_out.dims(), "{case:?} {with}");
+            // Our erf is within 1.5e-7 of candle's: on a single value that is a relative error of 1e-5 or so.
             let err = relative_error(&out, &expected_out);
-            assert!(err < 1e-5, "{case:?} {with}: output off by {err}");
+            assert!(err < 1e-4, "{case:?} {with}: output off by {err}");
             for (name, (ours, expected)) in ["x", "weight", "bias"].iter().zip(grads.iter().zip(&expected_grads)) {
                 let (Some(ours), Some(expected)) = (ours, expected) else { continue };
                 assert_eq!(ours.dims(), expected.dims(), "{case:?} {with}: gradient of {name}");
                 let err = relative_error(ours, expected);
-                assert!(err < 1e-5, "{case:?} {with}: gradient of {name} off by {err}");
+                assert!(err < 1e-4, "{case:?} {with}: gradient of {name} off by {err}");
             }
         }
     }
@@ -244,6 +245,149 @@ fn gelu_linear_on_the_reference_primitives_matches_the_cpu() {
                 let bytes = |t: &Tensor| (t.elem_count() * dtype.size_in_bytes()) as u64;
                 let most = (2 * bytes(&x)).max(bytes(&x) + bytes(&out)).max(bytes(&x) + bytes(&weight));
                 assert_eq!(used.peak, most, "{what}: {used:?}");
+            }
+        }
+    }
+}
+
+/// `linear(x) + residual` as candle's ops compute it.
+fn composed_residual(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>, residual: &Tensor, gelu: bool) -> Tensor {
+    let y = if gelu { composed_gelu_linear(x, weight, bias) } else { reference(x, weight, bias) };
+    (y + residual).unwrap()
+}
+
+/// The output and the gradients of `sum(out * r)` with respect to each operand (`None` where it takes none).
+fn output_and_gradients_of(
+    operands: &[Option<&Tensor>],
+    r: &Tensor,
+    op: impl Fn(&[Option<&Tensor>]) -> Tensor,
+) -> (Tensor, Vec<Option<Tensor>>) {
+    let vars: Vec<_> = operands.iter().map(|t| t.map(|t| Var::from_tensor(t).unwrap())).collect();
+    let tensors: Vec<Option<&Tensor>> = vars.iter().map(|v| v.as_ref().map(Var::as_tensor)).collect();
+    let out = op(&tensors);
+    let grads = (&out * r).unwrap().sum_all().unwrap().backward().unwrap();
+    (out, tensors.iter().map(|t| t.map(|t| grads.get(t).unwrap().clone())).collect())
+}
+
+fn assert_close(
+    what: &str,
+    (out, grads): &(Tensor, Vec<Option<Tensor>>),
+    (expected, expected_grads): &(Tensor, Vec<Option<Tensor>>),
+    tolerance: f32,
+) {
+    assert_eq!(out.dims(), expected.dims(), "{what}");
+    let err = relative_error(out, expected);
+    assert!(err < tolerance, "{what}: output off by {err}");
+    for (i, (ours, theirs)) in grads.iter().zip(expected_grads).enumerate() {
+        let (Some(ours), Some(theirs)) = (ours, theirs) else { continue };
+        assert_eq!(ours.dims(), theirs.dims(), "{what}: gradient {i}");
+        let err = relative_error(ours, theirs);
+        assert!(err < tolerance, "{what}: gradient {i} off by {err}");
+    }
+}
+
+#[test]
+fn linear_residual_adds_the_residual_and_passes_it_the_outputs_gradient() {
+    for case in &CASES {
+        let (x, weight, bias) = operands(case);
+        let residual = randn(&[case.0, &[case.2]].concat());
+        let r = randn(&[case.0, &[case.2]].concat());
+        for gelu in [false, true] {
+            for bias in [Some(&bias), None] {
+                let what = format!("{case:?} gelu {gelu} bias {}", bias.is_some());
+                let expected = output_and_gradients_of(&[Some(&x), Some(&weight), bias, Some(&residual)], &r, |t| {
+                    composed_residual(t[0].unwrap(), t[1].unwrap(), t[2], t[3].unwrap(), gelu)
+                });
+                let ours = output_and_gradients_of(&[Some(&x), Some(&weight), bias, Some(&residual)], &r, |t| {
+                    let f = if gelu { gelu_linear_residual } else { linear_residual };
+                    f(t[0].unwrap(), t[1].unwrap(), t[2], t[3].unwrap()).unwrap()
+                });
+                assert_close(&what, &ours, &expected, if gelu { 1e-4 } else { 1e-5 });
+            }
+        }
+    }
+    let (x, weight, bias) = operands(&CASES[1]);
+    let text = error_text(linear_residual(&x, &weight, Some(&bias), &randn(&[7, 5])));
+    assert!(text.contains("[7, 5]") && text.contains("[7, 192]"), "{text}");
+}
+
+fn norm_operands(features: usize) -> (Tensor, Tensor) {
+    ((randn(&[features]) * 0.3).unwrap().affine(1.0, 1.0).unwrap(), (randn(&[features]) * 0.3).unwrap())
+}
+
+#[test]
+fn norm_linear_matches_candles_layer_norm_then_linear() {
+    for case in &CASES {
+        let (x, weight, bias) = operands(case);
+        let x = ((x * 2.0).unwrap() + 0.5).unwrap();
+        let (norm_weight, norm_bias) = norm_operands(case.1);
+        let r = randn(&[case.0, &[case.2]].concat());
+        for bias in [Some(&bias), None] {
+            let what = format!("{case:?} bias {}", bias.is_some());
+            let all = [Some(&x), Some(&norm_weight), Some(&norm_bias), Some(&weight), bias];
+            let expected = output_and_gradients_of(&all, &r, |t| {
+                super::norm_linear::plain(t[0].unwrap(), t[1].unwrap(), t[2].unwrap(), 1e-6, t[3].unwrap(), t[4]).unwrap()
+            });
+            let ours = output_and_gradients_of(&all, &r, |t| {
+                norm_linear(t[0].unwrap(), t[1].unwrap(), t[2].unwrap(), 1e-6, t[3].unwrap(), t[4]).unwrap()
+            });
+            // A single feature normalises to zero: its layer-norm's input gradient is rounding alone.
+            let tolerance = if case.1 == 1 { 1e-3 } else { 1e-4 };
+            assert_close(&what, &ours, &expected, tolerance);
+        }
+    }
+}
+
+#[test]
+fn norm_linear_in_half_precision_is_the_plain_ops_in_half_precision() {
+    let case: Case = (&[2, 19], 96, 40);
+    for dtype in [DType::F16, DType::BF16] {
+        let (x, weight, bias) = operands(&case);
+        let [x, weight, bias] = [x, weight, bias].map(|t| t.to_dtype(dtype).unwrap());
+        let (norm_weight, norm_bias) = norm_operands(96);
+        let r = randn(&[2, 19, 40]).to_dtype(dtype).unwrap();
+        let all = [Some(&x), Some(&norm_weight), Some(&norm_bias), Some(&weight), Some(&bias)];
+        let expected = output_and_gradients_of(&all, &r, |t| {
+            linear(&layer_norm(t[0].unwrap(), t[1].unwrap(), t[2].unwrap(), 1e-6).unwrap(), t[3].unwrap(), t[4]).unwrap()
+        });
+        let ours = output_and_gradients_of(&all, &r, |t| {
+            norm_linear(t[0].unwrap(), t[1].unwrap(), t[2].unwrap(), 1e-6, t[3].unwrap(), t[4]).unwrap()
+        });
+        assert_eq!(ours.0.dtype(), dtype);
+        // The same arithmetic, the normalised input rounded where the plain layer-norm stores it.
+        assert_close(&format!("{dtype:?}"), &ours, &expected, 1e-6);
+    }
+}
+
+/// The device passes of `norm_linear` (our layer-norm kernel, cuBLAS's
+/// product, the bias call) and of the residual ops (the bias call, then
+/// cuDNN's add), on the reference primitives, give what the CPU ops give and
+/// keep nothing beyond candle's storages.
+#[test]
+fn norm_linear_and_linear_residual_on_the_reference_primitives_match_the_cpu() {
+    use super::cuda::{allocations, on_reference};
+    for case in [CASES[1], CASES[3], CASES[5]] {
+        for dtype in [DType::F32, DType::F16] {
+            let (x, weight, bias) = operands(&case);
+            let [x, weight, bias] = [x, weight, bias].map(|t| t.to_dtype(dtype).unwrap());
+            let residual = randn(&[case.0, &[case.2]].concat()).to_dtype(dtype).unwrap();
+            let (norm_weight, norm_bias) = norm_operands(case.1);
+            let r = randn(&[case.0, &[case.2]].concat()).to_dtype(dtype).unwrap();
+            let tolerance = if dtype == DType::F32 { 1e-4 } else { 5e-3 };
+            let norm = [Some(&x), Some(&norm_weight), Some(&norm_bias), Some(&weight), Some(&bias)];
+            let norm_op =
+                |t: &[Option<&Tensor>]| norm_linear(t[0].unwrap(), t[1].unwrap(), t[2].unwrap(), 1e-6, t[3].unwrap(), t[4]).unwrap();
+            let adding = [Some(&x), Some(&weight), Some(&bias), Some(&residual)];
+            let adding_op = |t: &[Option<&Tensor>]| gelu_linear_residual(t[0].unwrap(), t[1].unwrap(), t[2], t[3].unwrap()).unwrap();
+            for (name, all, op) in [
+                ("norm_linear", &norm[..], &norm_op as &dyn Fn(&[Option<&Tensor>]) -> Tensor),
+                ("gelu_linear_residual", &adding[..], &adding_op),
+            ] {
+                let what = format!("{name} {case:?} {dtype:?}");
+                let expected = output_and_gradients_of(all, &r, op);
+                let (ours, used) = on_reference(|| allocations(|| output_and_gradients_of(all, &r, op)));
+                assert_close(&what, &ours, &expected, tolerance);
+                assert_eq!(used.left, 0, "{what}: nothing kept beyond candle's storages");
             }
         }
     }

@@ -115,6 +115,7 @@ mod layer_norm;
 mod linear;
 mod norm;
 mod norm_geometry;
+mod norm_linear;
 mod pool;
 mod pool_geometry;
 mod silu;
@@ -143,8 +144,11 @@ pub use cuda::{
 pub use fused_norm::{norm_act, norm_add_act, Activation, Lean, Norm, OwnOps, PlainOps, Residual, Then};
 pub use gelu::gelu;
 pub use layer_norm::layer_norm;
-pub use linear::{gelu_linear, gelu_linear_scratch, linear, linear_scratch, LinearScratch};
+pub use linear::{
+    fused_linear_scratch, gelu_linear, gelu_linear_residual, linear, linear_residual, linear_scratch, Fused, LinearScratch, Reads,
+};
 pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
+pub use norm_linear::norm_linear;
 
 /// Stride, zero padding (both sides) and groups of a square 2-D convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,6 +9,7 @@ use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 
 use super::super::OpError;
+use super::CHUNK;
 
 /// The contiguous elements of `storage` as f32: borrowed for f32, converted
 /// for f16 and bf16.
@@ -122,4 +123,40 @@ pub(in crate::ops) fn par_filled<T: Copy + Send + Sync>(
     fill: impl Fn(usize, &mut [T]) + Sync + Send,
 ) -> Vec<T> {
     par_chunks_from(len, chunk, zero, || (), |_, i, part| fill(i, part))
+}
+
+/// Rounds f32 values to what a tensor of `dtype` stores, as the plain ops do
+/// when they write a half-precision result.
+pub(in crate::ops) fn round_to(dtype: DType, values: &mut [f32]) {
+    if matches!(dtype, DType::F16 | DType::BF16) {
+        values.par_chunks_mut(CHUNK).for_each(|c| round_to_serial(dtype, c));
+    }
+}
+
+/// [`round_to`] on one thread: a block at a time through a buffer on the
+/// stack and the half crate's slice conversions (F16C where the CPU has
+/// it). A buffer on the heap per call was 18% of an f16 ResNet18 step on
+/// 2 threads: the calls are per plane and per chunk, and every allocation
+/// passes the process's shared counters.
+pub(in crate::ops) fn round_to_serial(dtype: DType, values: &mut [f32]) {
+    match dtype {
+        DType::F16 => round_through(values, half::f16::ZERO),
+        DType::BF16 => round_through(values, half::bf16::ZERO),
+        _ => {}
+    }
+}
+
+/// `values` rounded to the half type of `zero` and back, through a block on the stack.
+fn round_through<H: Copy>(values: &mut [f32], zero: H)
+where
+    [H]: half::slice::HalfFloatSliceExt,
+{
+    use half::slice::HalfFloatSliceExt;
+    const BLOCK: usize = 1024;
+    let mut half = [zero; BLOCK];
+    for block in values.chunks_mut(BLOCK) {
+        let half = &mut half[..block.len()];
+        half.convert_from_f32_slice(block);
+        half.convert_to_f32_slice(block);
+    }
 }

@@ -79,8 +79,8 @@ pub(super) use on_body;
 pub(super) use passes::{
     attention_backward, attention_forward, batch_norm_backward, batch_norm_forward, conv_forward, conv_input_gradient,
     conv_transpose_bias_gradient, conv_transpose_forward, conv_transpose_input_gradient, conv_transpose_weight_gradient,
-    conv_weight_gradient, forward, forward_with_bias, gelu_backward, gelu_forward, gelu_linear_forward, gelu_linear_input_gradient,
-    gelu_linear_weight_gradient, layer_norm_backward, layer_norm_forward, linear_bias_gradient, linear_forward, linear_input_gradient,
-    linear_weight_gradient, max_pool_backward, max_pool_forward, norm_act_backward, norm_act_forward, norm_add_act_backward,
-    norm_add_act_forward, saved_statistics, silu_backward, silu_forward,
+    conv_weight_gradient, forward, forward_with_bias, gelu_backward, gelu_forward, gelu_linear_input_gradient, layer_norm_backward,
+    layer_norm_forward, linear_bias_gradient, linear_forward_fused, linear_input_gradient, linear_weight_gradient_fused, max_pool_backward,
+    max_pool_forward, norm_act_backward, norm_act_forward, norm_add_act_backward, norm_add_act_forward, norm_linear_forward,
+    saved_statistics, silu_backward, silu_forward,
 };

@@ -322,16 +322,26 @@ pub fn linear_forward<P: Primitives>(
     Ok(y)
 }
 
-/// `y = gelu(x) W^T (+ b)`: GELU into a buffer of `x`'s size, then [`linear_forward`] on it.
-pub fn gelu_linear_forward<P: Primitives>(
+/// `y = x W^T (+ b) (+ residual)`, or `gelu(x) W^T ...` with `gelu` (GELU
+/// into a buffer of `x`'s size, then the product on it): [`linear_forward`],
+/// then the residual added into the output.
+pub fn linear_forward_fused<P: Primitives>(
     p: &P,
     l: Linear,
+    gelu: bool,
     x: Arg<'_, P::Buffer>,
     w: Arg<'_, P::Buffer>,
     bias: Option<Arg<'_, P::Buffer>>,
+    residual: Option<Arg<'_, P::Buffer>>,
 ) -> Result<Made<P::Buffer>> {
-    let activated = gelu_forward(p, x)?;
-    linear_forward(p, l, activated.arg(), w, bias)
+    let activated = if gelu { Some(gelu_forward(p, x)?) } else { None };
+    let y = linear_forward(p, l, activated.as_ref().map_or(x, Made::arg), w, bias)?;
+    drop(activated);
+    if let Some(residual) = residual {
+        expect_shape(Linear::OP, "residual", residual, &y.shape)?;
+        p.add_into(l.maps(element_of::<P>(Linear::OP, &[residual])?)?, residual.at, y.arg().at)?;
+    }
+    Ok(y)
 }
 
 /// `dx = (dy W) * gelu'(x)`: two buffers of `x`'s size, the product's and its GELU backward.
@@ -346,15 +356,16 @@ pub fn gelu_linear_input_gradient<P: Primitives>(
     gelu_backward(p, x, da.arg())
 }
 
-/// `dW = dy^T gelu(x)`, GELU computed again into a buffer of `x`'s size.
-pub fn gelu_linear_weight_gradient<P: Primitives>(
+/// `dW = dy^T x`, or `dy^T gelu(x)` with `gelu` (GELU computed again into a buffer of `x`'s size).
+pub fn linear_weight_gradient_fused<P: Primitives>(
     p: &P,
     l: Linear,
+    gelu: bool,
     dy: Arg<'_, P::Buffer>,
     x: Arg<'_, P::Buffer>,
 ) -> Result<Made<P::Buffer>> {
-    let activated = gelu_forward(p, x)?;
-    linear_weight_gradient(p, l, dy, activated.arg())
+    let activated = if gelu { Some(gelu_forward(p, x)?) } else { None };
+    linear_weight_gradient(p, l, dy, activated.as_ref().map_or(x, Made::arg))
 }
 
 /// `dx = dy W`, in the input's shape.
@@ -620,6 +631,25 @@ pub fn layer_norm_forward<P: Primitives>(p: &P, ln: LayerNorm, [x, w, b]: [Arg<'
     let y = made(p, call.element, x.shape.clone())?;
     p.layer_norm(call, x.at, w.at, b.at, y.arg().at)?;
     Ok(y)
+}
+
+/// `y = layer_norm(x) W^T + b`, the layer-norm's f32 weight and bias the two
+/// rows of `params`: the layer-norm into a buffer of `x`'s size, then
+/// [`linear_forward`] on it.
+pub fn norm_linear_forward<P: Primitives>(
+    p: &P,
+    ln: LayerNorm,
+    l: Linear,
+    [x, params, w, b]: [Arg<'_, P::Buffer>; 4],
+) -> Result<Made<P::Buffer>> {
+    if params.shape.elem_count() != 2 * ln.features {
+        Err(OpError::PerFeature { what: "packed layer-norm weight and bias", features: ln.features, dims: params.shape.dims().to_vec() })?
+    }
+    let per_feature = Shape::from(ln.features);
+    let row =
+        |index: usize| Arg { at: At { buffer: params.at.buffer, offset: params.at.offset + index * ln.features }, shape: &per_feature };
+    let normalised = layer_norm_forward(p, ln, [x, row(0), row(1)])?;
+    linear_forward(p, l, normalised.arg(), w, Some(b))
 }
 
 /// Layer-norm's gradients of input, weight and bias, each row's statistics
