@@ -56,7 +56,16 @@
 //! `ops::gelu` keep only their operands and compute what backward needs again; `ops::attention`
 //! reads q, k and v in place from its input and keeps either its probabilities (the plain layers)
 //! or one log-sum-exp per row (the lean layers, as memory-efficient attention does; backward
-//! recomputes the probabilities, one product more). Their scratch (gemm's packing, score buffers,
+//! recomputes the probabilities, one product more). The lean transformer block reads what a
+//! layer-norm or a GELU makes inside the linear layer after it (`ops::norm_linear`,
+//! `ops::gelu_linear`: the op takes the layer-norm's or GELU's input, which the layer before keeps
+//! anyway, and makes the normalised or activated tensor again in backward), and adds a residual
+//! block's input inside the block's last linear layer (`ops::linear_residual`,
+//! `ops::gelu_linear_residual`, four operands through candle's `CustomOp4`), so that neither the
+//! layer's output nor the sum is kept beside the other: an encoder layer keeps its input, q, k and
+//! v, the attention's output and log-sum-exps, the sum after attention and the MLP's hidden layer.
+//! `norm_linear`'s backward runs the plain ops one after the other (the layer-norm again, the
+//! product's gradients, the layer-norm's backward), on either device. Their scratch (gemm's packing, score buffers,
 //! f32 copies of half operands) depends on the batch and the threads, so the analysis lists them
 //! (`ModelCost::attentions`, `ModelCost::linears`) and the estimate asks `ops::attention_scratch`
 //! and `ops::linear_scratch`, as it does for convolutions; `ops::conv_transpose2d` likewise (one
