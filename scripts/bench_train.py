@@ -38,6 +38,9 @@ CONFIGS = [
     {"model": "resnet50", "batch": 8, "res": 224},
     {"model": "efficientnet-b0", "batch": 8, "res": 224},
     {"model": "vit-tiny", "batch": 8, "res": 224},
+    {"model": "vit-tiny", "batch": 32, "res": 64},
+    {"model": "unet", "batch": 8, "res": 128},
+    {"model": "unet", "batch": 16, "res": 64},
 ]
 # Other processes may take this share of the CPUs' time during a pair before its ratio is refused.
 OTHERS_BUSY_LIMIT = 0.10

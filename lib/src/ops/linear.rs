@@ -10,6 +10,8 @@
 //! gradient only for an operand that needs it: `dx = g W` and `dW = g^T x`
 //! (g read transposed in place) by gemm, `db` as the column sums of `g`.
 
+use std::borrow::Cow;
+
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, CustomOp4, DType, Layout, Result, Shape, Tensor};
 use multiversion::multiversion;
@@ -23,7 +25,7 @@ use super::cpu::gemm::{matmul, parallelism, row_major, transposed};
 use super::cpu::gemm_packing::{packing_bytes, Strides};
 use super::cpu::CHUNK;
 use super::cuda::{self, Reference};
-use super::gelu::{gelu_backward, gelu_in_place};
+use super::gelu::{gelu_backward, gelu_in_place, gelu_into};
 use super::{checked_gradients, uses_own_kernels, OpError};
 #[cfg(feature = "cuda")]
 use candle_core::CudaStorage;
@@ -280,15 +282,24 @@ pub struct Fused {
 
 /// The operand the product reads, in f32: `x` itself, or its GELU in a
 /// buffer of its own, rounded to `x`'s dtype as the GELU's output would be.
-fn product_operand<'a>(op: &'static str, x: Operand<'a>, gelu: bool) -> Result<std::borrow::Cow<'a, [f32]>> {
+fn product_operand<'a>(op: &'static str, x: Operand<'a>, gelu: bool) -> Result<Cow<'a, [f32]>> {
     let values = f32_view(op, x.0, x.1)?;
     if !gelu {
         return Ok(values);
     }
-    let mut values = values.into_owned();
-    values.par_chunks_mut(CHUNK).for_each(gelu_in_place);
-    round_to(x.0.dtype(), &mut values);
-    Ok(values.into())
+    let mut activated = match values {
+        Cow::Borrowed(x) => {
+            let mut out = vec![0f32; x.len()];
+            out.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(out, x)| gelu_into(x, out));
+            out
+        }
+        Cow::Owned(mut copy) => {
+            copy.par_chunks_mut(CHUNK).for_each(gelu_in_place);
+            copy
+        }
+    };
+    round_to(x.0.dtype(), &mut activated);
+    Ok(activated.into())
 }
 
 /// The linear layer, a candle op through [`Biased`].

@@ -361,8 +361,11 @@ fn norm_linear_in_half_precision_is_the_plain_ops_in_half_precision() {
 
 /// The device passes of `norm_linear` (our layer-norm kernel, cuBLAS's
 /// product, the bias call) and of the residual ops (the bias call, then
-/// cuDNN's add), on the reference primitives, give what the CPU ops give and
-/// keep nothing beyond candle's storages.
+/// cuDNN's add into the output), on the reference primitives, give what the
+/// CPU ops give, keep nothing beyond candle's storages, and hold, beside a
+/// pass's result, the normalised or activated input where the rules say:
+/// `norm_linear` forward (its backward runs the plain ops, each pass one
+/// result), the GELU forward, in the input gradient and in the weight gradient.
 #[test]
 fn norm_linear_and_linear_residual_on_the_reference_primitives_match_the_cpu() {
     use super::cuda::{allocations, on_reference};
@@ -379,15 +382,21 @@ fn norm_linear_and_linear_residual_on_the_reference_primitives_match_the_cpu() {
                 |t: &[Option<&Tensor>]| norm_linear(t[0].unwrap(), t[1].unwrap(), t[2].unwrap(), 1e-6, t[3].unwrap(), t[4]).unwrap();
             let adding = [Some(&x), Some(&weight), Some(&bias), Some(&residual)];
             let adding_op = |t: &[Option<&Tensor>]| gelu_linear_residual(t[0].unwrap(), t[1].unwrap(), t[2], t[3].unwrap()).unwrap();
-            for (name, all, op) in [
-                ("norm_linear", &norm[..], &norm_op as &dyn Fn(&[Option<&Tensor>]) -> Tensor),
-                ("gelu_linear_residual", &adding[..], &adding_op),
+            let bytes = |t: &Tensor| (t.elem_count() * dtype.size_in_bytes()) as u64;
+            let (x_bytes, out_bytes, weight_bytes) = (bytes(&x), bytes(&residual), bytes(&weight));
+            // The layer-norm's backward makes its weight and bias gradients in f32 beside the input's.
+            let norm_peak = (x_bytes + out_bytes).max(weight_bytes).max(x_bytes + 2 * case.1 as u64 * 4);
+            let adding_peak = (x_bytes + out_bytes).max(2 * x_bytes).max(x_bytes + weight_bytes);
+            for (name, all, op, peak) in [
+                ("norm_linear", &norm[..], &norm_op as &dyn Fn(&[Option<&Tensor>]) -> Tensor, norm_peak),
+                ("gelu_linear_residual", &adding[..], &adding_op, adding_peak),
             ] {
                 let what = format!("{name} {case:?} {dtype:?}");
                 let expected = output_and_gradients_of(all, &r, op);
                 let (ours, used) = on_reference(|| allocations(|| output_and_gradients_of(all, &r, op)));
                 assert_close(&what, &ours, &expected, tolerance);
                 assert_eq!(used.left, 0, "{what}: nothing kept beyond candle's storages");
+                assert_eq!(used.peak, peak, "{what}: {used:?}");
             }
         }
     }
