@@ -269,7 +269,7 @@ pub enum Reads {
     Input,
     /// Its GELU ([`gelu_linear`]).
     Gelu,
-    /// Its layer-norm ([`super::norm_linear`]).
+    /// Its layer-norm (the op `norm_linear`).
     Norm,
 }
 
