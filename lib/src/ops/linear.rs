@@ -9,6 +9,11 @@
 //! `y^T`, added transposed to the bias rows. Its backward makes each
 //! gradient only for an operand that needs it: `dx = g W` and `dW = g^T x`
 //! (g read transposed in place) by gemm, `db` as the column sums of `g`.
+//!
+//! The same op reads its input through a GELU ([`gelu_linear`]) and adds a
+//! residual to its output ([`linear_residual`]), so that the lean
+//! transformer block keeps neither the GELU's output nor the layer's output
+//! beside the sum.
 
 use std::borrow::Cow;
 
