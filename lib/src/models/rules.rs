@@ -370,7 +370,8 @@ fn attention(heads: usize, input: Shape, precision: Precision, layers: Layers, k
 /// layer-norm's backward: its input gradient beside the product's, with f32
 /// copies of the half input, gradient and result). The device passes hold
 /// one map of the input more beside the linear layer's buffers, forward and
-/// backward (`linear_tests`). One that adds its block's input keeps only the
+/// backward (measured on the reference primitives: `linear_tests`, and
+/// `on_the_device` below). One that adds its block's input keeps only the
 /// sum, its output (the block's add keeps nothing more).
 pub(crate) fn lean(role: Role, op: &Op, input: Shape, output: Shape, precision: Precision, kernels: Kernels, cost: Cost) -> Cost {
     let cb = precision.compute_bytes();
@@ -662,6 +663,46 @@ mod on_the_device {
         assert!((rule..=rule + parameter_gradients).contains(&measured), "{what}: {measured} measured, {rule} counted");
     }
 
+    /// The lean transformer block's linear ops on a sequence of 9 tokens of
+    /// 16 features to 24: forward, the GELU's or layer-norm's map beside the
+    /// output; backward, beyond the incoming gradient, the input gradient
+    /// and, for the GELU, the product's gradient before GELU's backward, up to
+    /// the weight and bias gradients. (`norm_linear`'s backward runs the plain
+    /// ops, whose results are candle's storages between its passes: its
+    /// passes' own buffers stay within the rule.)
+    fn the_fused_linears_allocate_what_their_device_rule_counts(precision: Precision, dtype: DType) {
+        use crate::ops::{Fused, Reads};
+        let (tokens, features, outputs) = (9, 16, 24);
+        let input = Shape::Tokens { n: tokens, d: features };
+        let x = tensor(&[BATCH, tokens, features], dtype, 6);
+        let (weight, bias) = (tensor(&[outputs, features], dtype, 7), tensor(&[outputs], dtype, 8));
+        let residual = tensor(&[BATCH, tokens, outputs], dtype, 9);
+        let (norm_weight, norm_bias) = (tensor(&[features], DType::F32, 10), tensor(&[features], DType::F32, 11));
+        let parameter_gradients = bytes(weight.as_tensor()) + bytes(bias.as_tensor());
+        let linear = Op::Linear { out_features: outputs, bias: true };
+        for (reads, adds_residual) in [(Reads::Gelu, false), (Reads::Gelu, true), (Reads::Input, true), (Reads::Norm, false)] {
+            let what = format!("linear reading {reads:?}, residual {adds_residual}, {precision:?}");
+            let (output, cost) = leaf(&linear, input, precision, Layers::Lean, Kernels::Device, false).unwrap();
+            let rule = lean(Role::Linear(Fused { reads, adds_residual }), &linear, input, output, precision, Kernels::Device, cost);
+            let (w, b, r) = (weight.as_tensor(), Some(bias.as_tensor()), residual.as_tensor());
+            let forward = || match (reads, adds_residual) {
+                (Reads::Gelu, false) => ops::gelu_linear(x.as_tensor(), w, b).unwrap(),
+                (Reads::Gelu, true) => ops::gelu_linear_residual(x.as_tensor(), w, b, r).unwrap(),
+                (Reads::Input, _) => ops::linear_residual(x.as_tensor(), w, b, r).unwrap(),
+                (Reads::Norm, _) => ops::norm_linear(x.as_tensor(), norm_weight.as_tensor(), norm_bias.as_tensor(), 1e-6, w, b).unwrap(),
+            };
+            let (forward, backward) = measured(forward, 0);
+            let incoming = BATCH as u64 * output.elems() * precision.compute_bytes();
+            assert_eq!(forward, BATCH as u64 * rule.workspace_bytes, "{what}: forward");
+            let counted = BATCH as u64 * rule.backward_bytes - incoming;
+            if reads == Reads::Norm {
+                assert!(backward <= counted + 2 * features as u64 * 4, "{what}: {backward} measured, {counted} counted");
+            } else {
+                assert_counted(&what, backward, counted, parameter_gradients);
+            }
+        }
+    }
+
     #[test]
     fn the_lean_ops_allocate_what_their_device_rule_counts() {
         let input = Shape::map(CHANNELS, SIDE, SIDE);
@@ -698,6 +739,7 @@ mod on_the_device {
                     assert_counted(&what, backward, BATCH as u64 * rule.backward_bytes - incoming, params);
                 }
             }
+            the_fused_linears_allocate_what_their_device_rule_counts(precision, dtype);
             for (projected, act) in [(false, Activation::Relu), (true, Activation::Relu), (false, Activation::Identity)] {
                 let x = tensor(&[BATCH, CHANNELS, SIDE, SIDE], dtype, 5);
                 let side = Norm { weight: weight.as_tensor(), bias: bias.as_tensor(), eps: 1e-5 };
