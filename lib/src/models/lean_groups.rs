@@ -171,7 +171,7 @@ pub(super) fn streams(block: &spec::Block) -> bool {
         && !matches!(ops.as_slice(), [.., Op::LayerNorm { .. }, Op::Linear { .. }])
 }
 
-/// The role of each layer of a list under [`groups`] and [`gelu_linears`].
+/// The role of each layer of a list under [`groups`] and [`read_by_linears`], with [`streams`] read off the block for `Place::Streamed`.
 pub(super) fn roles(layers: &[spec::Layer], place: Place) -> Vec<Role> {
     if place == Place::Post {
         return vec![Role::Stored; layers.len()];
