@@ -550,6 +550,8 @@ fn verified_fixes(
             let flags = measure_flags(&fix.config, trials.step.spec.num_classes);
             let (verified, peak_bytes, check) = if rank >= verify {
                 (false, fix.peak_bytes, format!("not run: only the {verify} cheapest are verified"))
+            } else if fix.config.levers.cards.several() {
+                (false, fix.peak_bytes, "not run: it takes several cards, and this process runs one".to_owned())
             } else {
                 match trials.run(&fix.config) {
                     None => (false, fix.peak_bytes, format!("not run: {SKIPPED_FOR_TIME}")),

@@ -89,6 +89,16 @@ fn main() -> ExitCode {
             return if err.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
+    let one_card = match &cli.command {
+        Command::Measure(cmd) => cmd.args.setup.levers.on_one_card(),
+        Command::Bench(Bench::Train(cmd)) => cmd.args.setup.levers.on_one_card(),
+        Command::Train(cmd) => cmd.args.levers.on_one_card(),
+        _ => Ok(()),
+    };
+    if let Err(err) = one_card {
+        eprintln!("error: {err}");
+        return ExitCode::from(2);
+    }
     let printed = match &cli.command {
         Command::Summary(cmd) => {
             run_summary(&cmd.args).and_then(|summary| emit(cmd.json, &summary, || summary.table(cmd.args.depth).to_string()))

@@ -2,7 +2,8 @@
 
 use serde::Serialize;
 
-use crate::oom::{CheckReport, HostReport, Sweep, Verdict};
+use crate::ledger::BillKind;
+use crate::oom::{verdict, CheckReport, HostReport, Sharding, Sweep, Verdict};
 use crate::render::{Bundle, Render, Table};
 use crate::units::{human, percent};
 
@@ -71,6 +72,40 @@ impl CheckReport {
     }
 }
 
+impl Sharding {
+    /// One card's five bills and peak at each sharding stage, beside the
+    /// same samples on one card.
+    pub fn table(&self, chosen: &crate::ledger::StepConfig) -> Table {
+        let cards = chosen.levers.cards;
+        let mut columns = vec![String::from("bill")];
+        let single = self.single_card.iter().map(|l| (format!("1 card, batch {}", l.config.batch), l));
+        let stages = self.stages.iter().map(|l| {
+            let shard = l.config.levers.cards.shard;
+            let chosen = if shard == cards.shard { " (this)" } else { "" };
+            (format!("{}{chosen}", shard.name()), l)
+        });
+        let ledgers: Vec<(String, &crate::ledger::Ledger)> = single.chain(stages).collect();
+        columns.extend(ledgers.iter().map(|(name, _)| name.clone()));
+        let mut table = Table::new(columns)
+            .title(format!("one of {} cards, batch {} on each, at each sharding stage", cards.count, chosen.batch))
+            .right_align(&(1..=ledgers.len()).collect::<Vec<_>>());
+        for kind in BillKind::ALL {
+            let row = std::iter::once(kind.title().to_owned()).chain(ledgers.iter().map(|(_, l)| human(l.bill(kind).bytes)));
+            table.push_row(row.collect::<Vec<_>>());
+        }
+        let peak = |l: &crate::ledger::Ledger| format!("{} ({})", human(l.peak.bytes), percent(l.peak.bytes, l.device.usable_bytes));
+        table.push_row(std::iter::once("peak (% of card)".to_owned()).chain(ledgers.iter().map(|(_, l)| peak(l))).collect::<Vec<_>>());
+        let fit = |l: &crate::ledger::Ledger| verdict(l.peak.bytes, &l.device).to_string();
+        table.push_row(std::iter::once("verdict".to_owned()).chain(ledgers.iter().map(|(_, l)| fit(l))).collect::<Vec<_>>());
+        table.note(
+            "Each card runs its own batch and keeps what its stage leaves it: DDP keeps everything, ZeRO-1 divides the optimizer \
+             state, ZeRO-2 the gradients too, ZeRO-3 the weights too, gathering each stage's while it runs. ZeRO-2 reduce-scatters \
+             each backward segment's gradients when the segment is done, and a stage's graph keeps the weights gathered \
+             for it until its backward: both save more where stages are checkpointed.",
+        )
+    }
+}
+
 const NO_FIX: &str = "No single change or combination fits: a smaller model or a larger card is needed.";
 
 crate::render::shown_as_bundles!(Oomcheck);
@@ -109,6 +144,9 @@ impl Render for Oomcheck {
                 .part(&report.ledger.table().bundle())
                 .html_only(&report.ledger.chart().bundle())
                 .part(&report.ledger.timeline_table().bundle());
+            if let Some(sharding) = &report.sharding {
+                composer = composer.part(&sharding.table(&report.ledger.config).bundle());
+            }
             if report.verdict != Verdict::Fits && report.ledger.config.mode == crate::ledger::Mode::Training {
                 composer = composer.part(&report.fixes_table().bundle());
             }

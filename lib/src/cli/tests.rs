@@ -158,6 +158,8 @@ fn every_fix_flag_round_trips_through_the_parser() {
         "resnet18 --batch 128 --res 64 --opt adam --gpu 768MiB",
         "efficientnet-b0 --batch 96 --res 224 --channels 1 --amp f16 --gpu 3GiB",
         "resnet34 --batch 64 --res 320 --ckpt layer1,layer2 --accum 2 --opt sgd-momentum --gpu 3GiB",
+        "vit-small --batch 16 --res 224 --gpu 0.8GB",
+        "resnet50 --batch 64 --res 224 --cards 2 --shard optimizer --bucket-mb 10 --gpu 2GiB",
     ] {
         let args = OomcheckArgs::try_parse_from(std::iter::once("oomcheck").chain(line.split_whitespace())).unwrap();
         let report = crate::oom::check(&args.model_spec().unwrap(), &args.step_config(), &args.card.gpu).unwrap();
@@ -361,7 +363,7 @@ fn oomcheck_with_fixes_shows_the_verdict_and_the_fixes_table_alone() {
 
 #[test]
 fn the_lever_flags_read_the_same_in_every_command_over_each_commands_base() {
-    use crate::ledger::{Checkpointing, Levers, OptimizerKind};
+    use crate::ledger::{Cards, Checkpointing, Levers, OptimizerKind, Shard};
     use crate::models::{Layers, Precision};
     use clap::Parser;
     let pulled = " --amp f16 --opt adamw --accum 2 --ckpt layer1,layer2 --layers plain";
@@ -371,6 +373,7 @@ fn the_lever_flags_read_the_same_in_every_command_over_each_commands_base() {
         accumulation: 2,
         checkpointing: Checkpointing::Segments(vec!["layer1".into(), "layer2".into()]),
         layers: Layers::Plain,
+        cards: Cards::default(),
     };
     let oomcheck =
         |flags: &str| parse::<OomcheckArgs>("oomcheck", &words(&format!("resnet18 --batch 8 --res 64{flags}"))).unwrap().unwrap();
@@ -393,8 +396,37 @@ fn the_lever_flags_read_the_same_in_every_command_over_each_commands_base() {
     assert_eq!(oomcheck(" --accum 4").step_config().levers, Levers { accumulation: 4, ..Levers::default() });
     let err = oomcheck_err("resnet18 --batch 8 --res 64 --accum 0");
     assert!(err.contains("--accum") && err.contains("at least 1"), "{err}");
+    // The cards are levers of the same group; only the commands that cost a step take more than one.
+    let cards = " --cards 4 --shard gradients --bucket-mb 50";
+    let spread = Cards { count: 4, shard: Shard::Gradients, bucket_bytes: 50 << 20 };
+    assert_eq!(oomcheck(cards).step_config().levers, Levers { cards: spread, ..Levers::default() });
+    assert_eq!(
+        oomcheck(cards).step_config().levers.flags(crate::ledger::Mode::Training),
+        " --opt adam --cards 4 --shard gradients --bucket-mb 50"
+    );
+    let refused = measure(cards).setup.levers.on_one_card().unwrap_err();
+    assert!(refused.starts_with("--cards 4: this command runs its steps in one process"), "{refused}");
+    let learner = LearnArgs::try_parse_from("train --root data --shard optimizer".split_whitespace()).unwrap();
+    assert!(learner.levers.on_one_card().unwrap_err().starts_with("--shard optimizer"));
+    assert_eq!(measure(" --cards 1").setup.levers.on_one_card(), Ok(()));
+    let err = oomcheck_err("resnet18 --batch 8 --res 64 --shard everything");
+    assert!(err.contains("--shard") && err.contains("optimizer"), "{err}");
 }
 
 fn oomcheck_err(line: &str) -> String {
     parse::<OomcheckArgs>("oomcheck", &words(line)).unwrap_err().0
+}
+
+#[test]
+fn oomcheck_on_several_cards_shows_one_cards_bills_at_each_stage_beside_one_card() {
+    let text = oomcheck(&words("resnet50 --batch 32 --res 224 --cards 4 --shard gradients")).unwrap().text().to_owned();
+    assert!(text.contains("batch 32 at 3x224x224, f32, Adam, one of 4 cards, ZeRO-2"), "{text}");
+    let table = text.split("one of 4 cards, batch 32 on each, at each sharding stage").nth(1).expect("the stages' table");
+    let header = table.lines().nth(1).unwrap();
+    for column in ["1 card, batch 128", "DDP", "ZeRO-1", "ZeRO-2 (this)", "ZeRO-3"] {
+        assert!(header.contains(column), "{header}");
+    }
+    assert!(table.lines().any(|l| l.starts_with("peak (% of card)")) && table.lines().any(|l| l.starts_with("verdict")), "{table}");
+    let one = oomcheck(&words("resnet50 --batch 32 --res 224")).unwrap().text().to_owned();
+    assert!(!one.contains("sharding stage"), "one card has no stages' table");
 }

@@ -7,7 +7,7 @@ use crate::models::{analyze_on, ConvLayer, Kernels, ModelCost, ModelSpec, Precis
 use crate::ops::{ConvScratch, CUDNN_WORKSPACE_BYTES};
 
 use super::bill::{line, Bill, BillKind, Line};
-use super::levers::OptimizerKind;
+use super::levers::{Cards, OptimizerKind, Shard};
 use super::plan::{StepPhase, StepPlan};
 use super::step_config::{Mode, StepConfig};
 use super::timeline::{Part, Parts, Peak, Phase, Recorder};
@@ -17,6 +17,13 @@ use super::LedgerError;
 const LABEL_BYTES: u64 = 4;
 /// 8-bit Adam: one f32 scale per block of this many elements, per moment.
 const BLOCK: u64 = 2048;
+/// NCCL's receive buffers per channel of a ring, one per protocol, at its
+/// defaults (`init.cc`): Simple `NCCL_BUFFSIZE` 4 MiB, LL128 4,915,200 B, LL 512 KiB.
+const NCCL_CHANNEL_BYTES: u64 = (1 << 22) + 4_915_200 + (1 << 19);
+/// The channels NCCL opens between PCIe-connected cards; NVLink systems open more.
+const NCCL_CHANNELS: u64 = 2;
+/// Open MPI's shared-memory transport per process (`btl_vader_segment_size`).
+const MPI_SEGMENT_BYTES: u64 = 4 << 20;
 
 /// What a step costs on a device.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -52,13 +59,20 @@ impl Ledger {
 
 /// Costs one step of `spec` with `config` on `device`.
 pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<Ledger, LedgerError> {
-    for (what, value) in [("batch", config.batch), ("accumulation steps", config.levers.accumulation)] {
+    let cards = config.levers.cards;
+    for (what, value) in [("batch", config.batch), ("accumulation steps", config.levers.accumulation), ("cards", cards.count)] {
         if value == 0 {
             return Err(LedgerError::Zero { what });
         }
         if value > MAX_BATCH {
             return Err(LedgerError::TooLarge { what, value, max: MAX_BATCH });
         }
+    }
+    if !cards.several() && cards.shard != Shard::None {
+        return Err(LedgerError::ShardOnOneCard(cards.shard.flag()));
+    }
+    if cards.several() && config.mode == Mode::Inference {
+        return Err(LedgerError::CardsInInference);
     }
     // A simulated card runs the step on our CPU kernels, a real one on the device passes.
     let kernels = match device.kind {
@@ -71,7 +85,7 @@ pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<
     let batch = config.batch as u64;
     let host_scratch = if device.is_cpu() { cost.convs.iter().map(|c| c.host_scratch(batch)).collect() } else { Vec::new() };
     let layer_scratch = if device.is_cpu() { layer_scratch(&cost, config, batch) } else { device_layer_scratch(&cost, config, batch) };
-    let step = Step { cost: &cost, config, device, plan: &plan, batch, host_scratch, layer_scratch };
+    let step = Step { cost: &cost, config, device, kernels, plan: &plan, batch, host_scratch, layer_scratch };
     let (bills, recorder) = match config.mode {
         Mode::Training => (step.training_bills(), step.walk_training()),
         Mode::Inference => (step.inference_bills(), step.walk_inference()),
@@ -92,6 +106,7 @@ struct Step<'a> {
     cost: &'a ModelCost,
     config: &'a StepConfig,
     device: &'a Card,
+    kernels: Kernels,
     plan: &'a StepPlan,
     batch: u64,
     /// On the CPU, what each of `cost.convs` allocates beyond its operands
@@ -155,6 +170,72 @@ impl Step<'_> {
         self.cost.total.params * F32_BYTES
     }
 
+    fn cards(&self) -> Cards {
+        self.config.levers.cards
+    }
+
+    /// The weights this card keeps between stages: all of them, or under
+    /// ZeRO-3 its part.
+    fn own_weights(&self) -> u64 {
+        self.cards().part_of(self.weights(), Shard::Parameters)
+    }
+
+    /// Stage `i`'s weights, gathered under ZeRO-3 from the other cards
+    /// for its forward and kept, as the AMP copies are, by its graph.
+    fn gathered(&self, i: usize) -> u64 {
+        if self.cards().several() && self.cards().shard == Shard::Parameters {
+            self.cost.stages[i].cost.params * F32_BYTES
+        } else {
+            0
+        }
+    }
+
+    /// The most weights gathered at once: every stage whose graph is kept,
+    /// and the largest checkpointed one while it is recomputed.
+    fn most_gathered(&self) -> u64 {
+        let stages = 0..self.cost.stages.len();
+        let kept: u64 = stages.clone().filter(|&i| !self.plan.is_checkpointed(i)).map(|i| self.gathered(i)).sum();
+        kept + stages.filter(|&i| self.plan.is_checkpointed(i)).map(|i| self.gathered(i)).max().unwrap_or(0)
+    }
+
+    /// The bucket of `bytes` of gradients (or of updated weights) that the
+    /// cards exchange as one message.
+    fn bucket(&self, bytes: u64) -> u64 {
+        if self.cards().several() {
+            self.cards().bucket_bytes.min(bytes)
+        } else {
+            0
+        }
+    }
+
+    /// Gradients a backward segment makes whole: reduce-scattered at its
+    /// end under ZeRO-2 and ZeRO-3.
+    fn segment_gradients(&self, stages: std::ops::Range<usize>) -> u64 {
+        self.cost.stages[stages].iter().map(|s| s.cost.params * F32_BYTES).sum()
+    }
+
+    fn scatters_gradients(&self) -> bool {
+        self.cards().several() && self.cards().shard >= Shard::Gradients
+    }
+
+    /// The collective library's own buffers on each card: NCCL's rings on
+    /// a device, Open MPI's shared memory on the host.
+    fn collective_line(&self) -> Line {
+        if !self.cards().several() {
+            line("no collective on one card", 0)
+        } else if self.kernels == Kernels::Host {
+            line("Open MPI's shared-memory segment (btl_vader_segment_size, outside the tensors' allocator)", MPI_SEGMENT_BYTES)
+        } else {
+            line(
+                format!(
+                    "NCCL's ring buffers: {NCCL_CHANNELS} channels x (4 MiB simple + 4.7 MiB LL128 + 0.5 MiB LL), its defaults between \
+                     PCIe cards (NVLink systems open more channels)"
+                ),
+                NCCL_CHANNELS * NCCL_CHANNEL_BYTES,
+            )
+        }
+    }
+
     fn amp_copies(&self, params: u64) -> u64 {
         if self.config.levers.precision.is_mixed() {
             params * self.config.levers.precision.compute_bytes()
@@ -172,7 +253,18 @@ impl Step<'_> {
         self.batch * self.cost.input.elems() * F32_BYTES
     }
 
+    /// The optimizer state this card keeps: all of it, or from ZeRO-1 on its part.
     fn optimizer_state(&self) -> Vec<Line> {
+        let cards = self.cards();
+        let lines = self.whole_optimizer_state();
+        if cards.shard < Shard::Optimizer {
+            return lines;
+        }
+        let part = |l: Line| line(format!("{}, this card's 1/{}", l.label, cards.count), cards.part_of(l.bytes, Shard::Optimizer));
+        lines.into_iter().map(part).collect()
+    }
+
+    fn whole_optimizer_state(&self) -> Vec<Line> {
         let params = self.cost.total.params;
         match self.config.levers.optimizer {
             OptimizerKind::Sgd => vec![],
@@ -193,8 +285,11 @@ impl Step<'_> {
         }
     }
 
+    /// The update's temporaries, per element of the largest tensor it
+    /// updates at once: a whole tensor, or at most this card's part.
     fn optimizer_temporaries(&self) -> u64 {
-        self.config.levers.optimizer.step_temporary_bytes(self.device.is_cpu()) * self.cost.total.largest_param_elems
+        let params = self.cards().part_of(self.cost.total.params, Shard::Optimizer);
+        self.config.levers.optimizer.step_temporary_bytes(self.device.is_cpu()) * self.cost.total.largest_param_elems.min(params)
     }
 
     fn context_line(&self) -> Line {
@@ -363,15 +458,35 @@ impl Step<'_> {
     fn training_bills(&self) -> Vec<Bill> {
         let c = self.config;
         let half = c.levers.precision.flag();
-        let params = vec![
-            line("weights (f32 master copy)", self.weights()),
+        let cards = c.levers.cards;
+        let of_cards = |label: &str, from: Shard| {
+            if cards.several() && cards.shard >= from {
+                format!("{label}, this card's 1/{}", cards.count)
+            } else {
+                label.to_owned()
+            }
+        };
+        let gradients = cards.part_of(self.weights(), Shard::Gradients);
+        let mut params = vec![
+            line(of_cards("weights (f32 master copy)", Shard::Parameters), self.own_weights()),
+            line("weights gathered for the stages that run (ZeRO-3), kept by their graphs until their backward", self.most_gathered()),
             line("batch-norm running statistics", self.cost.total.buffers * F32_BYTES),
-            line("gradients (f32)", self.weights()),
+            line(of_cards("gradients (f32)", Shard::Gradients), gradients),
             line(
                 format!("accumulated gradients (f32, {} micro-batches)", c.levers.accumulation),
-                if c.levers.accumulation > 1 { self.weights() } else { 0 },
+                if c.levers.accumulation > 1 { gradients } else { 0 },
             ),
         ];
+        if self.scatters_gradients() {
+            let largest = self.plan.segments().iter().map(|s| self.segment_gradients(s.stages())).max().unwrap_or(0);
+            params.insert(
+                4,
+                line(
+                    "a backward segment's gradients, whole until they are reduce-scattered",
+                    largest - cards.part_of(largest, Shard::Gradients),
+                ),
+            );
+        }
         let mut activations: Vec<Line> = self
             .cost
             .stages
@@ -408,9 +523,21 @@ impl Step<'_> {
                         format!("{} step temporaries (or AMP's unscaling, the larger)", c.levers.optimizer),
                         self.optimizer_temporaries().max(self.unscale_temporaries()),
                     ),
+                    self.collective_line(),
+                    line(self.bucket_label(), self.bucket(self.weights())),
                 ],
             ),
         ]
+    }
+
+    fn bucket_label(&self) -> String {
+        let exchanged = match self.cards().shard {
+            Shard::None => "gradients all-reduced",
+            Shard::Optimizer => "gradients all-reduced, then the updated weights gathered",
+            Shard::Gradients => "gradients reduce-scattered, then the updated weights gathered",
+            Shard::Parameters => "gradients reduce-scattered",
+        };
+        format!("bucket ({exchanged}, {} at a time)", crate::units::human(self.cards().bucket_bytes))
     }
 
     fn workspace_label(&self) -> &'static str {
@@ -483,12 +610,13 @@ impl Step<'_> {
         let mut live = Parts::default();
         let none = Parts::default();
         live.set(Part::Context, self.context_line().bytes);
+        live.set(Part::Collective, self.collective_line().bytes);
         live.set(Part::Workspace, self.device_workspace());
-        live.set(Part::Weights, self.weights());
+        live.set(Part::Weights, self.own_weights());
         live.set(Part::Buffers, self.cost.total.buffers * F32_BYTES);
         live.set(Part::OptimizerState, self.optimizer_state().iter().map(|l| l.bytes).sum());
         if c.levers.accumulation > 1 {
-            live.set(Part::AccumulatedGradients, self.weights());
+            live.set(Part::AccumulatedGradients, c.levers.cards.part_of(self.weights(), Shard::Gradients));
         }
         rec.phase(StepPhase::Loaded, &live, &none);
         let micro_batches = c.levers.accumulation as u64;
@@ -501,6 +629,7 @@ impl Step<'_> {
             let mut transient = Parts::default();
             transient.set(Part::Workspace, self.forward_workspace(i));
             live.add(Part::AmpWeightCopies, amp);
+            live.add(Part::GatheredWeights, self.gathered(i));
             live.add(Part::Activations, self.held(i));
             // A checkpointed stage's graph lives until its output is detached,
             // just after the phase ends.
@@ -510,6 +639,7 @@ impl Step<'_> {
             live.remove(Part::Recompute, graph);
             if self.plan.is_checkpointed(i) {
                 live.remove(Part::AmpWeightCopies, amp);
+                live.remove(Part::GatheredWeights, self.gathered(i));
             }
         }
 
@@ -537,6 +667,7 @@ impl Step<'_> {
                     // stage before kept a graph), alive while its backward runs.
                     live.set(Part::Recompute, self.batch * stage.cost.saved_bytes + self.recompute_input_copy(i));
                     live.add(Part::AmpWeightCopies, self.amp_copies(stage.cost.amp_copy_params));
+                    live.add(Part::GatheredWeights, self.gathered(i));
                 }
                 let mut transient = Parts::default();
                 transient.set(Part::BackwardTemporaries, self.batch * stage.cost.backward_bytes + root);
@@ -570,16 +701,30 @@ impl Step<'_> {
                 start => self.batch * stages[start - 1].boundary_bytes,
             };
             live.set(Part::PassedGradient, passed);
+            // Under ZeRO-2 and ZeRO-3 the segment's gradients are
+            // reduce-scattered once its graph is dropped, a bucket at a
+            // time; this card keeps its part.
+            let whole = if self.scatters_gradients() { self.segment_gradients(segment.stages()) } else { 0 };
+            let scattered = whole - c.levers.cards.part_of(whole, Shard::Gradients);
             if last {
-                rec.phase_during(phase, &live, highest);
+                let mut resident = live;
+                resident.remove(Part::Gradients, scattered);
+                rec.phase_during(phase, &resident, highest);
             }
             for i in segment.stages() {
                 live.remove(Part::Activations, self.held(i));
                 live.remove(Part::AmpWeightCopies, self.amp_copies(stages[i].cost.amp_copy_params));
+                live.remove(Part::GatheredWeights, self.gathered(i));
             }
             // The copy a recomputed segment made of its input is dropped
             // only after the phase ends, with the trainer's handle on it.
             live.set(Part::Recompute, self.recompute_input_copy(segment.start));
+            let mut scattering = live;
+            scattering.add(Part::Bucket, self.bucket(whole));
+            if scattering.total() > highest.total() {
+                highest = scattering;
+            }
+            live.remove(Part::Gradients, scattered);
             if !last {
                 rec.phase_during(phase, &live, highest);
             }
@@ -595,9 +740,19 @@ impl Step<'_> {
             live.set(Part::Gradients, 0);
             rec.phase(StepPhase::Accumulated, &live, &transient);
         }
+        if self.plan.all_reduces() {
+            let mut transient = Parts::default();
+            transient.set(Part::Bucket, self.bucket(self.weights()));
+            rec.phase(StepPhase::GradientsReduced, &live, &transient);
+        }
         let mut transient = Parts::default();
         transient.set(Part::OptimizerTemporaries, self.optimizer_temporaries().max(self.unscale_temporaries()));
         rec.phase(StepPhase::OptimizerStep, &live, &transient);
+        if self.plan.gathers_updated_weights() {
+            let mut transient = Parts::default();
+            transient.set(Part::Bucket, self.bucket(self.weights()));
+            rec.phase(StepPhase::WeightsGathered, &live, &transient);
+        }
         for part in [Part::Gradients, Part::AccumulatedGradients, Part::Images, Part::Labels] {
             live.set(part, 0);
         }

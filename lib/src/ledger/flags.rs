@@ -23,8 +23,12 @@ pub fn oomcheck_flags(config: &StepConfig) -> Option<String> {
 
 /// The `vramlab measure` flags of a training `config` of a model with
 /// `classes` outputs (all but `--model` and `--budget`); `None` where measure
-/// cannot run it: inference, or an input that is not square RGB.
+/// cannot run it: inference, an input that is not square RGB, or a step
+/// spread over several cards.
 pub fn measure_flags(config: &StepConfig, classes: usize) -> Option<String> {
+    if config.levers.cards.several() {
+        return None;
+    }
     match (square(config.input)?, config.mode) {
         ((3, side), Mode::Training) => {
             Some(format!("--batch {} --res {side} --classes {classes}{}", config.batch, config.levers.flags(config.mode)))

@@ -1,5 +1,6 @@
 //! The training levers, declared once: what a learner pulls to make a step
-//! fit (precision, optimizer, accumulation, checkpointing, layers), their
+//! fit (precision, optimizer, accumulation, checkpointing, layers, and the
+//! cards the step is spread over with what they shard), their
 //! values, the one clap group every command and magic flattens to read them,
 //! and the flags that write them back.
 //!
@@ -29,6 +30,8 @@ pub struct Levers {
     pub checkpointing: Checkpointing,
     /// The layers the network is built from.
     pub layers: Layers,
+    /// The cards the step is spread over, and what they shard.
+    pub cards: Cards,
 }
 
 impl Default for Levers {
@@ -39,6 +42,7 @@ impl Default for Levers {
             accumulation: 1,
             checkpointing: Checkpointing::None,
             layers: Layers::Lean,
+            cards: Cards::default(),
         }
     }
 }
@@ -63,6 +67,12 @@ impl Levers {
         if self.layers != Layers::default() {
             flags.push_str(&format!(" --layers {}", self.layers.flag()));
         }
+        if self.cards.count > 1 {
+            flags.push_str(&format!(" --cards {} --shard {}", self.cards.count, self.cards.shard.flag()));
+        }
+        if self.cards.bucket_bytes != DDP_BUCKET_BYTES {
+            flags.push_str(&format!(" --bucket-mb {}", self.cards.bucket_bytes.div_ceil(MIB)));
+        }
         flags
     }
 }
@@ -86,6 +96,23 @@ pub struct LeverFlags {
     pub ckpt: Option<Checkpointing>,
     #[command(flatten)]
     pub layers: LayersFlag,
+    #[command(flatten)]
+    pub cards: CardsFlags,
+}
+
+/// `--cards`, `--shard`, `--bucket-mb`: the step spread over several cards.
+#[derive(Debug, Clone, Copy, Default, PartialEq, clap::Args)]
+pub struct CardsFlags {
+    /// Cards (one process each) the step is spread over; --batch is each card's (default 1)
+    #[arg(long, value_parser = parse_positive)]
+    pub cards: Option<usize>,
+    /// What the cards divide among them: none (DDP), optimizer (ZeRO-1), gradients (ZeRO-2),
+    /// parameters (ZeRO-3, FSDP's full shard); default none
+    #[arg(long, value_enum)]
+    pub shard: Option<Shard>,
+    /// Gradient bucket in MiB, reduced as one message (default 25, PyTorch DDP's)
+    #[arg(long = "bucket-mb", value_parser = parse_positive)]
+    pub bucket_mb: Option<usize>,
 }
 
 /// `--opt`, alone: what the magics that measure a candle module take of the
@@ -108,6 +135,17 @@ pub struct LayersFlag {
 }
 
 impl LeverFlags {
+    /// Refuses the levers of several cards where a command runs its steps
+    /// in this one process.
+    pub fn on_one_card(&self) -> Result<(), String> {
+        let several = match (self.cards.cards, self.cards.shard) {
+            (Some(count), _) if count > 1 => format!("--cards {count}"),
+            (_, Some(shard)) if shard != Shard::None => format!("--shard {}", shard.flag()),
+            _ => return Ok(()),
+        };
+        Err(format!("{several}: this command runs its steps in one process on one card; oomcheck --cards costs each card of several"))
+    }
+
     /// `base` with each lever a flag names replaced by the flag's.
     pub fn over(&self, base: &Levers) -> Levers {
         Levers {
@@ -116,7 +154,97 @@ impl LeverFlags {
             accumulation: self.accum.unwrap_or(base.accumulation),
             checkpointing: self.ckpt.clone().unwrap_or_else(|| base.checkpointing.clone()),
             layers: self.layers.layers.unwrap_or(base.layers),
+            cards: Cards {
+                count: self.cards.cards.unwrap_or(base.cards.count),
+                shard: self.cards.shard.unwrap_or(base.cards.shard),
+                bucket_bytes: self.cards.bucket_mb.map_or(base.cards.bucket_bytes, |mb| mb as u64 * MIB),
+            },
         }
+    }
+}
+
+const MIB: u64 = 1 << 20;
+/// PyTorch DDP's `bucket_cap_mb` default.
+pub const DDP_BUCKET_BYTES: u64 = 25 * MIB;
+
+/// Data parallelism: `count` cards, one process each, each running the
+/// step on its own batch (the `StepConfig`'s) and keeping what `shard`
+/// leaves it; gradients are reduced in buckets of `bucket_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cards {
+    pub count: usize,
+    pub shard: Shard,
+    pub bucket_bytes: u64,
+}
+
+impl Default for Cards {
+    fn default() -> Self {
+        Cards { count: 1, shard: Shard::None, bucket_bytes: DDP_BUCKET_BYTES }
+    }
+}
+
+impl Cards {
+    pub fn several(self) -> bool {
+        self.count > 1
+    }
+
+    /// `bytes` of a state `shard` divides: one card's part of it, the flat
+    /// state padded to a multiple of the cards as ZeRO pads it.
+    pub fn part_of(self, bytes: u64, divided_from: Shard) -> u64 {
+        if self.shard >= divided_from {
+            bytes.div_ceil(self.count as u64)
+        } else {
+            bytes
+        }
+    }
+}
+
+/// ZeRO's stages: what the cards divide among them instead of each keeping
+/// it whole. Each stage divides what the one before divides, and more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Shard {
+    /// DDP: every card keeps everything; gradients are all-reduced.
+    None,
+    /// ZeRO-1: each card keeps and updates its part of the optimizer state.
+    Optimizer,
+    /// ZeRO-2: and keeps only its part of the reduced gradients.
+    Gradients,
+    /// ZeRO-3 (FSDP's full shard): and of the weights, gathering a stage's while it runs.
+    Parameters,
+}
+
+impl Shard {
+    pub const ALL: [Shard; 4] = [Shard::None, Shard::Optimizer, Shard::Gradients, Shard::Parameters];
+
+    pub fn flag(self) -> &'static str {
+        match self {
+            Shard::None => "none",
+            Shard::Optimizer => "optimizer",
+            Shard::Gradients => "gradients",
+            Shard::Parameters => "parameters",
+        }
+    }
+
+    /// The name the field knows it by.
+    pub fn name(self) -> &'static str {
+        match self {
+            Shard::None => "DDP",
+            Shard::Optimizer => "ZeRO-1",
+            Shard::Gradients => "ZeRO-2",
+            Shard::Parameters => "ZeRO-3",
+        }
+    }
+}
+
+impl fmt::Display for Shard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Shard::None => "DDP (nothing sharded)",
+            Shard::Optimizer => "ZeRO-1 (optimizer state sharded)",
+            Shard::Gradients => "ZeRO-2 (optimizer state and gradients sharded)",
+            Shard::Parameters => "ZeRO-3 (optimizer state, gradients and weights sharded)",
+        })
     }
 }
 

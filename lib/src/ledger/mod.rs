@@ -21,7 +21,7 @@ pub mod validation;
 pub use bill::{Bill, BillKind, Line};
 pub use estimate::{estimate, Ledger};
 pub use flags::{measure_flags, oomcheck_flags};
-pub use levers::{Checkpointing, LayersFlag, LeverFlags, Levers, OptimizerFlag, OptimizerKind};
+pub use levers::{Cards, CardsFlags, Checkpointing, LayersFlag, LeverFlags, Levers, OptimizerFlag, OptimizerKind, Shard, DDP_BUCKET_BYTES};
 pub use plan::{Segment, StepPhase, StepPlan};
 pub use step_config::{Mode, StepConfig};
 pub use timeline::{Part, Peak, PeakLine, Phase};
@@ -36,6 +36,12 @@ pub enum LedgerError {
     Zero { what: &'static str },
     #[error("{what} {value} is over the largest vramlab costs, {max}")]
     TooLarge { what: &'static str, value: usize, max: usize },
+    #[error("--shard {0} divides among several cards: add --cards 2 or more")]
+    ShardOnOneCard(&'static str),
+    #[error(
+        "--cards costs a training step spread over several cards; for inference each card runs its own copy: cost one card with its batch"
+    )]
+    CardsInInference,
     #[error("cannot checkpoint `{name}`: no such stage; stages: {valid}")]
     UnknownStage { name: String, valid: String },
 }

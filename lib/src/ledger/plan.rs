@@ -7,7 +7,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use super::bill::BillKind;
-use super::levers::{Checkpointing, OptimizerKind};
+use super::levers::{Cards, Checkpointing, OptimizerKind, Shard};
 use super::step_config::{Mode, StepConfig};
 use super::LedgerError;
 
@@ -33,7 +33,13 @@ pub enum StepPhase {
     GraphDropped,
     /// The micro-batch's gradients added into the accumulated ones.
     Accumulated,
+    /// On several cards without sharded gradients: the gradients
+    /// all-reduced (averaged over the cards), a bucket at a time.
+    GradientsReduced,
     OptimizerStep,
+    /// ZeRO-1 and ZeRO-2: each card's updated part of the weights gathered
+    /// by every card, a bucket at a time.
+    WeightsGathered,
     StepDone,
 }
 
@@ -49,7 +55,11 @@ impl StepPhase {
             StepPhase::Forward { .. } | StepPhase::Recompute { .. } => BillKind::Activations,
             StepPhase::Backward { .. } | StepPhase::Accumulated => BillKind::Parameters,
             StepPhase::OptimizerStep => BillKind::OptimizerState,
-            StepPhase::Loaded | StepPhase::GraphDropped | StepPhase::StepDone => BillKind::ContextAndWorkspace,
+            StepPhase::Loaded
+            | StepPhase::GraphDropped
+            | StepPhase::GradientsReduced
+            | StepPhase::WeightsGathered
+            | StepPhase::StepDone => BillKind::ContextAndWorkspace,
         }
     }
 
@@ -63,6 +73,7 @@ impl StepPhase {
                 "the gradients (parameters bill) grow while forward's activations are not yet all freed"
             }
             StepPhase::OptimizerStep => "the optimizer state (made at the first step) and the update's temporaries grow",
+            StepPhase::GradientsReduced | StepPhase::WeightsGathered => "a bucket the cards exchange is added",
             StepPhase::Loaded | StepPhase::GraphDropped | StepPhase::StepDone => "only the workspace grows",
         }
     }
@@ -93,13 +104,17 @@ pub struct StepPlan {
     segments: Vec<Segment>,
     accumulation: usize,
     optimizer: OptimizerKind,
+    cards: Cards,
 }
 
 impl StepPlan {
     /// The plan of `config`'s step through `stages`.
     pub fn of(stages: &[&str], config: &StepConfig) -> Result<StepPlan, LedgerError> {
         match config.mode {
-            Mode::Training => StepPlan::training(stages, &config.levers.checkpointing, config.levers.accumulation, config.levers.optimizer),
+            Mode::Training => {
+                let plan = StepPlan::training(stages, &config.levers.checkpointing, config.levers.accumulation, config.levers.optimizer)?;
+                Ok(StepPlan { cards: config.levers.cards, ..plan })
+            }
             Mode::Inference => Ok(StepPlan::inference(stages)),
         }
     }
@@ -118,6 +133,7 @@ impl StepPlan {
             checkpointed,
             accumulation,
             optimizer,
+            cards: Cards::default(),
         })
     }
 
@@ -131,6 +147,7 @@ impl StepPlan {
             checkpointed,
             accumulation: 1,
             optimizer: OptimizerKind::Sgd,
+            cards: Cards::default(),
         }
     }
 
@@ -160,8 +177,27 @@ impl StepPlan {
         if self.accumulation > 1 {
             phases.push(StepPhase::Accumulated);
         }
-        phases.extend([StepPhase::OptimizerStep, StepPhase::StepDone]);
+        if self.all_reduces() {
+            phases.push(StepPhase::GradientsReduced);
+        }
+        phases.push(StepPhase::OptimizerStep);
+        if self.gathers_updated_weights() {
+            phases.push(StepPhase::WeightsGathered);
+        }
+        phases.push(StepPhase::StepDone);
         phases
+    }
+
+    /// Several cards that keep whole gradients all-reduce them once
+    /// backward is done; ZeRO-2 and ZeRO-3 reduce-scatter each backward
+    /// segment's instead, inside its phase.
+    pub fn all_reduces(&self) -> bool {
+        self.cards.several() && self.cards.shard < Shard::Gradients
+    }
+
+    /// Several cards that keep whole weights but update only their part.
+    pub fn gathers_updated_weights(&self) -> bool {
+        self.cards.several() && matches!(self.cards.shard, Shard::Optimizer | Shard::Gradients)
     }
 
     /// The phase that runs after `phase`; a recompute belongs to its
@@ -198,7 +234,10 @@ impl StepPlan {
             }
             StepPhase::GraphDropped => "loss and graph dropped".to_owned(),
             StepPhase::Accumulated => "gradients added to the accumulator".to_owned(),
+            StepPhase::GradientsReduced => format!("gradients all-reduced over {} cards", self.cards.count),
+            StepPhase::OptimizerStep if self.cards.shard > Shard::None => format!("{} step on this card's part", self.optimizer),
             StepPhase::OptimizerStep => format!("{} step", self.optimizer),
+            StepPhase::WeightsGathered => format!("updated weights gathered from {} cards", self.cards.count),
             StepPhase::StepDone => "step done, batch and gradients freed".to_owned(),
         }
     }

@@ -10,7 +10,8 @@ use super::{Checkpointing, Levers};
 /// the levers pulled.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StepConfig {
-    /// Samples that go through the device at once (the micro-batch when accumulating).
+    /// Samples that go through the device at once (the micro-batch when
+    /// accumulating; each card's when the step is spread over several).
     pub batch: usize,
     /// One sample: channels x height x width.
     pub input: Shape,
@@ -25,9 +26,9 @@ impl StepConfig {
         StepConfig { batch, input: Shape::map(3, resolution, resolution), levers: Levers::default(), mode: Mode::Training }
     }
 
-    /// Samples per optimizer step.
+    /// Samples per optimizer step, over all cards.
     pub fn effective_batch(&self) -> usize {
-        self.batch * self.levers.accumulation
+        self.batch * self.levers.accumulation * self.levers.cards.count
     }
 
     /// The square resolution, or the height of a non-square input.
@@ -44,7 +45,7 @@ impl StepConfig {
     }
 }
 
-/// `batch 32 at 3x224x224, f16 mixed precision, Adam, accumulation 2, checkpointing stages`:
+/// `batch 32 at 3x224x224, f16 mixed precision, Adam, accumulation 2, checkpointing stages, one of 4 cards, ZeRO-1`:
 /// what the step is, with only the levers that are pulled.
 impl fmt::Display for StepConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -62,6 +63,9 @@ impl fmt::Display for StepConfig {
         }
         if levers.layers != Layers::default() {
             write!(f, ", {}", levers.layers)?;
+        }
+        if levers.cards.several() {
+            write!(f, ", one of {} cards, {}", levers.cards.count, levers.cards.shard.name())?;
         }
         Ok(())
     }

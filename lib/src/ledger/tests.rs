@@ -180,3 +180,94 @@ fn a_card_holds_cudnn_s_one_workspace_from_the_start_and_the_host_none() {
     let inference = estimate(&resnet18(10), &eval, &Card::parse("8GiB").unwrap()).unwrap();
     assert_eq!(line(&inference, BillKind::ContextAndWorkspace, "cuDNN workspace"), crate::ops::CUDNN_WORKSPACE_BYTES);
 }
+
+fn on_cards(count: usize, shard: Shard, checkpointing: Checkpointing, device: &Card) -> Ledger {
+    let mut config = StepConfig::training(16, 224);
+    config.levers.checkpointing = checkpointing;
+    config.levers.cards = Cards { count, shard, ..Cards::default() };
+    estimate(&resnet50(1000), &config, device).unwrap()
+}
+
+/// ResNet-50's 25.6 M parameters over four cards: each stage divides what
+/// it says by four (the flat state padded to a multiple of four), and
+/// leaves the activations of each card's own batch as they are.
+#[test]
+fn each_sharding_stage_divides_what_it_says_among_the_cards() {
+    let card = laptop();
+    let alone = on_cards(1, Shard::None, Checkpointing::None, &card);
+    let weights = line(&alone, BillKind::Parameters, "weights");
+    let quarter = weights.div_ceil(4);
+    let adam = alone.bill(BillKind::OptimizerState).bytes;
+    let stages: Vec<Ledger> = Shard::ALL.into_iter().map(|s| on_cards(4, s, Checkpointing::None, &card)).collect();
+    for ledger in &stages {
+        assert_eq!(ledger.bill(BillKind::Activations), alone.bill(BillKind::Activations), "each card's batch is the config's");
+        assert_eq!(ledger.bill(BillKind::InputBatch), alone.bill(BillKind::InputBatch));
+        assert_eq!(ledger.config.effective_batch(), 64);
+    }
+    let [ddp, zero1, zero2, zero3] = &stages[..] else { unreachable!() };
+    assert_eq!(ddp.bill(BillKind::Parameters), alone.bill(BillKind::Parameters), "DDP keeps everything");
+    assert_eq!(ddp.bill(BillKind::OptimizerState), alone.bill(BillKind::OptimizerState));
+    assert_eq!(zero1.bill(BillKind::OptimizerState).bytes, 2 * (weights.div_ceil(4)), "ZeRO-1: a quarter of Adam's two moments");
+    assert_eq!(zero1.bill(BillKind::OptimizerState).bytes * 4, adam);
+    assert_eq!(line(zero1, BillKind::Parameters, "gradients"), weights, "ZeRO-1 keeps whole gradients");
+    assert_eq!(line(zero2, BillKind::Parameters, "gradients (f32), this card's 1/4"), quarter);
+    assert_eq!(line(zero2, BillKind::Parameters, "weights (f32 master copy)"), weights);
+    assert_eq!(line(zero3, BillKind::Parameters, "weights (f32 master copy), this card's 1/4"), quarter);
+    assert_eq!(
+        line(zero3, BillKind::Parameters, "weights gathered"),
+        weights,
+        "without checkpointing every stage's graph keeps its gathered weights"
+    );
+
+    // The cards' own lines: NCCL's rings and one 25 MiB bucket on a card.
+    let context = |l: &Ledger| l.bill(BillKind::ContextAndWorkspace).bytes;
+    assert_eq!(context(ddp) - context(&alone), 2 * 9_633_792 + (25 << 20));
+    assert!(line(ddp, BillKind::ContextAndWorkspace, "NCCL's ring buffers") == 2 * 9_633_792);
+    let host = on_cards(2, Shard::None, Checkpointing::None, &Card::host().unwrap());
+    assert_eq!(line(&host, BillKind::ContextAndWorkspace, "Open MPI's shared-memory segment"), 4 << 20);
+
+    // The peaks fall stage by stage once the stages are checkpointed;
+    // without it ZeRO-3's gathered weights outlive forward.
+    let peaks: Vec<u64> = Shard::ALL.into_iter().map(|s| on_cards(4, s, Checkpointing::Stages, &card).peak.bytes).collect();
+    assert!(peaks.windows(2).all(|w| w[1] < w[0]), "{peaks:?}");
+    assert!(zero3.peak.bytes > zero2.peak.bytes, "{} vs {}", zero3.peak.bytes, zero2.peak.bytes);
+    assert_eq!(ddp.peak.bytes, alone.peak.bytes + 2 * 9_633_792, "DDP's bucket is exchanged after backward's peak");
+}
+
+/// The phases the cards add are where their exchange happens: DDP and
+/// ZeRO-1 all-reduce after backward, ZeRO-1 and ZeRO-2 gather the updated
+/// weights after the step, ZeRO-3 gathers inside forward and backward.
+#[test]
+fn the_cards_exchange_in_the_phases_their_stage_names() {
+    let card = laptop();
+    let names = |shard| on_cards(2, shard, Checkpointing::None, &card).timeline.into_iter().map(|p| p.name).collect::<Vec<_>>();
+    let reduced = "gradients all-reduced over 2 cards".to_owned();
+    let gathered = "updated weights gathered from 2 cards".to_owned();
+    let (ddp, zero1, zero2, zero3) = (names(Shard::None), names(Shard::Optimizer), names(Shard::Gradients), names(Shard::Parameters));
+    assert!(ddp.contains(&reduced) && !ddp.contains(&gathered), "{ddp:?}");
+    assert!(zero1.contains(&reduced) && zero1.contains(&gathered), "{zero1:?}");
+    assert!(!zero2.contains(&reduced) && zero2.contains(&gathered), "{zero2:?}");
+    assert!(!zero3.contains(&reduced) && !zero3.contains(&gathered), "{zero3:?}");
+    assert!(zero1.contains(&"Adam step on this card's part".to_owned()));
+    for shard in Shard::ALL {
+        let ledger = on_cards(2, shard, Checkpointing::Segments(vec!["layer2".into()]), &card);
+        assert!(ledger.timeline.iter().all(|p| p.peak_bytes >= p.resident_bytes), "{shard:?}");
+        assert_eq!(ledger.peak.breakdown.iter().map(|l| l.bytes).sum::<u64>(), ledger.peak.bytes);
+        let last = ledger.timeline.last().unwrap();
+        assert_eq!(last.resident_bytes, ledger.timeline[0].resident_bytes, "{shard:?}: the step ends where it began");
+    }
+}
+
+#[test]
+fn impossible_card_settings_are_named() {
+    let mut config = StepConfig::training(8, 64);
+    config.levers.cards.shard = Shard::Optimizer;
+    let err = estimate(&resnet18(10), &config, &laptop()).unwrap_err().to_string();
+    assert_eq!(err, "--shard optimizer divides among several cards: add --cards 2 or more");
+    config.levers.cards = Cards { count: 2, ..Cards::default() };
+    config.mode = Mode::Inference;
+    assert!(estimate(&resnet18(10), &config, &laptop()).unwrap_err().to_string().contains("for inference each card runs its own copy"));
+    config.mode = Mode::Training;
+    config.levers.cards.count = 0;
+    assert_eq!(estimate(&resnet18(10), &config, &laptop()).unwrap_err().to_string(), "cards must be at least 1");
+}

@@ -24,10 +24,13 @@ pub enum Part {
     Workspace,
     BackwardTemporaries,
     OptimizerTemporaries,
+    GatheredWeights,
+    Bucket,
+    Collective,
 }
 
 impl Part {
-    const COUNT: usize = 15;
+    const COUNT: usize = 18;
     const ALL: [Part; Part::COUNT] = [
         Part::Context,
         Part::Weights,
@@ -44,15 +47,20 @@ impl Part {
         Part::Workspace,
         Part::BackwardTemporaries,
         Part::OptimizerTemporaries,
+        Part::GatheredWeights,
+        Part::Bucket,
+        Part::Collective,
     ];
 
     pub fn bill(self) -> BillKind {
         match self {
-            Part::Weights | Part::Buffers | Part::Gradients | Part::AccumulatedGradients => BillKind::Parameters,
+            Part::Weights | Part::Buffers | Part::Gradients | Part::AccumulatedGradients | Part::GatheredWeights => BillKind::Parameters,
             Part::OptimizerState => BillKind::OptimizerState,
             Part::Activations | Part::AmpWeightCopies | Part::Recompute | Part::PassedGradient => BillKind::Activations,
             Part::Images | Part::Labels => BillKind::InputBatch,
-            Part::Context | Part::Workspace | Part::BackwardTemporaries | Part::OptimizerTemporaries => BillKind::ContextAndWorkspace,
+            Part::Context | Part::Workspace | Part::BackwardTemporaries | Part::OptimizerTemporaries | Part::Bucket | Part::Collective => {
+                BillKind::ContextAndWorkspace
+            }
         }
     }
 
@@ -73,6 +81,9 @@ impl Part {
             Part::Workspace => "conv workspace",
             Part::BackwardTemporaries => "backward temporaries",
             Part::OptimizerTemporaries => "optimizer temporaries",
+            Part::GatheredWeights => "weights gathered from the other cards",
+            Part::Bucket => "bucket exchanged with the other cards",
+            Part::Collective => "collective library's buffers",
         }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::gpus::Card;
-use crate::ledger::{estimate, Checkpointing, Levers, OptimizerKind, StepConfig};
+use crate::ledger::{estimate, Cards, Checkpointing, Levers, OptimizerKind, Shard, StepConfig};
 use crate::models::{analyze, ModelSpec, Precision};
 
 use super::verdict::target_bytes;
@@ -21,7 +21,15 @@ pub enum FixKind {
     SmallerResolution,
     LargestBatch,
     Combined,
+    /// More cards, each with its share of the batch, and what they shard.
+    SeveralCards,
 }
+
+/// The card counts offered when the step is spread over more cards.
+const CARD_COUNTS: [usize; 6] = [2, 4, 8, 16, 32, 64];
+/// What each doubling of the cards weighs in a fix's score: a second card
+/// ranks after the free and low-risk levers, before any that risks accuracy.
+const CARDS_DOUBLING_WEIGHT: f64 = 15.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -86,6 +94,15 @@ pub struct Fix {
     pub config: StepConfig,
     pub peak_bytes: u64,
     pub cost: FixCost,
+}
+
+impl Fix {
+    /// What ranks the fixes of `base`, lower first: the cost's score and
+    /// what the fix's cards cost beyond the base's.
+    pub fn score(&self, base: &StepConfig) -> f64 {
+        let more = self.config.levers.cards.count as f64 / base.levers.cards.count as f64;
+        self.cost.score() + CARDS_DOUBLING_WEIGHT * more.log2()
+    }
 }
 
 struct Search<'a> {
@@ -236,6 +253,39 @@ impl Search<'_> {
         })
     }
 
+    /// The step spread over more cards, each running its share of the
+    /// same samples: for each sharding stage from the base's on, the fewest
+    /// cards that fit, offered only where the stage needs fewer cards than
+    /// the stages below it.
+    fn several_cards(&self) -> Vec<Fix> {
+        let base = self.base.levers.cards;
+        let samples = self.base.batch * base.count;
+        let mut fewest = usize::MAX;
+        let mut fixes = Vec::new();
+        for shard in Shard::ALL.into_iter().filter(|&s| s >= base.shard) {
+            let counts = CARD_COUNTS.iter().filter(|&&n| n >= base.count && n < fewest && samples.is_multiple_of(n));
+            let found = counts.filter(|&&n| (n, shard) != (base.count, base.shard)).find_map(|&count| {
+                let cards = Cards { count, shard, ..base };
+                self.fitting(StepConfig {
+                    batch: samples / count,
+                    levers: Levers { cards, ..self.base.levers.clone() },
+                    ..self.base.clone()
+                })
+            });
+            let Some((config, _)) = &found else { continue };
+            let (count, batch) = (config.levers.cards.count, config.batch);
+            fewest = count;
+            // Per sample: the cards share the samples; the exchange costs
+            // about a tenth of a step, ZeRO-3's gathers half as much again.
+            let exchange = if shard == Shard::Parameters { 1.15 } else { 1.1 };
+            let time = (100.0 * (base.count as f64 / count as f64 * exchange - 1.0)).round() as i32;
+            let change = format!("{count} cards, {}: batch {batch} on each", shard.name());
+            let note = format!("{count} cards instead of {}; batch-norm statistics over each card's {batch} samples", base.count);
+            fixes.extend(self.fix(FixKind::SeveralCards, change, found, |_| self.kept(time, bn_risk(batch), note)));
+        }
+        fixes
+    }
+
     /// When no single change fits: the cheap levers together, then accumulation.
     fn combined(&self) -> Option<Fix> {
         let mut config = self.base.clone();
@@ -304,7 +354,8 @@ fn largest_fitting<T>(largest: usize, mut fits: impl FnMut(usize) -> Option<T>) 
 
 /// Every single fix that brings `base` under 90% of `device`, cheapest first;
 /// a combination of levers when no single change keeps the recipe (only a
-/// smaller batch or resolution fits).
+/// smaller batch or resolution fits); and the fewest cards of each sharding
+/// stage that fit, ranked with the rest by what the cards cost.
 pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Card) -> Vec<Fix> {
     let base_macs = analyze(spec, base.input, base.levers.precision, base.levers.layers).map(|c| c.total.macs).unwrap_or(1);
     let s = Search { spec, base, device, target: target_bytes(device), base_macs };
@@ -323,7 +374,8 @@ pub fn search(spec: &ModelSpec, base: &StepConfig, device: &Card) -> Vec<Fix> {
     if fixes.iter().all(|f| f.kind == FixKind::LargestBatch || f.kind == FixKind::SmallerResolution) {
         fixes.extend(s.combined());
     }
-    fixes.sort_by(|a, b| a.cost.score().total_cmp(&b.cost.score()).then(a.peak_bytes.cmp(&b.peak_bytes)));
+    fixes.extend(s.several_cards());
+    fixes.sort_by(|a, b| a.score(base).total_cmp(&b.score(base)).then(a.peak_bytes.cmp(&b.peak_bytes)));
     fixes
 }
 

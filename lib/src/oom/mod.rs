@@ -6,7 +6,7 @@ mod host;
 mod sweep;
 mod verdict;
 
-pub use check::{check, CheckReport};
+pub use check::{check, CheckReport, Sharding};
 pub(crate) use fixes::bn_risk;
 pub use fixes::{search, Fix, FixCost, FixKind, Risk};
 pub use host::{host_check, HostReport, HOST_SHARE_LIMIT};

@@ -35,8 +35,67 @@ fn resnet50_batch_96_does_not_fit_a_laptop_and_every_fix_really_fits() {
             assert_eq!(fix.config.effective_batch(), 96, "{}", fix.change);
         }
     }
-    let scores: Vec<f64> = report.fixes.iter().map(|f| f.cost.score()).collect();
+    let scores: Vec<f64> = report.fixes.iter().map(|f| f.score(&base)).collect();
     assert!(scores.windows(2).all(|w| w[0] <= w[1]), "{scores:?}");
+}
+
+/// Where one card cannot fit, the fixes offer the fewest cards of each
+/// sharding stage that fit the same samples, each stage only where it
+/// needs fewer cards than the stages below it, and rank them after the
+/// levers that cost no hardware and risk nothing.
+#[test]
+fn several_cards_are_offered_at_their_fewest_for_each_stage_that_needs_fewer() {
+    use crate::ledger::{Cards, Shard};
+    let cases = [
+        (crate::models::vit_small(1000), StepConfig::training(16, 224), card("0.8GB")),
+        (resnet50(1000), StepConfig::training(256, 224), card("rtx4060-laptop")),
+        (
+            resnet50(1000),
+            StepConfig {
+                levers: Levers { cards: Cards { count: 2, ..Cards::default() }, ..Levers::default() },
+                ..StepConfig::training(64, 224)
+            },
+            card("2GiB"),
+        ),
+    ];
+    let mut offered = 0;
+    for (spec, base, device) in cases {
+        let report = check(&spec, &base, &device).unwrap();
+        assert_ne!(report.verdict, Verdict::Fits);
+        let several: Vec<&Fix> = report.fixes.iter().filter(|f| f.kind == FixKind::SeveralCards).collect();
+        assert!(!several.is_empty(), "{}: {:#?}", spec.name, report.fixes.iter().map(|f| &f.change).collect::<Vec<_>>());
+        let samples = base.batch * base.levers.cards.count;
+        for fix in &several {
+            let cards = fix.config.levers.cards;
+            assert_eq!(fix.config.batch * cards.count, samples, "{}", fix.change);
+            assert_eq!(fix.config.effective_batch(), base.effective_batch());
+            assert!(cards.count >= base.levers.cards.count && cards.shard >= base.levers.cards.shard, "{}", fix.change);
+            assert!(fix.peak_bytes <= report.target_bytes);
+            // The fewest: half the cards with the same stage do not fit.
+            let half = cards.count / 2;
+            if half >= 2.max(base.levers.cards.count) {
+                let fewer = StepConfig {
+                    batch: samples / half,
+                    levers: Levers { cards: Cards { count: half, ..cards }, ..fix.config.levers.clone() },
+                    ..fix.config.clone()
+                };
+                assert!(estimate(&spec, &fewer, &device).unwrap().peak.bytes > report.target_bytes, "{}", fix.change);
+            }
+            let cheaper = report.fixes.iter().take_while(|f| f.change != fix.change);
+            assert!(cheaper.clone().all(|f| f.score(&base) <= fix.score(&base)));
+            offered += 1;
+        }
+        let mut by_stage: Vec<(Shard, usize)> =
+            several.iter().map(|f| (f.config.levers.cards.shard, f.config.levers.cards.count)).collect();
+        by_stage.sort();
+        assert!(by_stage.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 > w[1].1), "{by_stage:?}");
+        // A free lever that fits ranks before any extra card.
+        for free in report.fixes.iter().filter(|f| f.kind == FixKind::Checkpointing) {
+            let first_card = report.fixes.iter().position(|f| f.kind == FixKind::SeveralCards).unwrap();
+            assert!(report.fixes.iter().position(|f| f.change == free.change).unwrap() < first_card);
+        }
+    }
+    assert!(offered >= 4, "{offered}");
 }
 
 #[test]

@@ -36,6 +36,7 @@ impl TrainConfig {
             accumulation: self.accumulation,
             checkpointing: self.checkpointing.clone(),
             layers,
+            cards: crate::ledger::Cards::default(),
         }
     }
 
