@@ -30,10 +30,15 @@ if ! rustup component list --installed 2>/dev/null | grep -q '^rust-src'; then
 fi
 
 # System packages, with apt-get as root or through sudo: cmake and nasm build
-# libjpeg-turbo (the JPEG decoder, with its SIMD code) during the cargo build.
+# libjpeg-turbo (the JPEG decoder, with its SIMD code) during the cargo build;
+# Open MPI runs several processes as several cards (`mpirun`), and its bindings
+# are generated with libclang.
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v nasm >/dev/null 2>&1 || missing+=(nasm)
+command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
+[ -e /usr/include/x86_64-linux-gnu/mpi.h ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || missing+=(libopenmpi-dev)
+ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' || missing+=(libclang-dev)
 if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
     missing+=(python3-venv)
 fi
@@ -56,7 +61,7 @@ if ! .venv/bin/python -c 'import jupyterlab, playwright, jupyter_console, pexpec
 fi
 
 say "building (release; the first build takes about 11 minutes on 2 cores)"
-cargo build --release --locked --workspace --bins
+cargo build --release --locked --workspace --bins --features vramlab/mpi
 
 KERNEL_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab-kernel"
 say "installing the kernelspec into .venv"

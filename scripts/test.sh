@@ -22,10 +22,10 @@ for component in rustfmt clippy; do
 done
 cargo fmt --check
 # In the release profile, so the build scripts' outputs (libjpeg-turbo's) are the build's.
-cargo clippy --release --locked --workspace --all-targets -- -D warnings
+cargo clippy --release --locked --workspace --all-targets --features vramlab/mpi -- -D warnings
 
 say "cargo test"
-cargo test --release --locked --workspace -- --test-threads=1
+cargo test --release --locked --workspace --features vramlab/mpi -- --test-threads=1
 "${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab" check-ops --device cpu
 # The ops' CUDA passes on the reference primitives: everything the CUDA path decides, without a card.
 "${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab" check-ops --device reference

@@ -10,6 +10,7 @@ pub mod checks;
 pub mod cli;
 pub mod data;
 pub mod diagnose;
+pub mod dist;
 pub mod gpus;
 pub mod learn;
 pub mod ledger;

@@ -11,7 +11,7 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "lib" / "src"
 # The crate's top-level modules, floor by floor from the bottom: a module may import
 # its own floor's neighbours only where they do not import it back, and any floor below.
 FLOORS = [
-    ["units", "render", "peers"],
+    ["units", "render", "peers", "dist"],
     ["gpus"],
     ["ops"],
     ["models"],

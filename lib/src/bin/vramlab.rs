@@ -57,6 +57,13 @@ enum Command {
     /// Benchmarks on this machine
     #[command(subcommand)]
     Bench(Bench),
+    /// Under `mpirun -np N`: check that N processes, each on its part of every batch, compute the
+    /// weights one process computes on the whole batches
+    ///
+    /// Each process trains --steps on its --batch of the same synthetic batches (--cards N --batch B: N x B
+    /// samples a step), then rank 0 trains alone on the whole batches and compares every weight.
+    /// Exit status 1 when they differ by more than --tolerance.
+    CheckDist(WithJson<vramlab::cli::CheckDistArgs>),
 }
 
 #[derive(Subcommand)]
@@ -89,15 +96,11 @@ fn main() -> ExitCode {
             return if err.use_stderr() { ExitCode::from(2) } else { ExitCode::SUCCESS };
         }
     };
-    let one_card = match &cli.command {
-        Command::Measure(cmd) => cmd.args.setup.levers.on_one_card(),
-        Command::Bench(Bench::Train(cmd)) => cmd.args.setup.levers.on_one_card(),
-        Command::Train(cmd) => cmd.args.levers.on_one_card(),
-        _ => Ok(()),
-    };
-    if let Err(err) = one_card {
-        eprintln!("error: {err}");
-        return ExitCode::from(2);
+    if let Command::Train(cmd) = &cli.command {
+        if let Err(err) = cmd.args.levers.on_one_card() {
+            eprintln!("error: {err}");
+            return ExitCode::from(2);
+        }
     }
     let printed = match &cli.command {
         Command::Summary(cmd) => {
@@ -105,14 +108,19 @@ fn main() -> ExitCode {
         }
         Command::Oomcheck(cmd) => run_oomcheck(&cmd.args).and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
         Command::Measure(cmd) => match measure(&cmd.args) {
-            Ok(comparison) => emit(cmd.json, &comparison, || comparison.table().to_string()),
+            Ok((comparison, None)) => emit(cmd.json, &comparison, || comparison.table().to_string()),
+            Ok((comparison, Some(rank))) => emit_rank(cmd.json, rank, &comparison, || comparison.table().to_string()),
             Err(Measured::OutOfMemory(error)) => return out_of_memory(&error, cmd.json),
             Err(Measured::Usage(error)) => Err(error),
         },
         Command::Smoke(cmd) => return smoke(&cmd.args, cmd.json),
         Command::Hold(args) => hold(args),
         Command::CheckOps(cmd) => return check_ops(&cmd.args, cmd.json),
-        Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args).and_then(|report| emit(cmd.json, &report, || report_text(&report))),
+        Command::Bench(Bench::Train(cmd)) => bench_train(&cmd.args).and_then(|(report, rank)| match rank {
+            None => emit(cmd.json, &report, || report_text(&report)),
+            Some(rank) => emit_rank(cmd.json, rank, &report, || report_text(&report)),
+        }),
+        Command::CheckDist(cmd) => return check_dist(&cmd.args, cmd.json),
         Command::Synth(cmd) => data_error(cmd.args.run()).and_then(|written| emit(cmd.json, &written, || written.text(&cmd.args))),
         Command::Preprocess(cmd) => {
             let a = &cmd.args;
@@ -207,9 +215,93 @@ fn spec(setup: &TrainSetup, warmup: usize, steps: usize) -> vramlab::train::Benc
     }
 }
 
-fn bench_train(args: &TrainRunArgs) -> Result<vramlab::train::BenchReport, UsageError> {
+/// This process's place among those `mpirun` started: its rank and their count.
+#[derive(Clone, Copy)]
+struct Rank {
+    rank: usize,
+    ranks: usize,
+}
+
+/// The processes `setup`'s step is spread over, under `mpirun`; `None` on one card.
+fn spread(setup: &TrainSetup) -> Result<Option<(vramlab::train::Spread, Rank)>, UsageError> {
+    let cards = setup.levers().cards;
+    if !cards.several() {
+        return setup.levers.on_one_card().map(|()| None).map_err(UsageError);
+    }
+    if setup.device != vramlab::cli::DeviceArg::Cpu {
+        return Err(UsageError(format!(
+            "--cards {} --device {:?}: several cards are run on the host (MPI); NCCL on CUDA is not run yet",
+            cards.count, setup.device
+        )));
+    }
+    start_mpi().map(|collective| {
+        let rank = Rank { rank: collective.rank(), ranks: collective.ranks() };
+        Some((vramlab::train::Spread { cards, collective }, rank))
+    })
+}
+
+#[cfg(feature = "mpi")]
+fn start_mpi() -> Result<Box<dyn vramlab::dist::Collective>, UsageError> {
+    Ok(Box::new(vramlab::dist::Mpi::start().map_err(|e| UsageError(e.to_string()))?))
+}
+
+#[cfg(not(feature = "mpi"))]
+fn start_mpi() -> Result<Box<dyn vramlab::dist::Collective>, UsageError> {
+    Err(UsageError("several cards run under MPI, and this vramlab was built without it: cargo build --release --features mpi".to_owned()))
+}
+
+fn bench_train(args: &TrainRunArgs) -> Result<(vramlab::train::BenchReport, Option<Rank>), UsageError> {
     let device = args.setup.device.open().map_err(UsageError)?;
-    vramlab::train::bench_train(&spec(&args.setup, args.warmup, args.steps), &device).map_err(|e| UsageError(e.to_string()))
+    let (spread, rank) = spread(&args.setup)?.unzip();
+    let report = vramlab::train::bench_train(&spec(&args.setup, args.warmup, args.steps), &device, spread);
+    report.map(|report| (report, rank)).map_err(|e| UsageError(e.to_string()))
+}
+
+/// Under `mpirun`: the rank's result, after a line naming the rank, or as
+/// one line of JSON with the rank beside it.
+fn emit_rank<T: Serialize>(json: bool, rank: Rank, value: &T, text: impl FnOnce() -> String) -> Result<(), UsageError> {
+    let Rank { rank, ranks } = rank;
+    let out = if json {
+        let line = serde_json::json!({ "rank": rank, "ranks": ranks, "result": value });
+        serde_json::to_string(&line).map_err(|e| UsageError(format!("cannot write JSON: {e}")))? + "\n"
+    } else {
+        format!("rank {rank} of {ranks}:\n{}", text())
+    };
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()).map_err(|e| UsageError(format!("cannot write: {e}")))
+}
+
+/// Exit status 0 when the spread weights match one process's, 1 when not,
+/// 2 on a usage error.
+fn check_dist(args: &vramlab::cli::CheckDistArgs, json: bool) -> ExitCode {
+    let usage = |err: &dyn std::fmt::Display| {
+        eprintln!("error: {err}");
+        ExitCode::from(2)
+    };
+    let cards = args.setup.levers().cards;
+    if !cards.several() || args.setup.device != vramlab::cli::DeviceArg::Cpu {
+        return usage(&"check-dist runs on the host with --cards 2 or more, under mpirun -np N");
+    }
+    let collective = match start_mpi() {
+        Ok(collective) => collective,
+        Err(err) => return usage(&err),
+    };
+    let spec = spec(&args.setup, 0, args.steps);
+    match vramlab::checks::same_step(&spec, cards, collective, args.steps, args.tolerance) {
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(found)) => {
+            if let Err(err) = emit(json, &found, || format!("{}\n", found.line())) {
+                return usage(&err);
+            }
+            if found.passed() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(err) => usage(&err),
+    }
 }
 
 enum Measured {
@@ -243,7 +335,7 @@ fn hold(args: &vramlab::cli::HoldArgs) -> Result<(), UsageError> {
     vramlab::memory::set_budget(None).map_err(|e| usage(&e))
 }
 
-fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, Measured> {
+fn measure(args: &MeasureArgs) -> Result<(vramlab::train::Comparison, Option<Rank>), Measured> {
     let usage = |e: &dyn std::fmt::Display| Measured::Usage(UsageError(e.to_string()));
     if args.budget.is_some() && args.setup.device != vramlab::cli::DeviceArg::Cpu {
         return Err(usage(&"--budget simulates a card on the CPU; on a GPU the card's own memory is the budget"));
@@ -253,7 +345,9 @@ fn measure(args: &MeasureArgs) -> Result<vramlab::train::Comparison, Measured> {
         let budget = vramlab::memory::Budget::parse(budget).map_err(|e| usage(&e))?;
         vramlab::memory::set_budget(Some(budget)).map_err(|e| usage(&e))?;
     }
-    vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &device).map(|(_, comparison)| comparison).map_err(|e| match e {
+    let (spread, rank) = spread(&args.setup).map_err(Measured::Usage)?.unzip();
+    let measured = vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &device, spread);
+    measured.map(|(_, comparison)| (comparison, rank)).map_err(|e| match e {
         vramlab::train::TrainError::OutOfMemory(_) => Measured::OutOfMemory(e.to_string()),
         e if vramlab::train::is_out_of_memory(&e.to_string()) => Measured::OutOfMemory(e.to_string()),
         e => usage(&e),

@@ -1,18 +1,22 @@
 //! `vramlab check-ops`: every op of [`crate::ops`] at the zoo models' shapes
 //! and the optimizers' updates, on a target (the CPU, the device passes on
-//! the reference primitives, a device) against a reference. It sits above
-//! the ops and the trainer it checks; neither imports it.
+//! the reference primitives, a device) against a reference; and `vramlab
+//! check-dist`, a step spread over processes against one process's. It
+//! sits above the ops and the trainer it checks; neither imports it.
 //!
 //! # The room
 //!
 //! `vramlab check-ops`, above the ops and the trainer it checks (neither imports it): every op at
 //! the zoo's shapes, forward and each gradient, f32 and f16, against candle's composition on the
 //! CPU, and against our CPU ops on the reference primitives and on CUDA (`ops.rs`); the optimizers'
-//! updates against the CPU's fused ones (`updates.rs`).
+//! updates against the CPU's fused ones (`updates.rs`); a step spread over processes against one
+//! process's on the same samples (`dist.rs`).
 
+mod dist;
 mod ops;
 mod updates;
 
+pub use dist::{same_step, SameStep};
 pub use ops::{
     check_every_op, normalised_error, tolerance, Check, CheckError, CheckOptions, CheckTarget, CheckedDtype, OpsReport, Pass, Tolerance,
 };

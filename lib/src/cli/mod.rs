@@ -27,7 +27,7 @@ pub use device::{DeviceArg, HoldArgs, SmokeArgs};
 pub use learn::LearnArgs;
 pub use module::{BatchInput, ByModule, ByNothing, BySpec, Measurable, OomcheckModuleArgs, SummaryModuleArgs, Target};
 pub use oomcheck::Oomcheck;
-pub use steps::{MeasureArgs, TrainRunArgs, TrainSetup};
+pub use steps::{CheckDistArgs, MeasureArgs, TrainRunArgs, TrainSetup};
 
 use clap::error::ErrorKind;
 use clap::Parser;

@@ -99,9 +99,9 @@ impl Sharding {
         table.push_row(std::iter::once("verdict".to_owned()).chain(ledgers.iter().map(|(_, l)| fit(l))).collect::<Vec<_>>());
         table.note(
             "Each card runs its own batch and keeps what its stage leaves it: DDP keeps everything, ZeRO-1 divides the optimizer \
-             state, ZeRO-2 the gradients too, ZeRO-3 the weights too, gathering each stage's while it runs. ZeRO-2 reduce-scatters \
-             each backward segment's gradients when the segment is done, and a stage's graph keeps the weights gathered \
-             for it until its backward: both save more where stages are checkpointed.",
+             state, ZeRO-2 the gradients too, ZeRO-3 the weights too, gathering each stage's while it runs. ZeRO-2 reduces the \
+             gradients once backward is done and then keeps its part; under ZeRO-3 a stage's graph keeps the weights \
+             gathered for it until its backward, so it saves most where stages are checkpointed.",
         )
     }
 }

@@ -85,3 +85,17 @@ impl TrainSetup {
         TrainConfig::pulling(&self.levers(), self.lr)
     }
 }
+
+/// `check-dist --model M --batch B --res R --cards N [--shard optimizer] [--opt adamw] --steps 3`, under `mpirun -np N`
+#[derive(Debug, Clone, Parser)]
+#[command(name = "check-dist", color = ColorChoice::Never)]
+pub struct CheckDistArgs {
+    #[command(flatten)]
+    pub setup: TrainSetup,
+    /// Optimizer steps, each on new synthetic batches
+    #[arg(long, default_value_t = 3, value_parser = parse_positive)]
+    pub steps: usize,
+    /// The largest difference of any weight allowed between the processes' and one process's
+    #[arg(long, default_value_t = 1e-5)]
+    pub tolerance: f64,
+}

@@ -198,24 +198,27 @@ impl Step<'_> {
         kept + stages.filter(|&i| self.plan.is_checkpointed(i)).map(|i| self.gathered(i)).max().unwrap_or(0)
     }
 
-    /// The bucket of `bytes` of gradients (or of updated weights) that the
-    /// cards exchange as one message.
+    /// What an exchange of `bytes` of gradients (or of updated weights)
+    /// holds at once: the bucket made of them, the bucket received, and on
+    /// the host Open MPI's own copy while it sums them (its ring
+    /// all-reduce's, measured); NCCL sums inside its ring buffers.
     fn bucket(&self, bytes: u64) -> u64 {
+        let copies = if self.kernels == Kernels::Host { 3 } else { 2 };
         if self.cards().several() {
-            self.cards().bucket_bytes.min(bytes)
+            copies * self.cards().bucket_bytes.min(bytes)
         } else {
             0
         }
     }
 
     /// Gradients a backward segment makes whole: reduce-scattered at its
-    /// end under ZeRO-2 and ZeRO-3.
+    /// end under ZeRO-3.
     fn segment_gradients(&self, stages: std::ops::Range<usize>) -> u64 {
         self.cost.stages[stages].iter().map(|s| s.cost.params * F32_BYTES).sum()
     }
 
     fn scatters_gradients(&self) -> bool {
-        self.cards().several() && self.cards().shard >= Shard::Gradients
+        self.cards().several() && self.cards().shard == Shard::Parameters
     }
 
     /// The collective library's own buffers on each card: NCCL's rings on
@@ -224,7 +227,10 @@ impl Step<'_> {
         if !self.cards().several() {
             line("no collective on one card", 0)
         } else if self.kernels == Kernels::Host {
-            line("Open MPI's shared-memory segment (btl_vader_segment_size, outside the tensors' allocator)", MPI_SEGMENT_BYTES)
+            line(
+                "Open MPI's shared-memory segment (btl_vader_segment_size; mapped, so the allocation counters do not see it)",
+                MPI_SEGMENT_BYTES,
+            )
         } else {
             line(
                 format!(
@@ -471,7 +477,15 @@ impl Step<'_> {
             line(of_cards("weights (f32 master copy)", Shard::Parameters), self.own_weights()),
             line("weights gathered for the stages that run (ZeRO-3), kept by their graphs until their backward", self.most_gathered()),
             line("batch-norm running statistics", self.cost.total.buffers * F32_BYTES),
-            line(of_cards("gradients (f32)", Shard::Gradients), gradients),
+            line(
+                match cards.shard {
+                    Shard::Gradients if cards.several() => {
+                        format!("gradients (f32), whole until reduced, then this card's 1/{}", cards.count)
+                    }
+                    _ => of_cards("gradients (f32)", Shard::Gradients),
+                },
+                if cards.shard == Shard::Gradients { self.weights() } else { gradients },
+            ),
             line(
                 format!("accumulated gradients (f32, {} micro-batches)", c.levers.accumulation),
                 if c.levers.accumulation > 1 { gradients } else { 0 },
@@ -534,10 +548,12 @@ impl Step<'_> {
         let exchanged = match self.cards().shard {
             Shard::None => "gradients all-reduced",
             Shard::Optimizer => "gradients all-reduced, then the updated weights gathered",
-            Shard::Gradients => "gradients reduce-scattered, then the updated weights gathered",
+            Shard::Gradients => "gradients reduced, then the updated weights gathered",
             Shard::Parameters => "gradients reduce-scattered",
         };
-        format!("bucket ({exchanged}, {} at a time)", crate::units::human(self.cards().bucket_bytes))
+        let held =
+            if self.kernels == Kernels::Host { "three buckets: made, received and MPI's sum" } else { "two buckets, made and received" };
+        format!("{held} ({exchanged}, {} each)", crate::units::human(self.cards().bucket_bytes))
     }
 
     fn workspace_label(&self) -> &'static str {
@@ -701,9 +717,9 @@ impl Step<'_> {
                 start => self.batch * stages[start - 1].boundary_bytes,
             };
             live.set(Part::PassedGradient, passed);
-            // Under ZeRO-2 and ZeRO-3 the segment's gradients are
-            // reduce-scattered once its graph is dropped, a bucket at a
-            // time; this card keeps its part.
+            // Under ZeRO-3 the segment's gradients are reduce-scattered
+            // once its graph is dropped, a bucket at a time; this card
+            // keeps its part.
             let whole = if self.scatters_gradients() { self.segment_gradients(segment.stages()) } else { 0 };
             let scattered = whole - c.levers.cards.part_of(whole, Shard::Gradients);
             if last {
@@ -741,9 +757,11 @@ impl Step<'_> {
             rec.phase(StepPhase::Accumulated, &live, &transient);
         }
         if self.plan.all_reduces() {
-            let mut transient = Parts::default();
-            transient.set(Part::Bucket, self.bucket(self.weights()));
-            rec.phase(StepPhase::GradientsReduced, &live, &transient);
+            // ZeRO-2 keeps this card's part of the reduced gradients.
+            let mut during = live;
+            during.add(Part::Bucket, self.bucket(self.weights()));
+            live.remove(Part::Gradients, self.weights() - c.levers.cards.part_of(self.weights(), Shard::Gradients));
+            rec.phase_during(StepPhase::GradientsReduced, &live, during);
         }
         let mut transient = Parts::default();
         transient.set(Part::OptimizerTemporaries, self.optimizer_temporaries().max(self.unscale_temporaries()));

@@ -33,8 +33,9 @@ pub enum StepPhase {
     GraphDropped,
     /// The micro-batch's gradients added into the accumulated ones.
     Accumulated,
-    /// On several cards without sharded gradients: the gradients
-    /// all-reduced (averaged over the cards), a bucket at a time.
+    /// On several cards, once backward is done: the gradients all-reduced
+    /// (averaged over the cards), a bucket at a time; ZeRO-2 keeps this
+    /// card's part of them.
     GradientsReduced,
     OptimizerStep,
     /// ZeRO-1 and ZeRO-2: each card's updated part of the weights gathered
@@ -113,10 +114,15 @@ impl StepPlan {
         match config.mode {
             Mode::Training => {
                 let plan = StepPlan::training(stages, &config.levers.checkpointing, config.levers.accumulation, config.levers.optimizer)?;
-                Ok(StepPlan { cards: config.levers.cards, ..plan })
+                Ok(plan.on(config.levers.cards))
             }
             Mode::Inference => Ok(StepPlan::inference(stages)),
         }
+    }
+
+    /// The same plan with its step spread over `cards`.
+    pub fn on(self, cards: Cards) -> StepPlan {
+        StepPlan { cards, ..self }
     }
 
     pub fn training(
@@ -188,11 +194,10 @@ impl StepPlan {
         phases
     }
 
-    /// Several cards that keep whole gradients all-reduce them once
-    /// backward is done; ZeRO-2 and ZeRO-3 reduce-scatter each backward
-    /// segment's instead, inside its phase.
+    /// Several cards reduce the gradients once backward is done; ZeRO-3
+    /// reduce-scatters each backward segment's instead, inside its phase.
     pub fn all_reduces(&self) -> bool {
-        self.cards.several() && self.cards.shard < Shard::Gradients
+        self.cards.several() && self.cards.shard < Shard::Parameters
     }
 
     /// Several cards that keep whole weights but update only their part.
@@ -234,6 +239,9 @@ impl StepPlan {
             }
             StepPhase::GraphDropped => "loss and graph dropped".to_owned(),
             StepPhase::Accumulated => "gradients added to the accumulator".to_owned(),
+            StepPhase::GradientsReduced if self.cards.shard == Shard::Gradients => {
+                format!("gradients reduced over {} cards, this card's part kept", self.cards.count)
+            }
             StepPhase::GradientsReduced => format!("gradients all-reduced over {} cards", self.cards.count),
             StepPhase::OptimizerStep if self.cards.shard > Shard::None => format!("{} step on this card's part", self.optimizer),
             StepPhase::OptimizerStep => format!("{} step", self.optimizer),

@@ -210,7 +210,7 @@ fn each_sharding_stage_divides_what_it_says_among_the_cards() {
     assert_eq!(zero1.bill(BillKind::OptimizerState).bytes, 2 * (weights.div_ceil(4)), "ZeRO-1: a quarter of Adam's two moments");
     assert_eq!(zero1.bill(BillKind::OptimizerState).bytes * 4, adam);
     assert_eq!(line(zero1, BillKind::Parameters, "gradients"), weights, "ZeRO-1 keeps whole gradients");
-    assert_eq!(line(zero2, BillKind::Parameters, "gradients (f32), this card's 1/4"), quarter);
+    assert_eq!(line(zero2, BillKind::Parameters, "gradients (f32), whole until reduced, then this card's 1/4"), weights);
     assert_eq!(line(zero2, BillKind::Parameters, "weights (f32 master copy)"), weights);
     assert_eq!(line(zero3, BillKind::Parameters, "weights (f32 master copy), this card's 1/4"), quarter);
     assert_eq!(
@@ -221,15 +221,24 @@ fn each_sharding_stage_divides_what_it_says_among_the_cards() {
 
     // The cards' own lines: NCCL's rings and one 25 MiB bucket on a card.
     let context = |l: &Ledger| l.bill(BillKind::ContextAndWorkspace).bytes;
-    assert_eq!(context(ddp) - context(&alone), 2 * 9_633_792 + (25 << 20));
+    assert_eq!(context(ddp) - context(&alone), 2 * 9_633_792 + 2 * (25 << 20), "NCCL's rings, a bucket made and one received");
     assert!(line(ddp, BillKind::ContextAndWorkspace, "NCCL's ring buffers") == 2 * 9_633_792);
     let host = on_cards(2, Shard::None, Checkpointing::None, &Card::host().unwrap());
     assert_eq!(line(&host, BillKind::ContextAndWorkspace, "Open MPI's shared-memory segment"), 4 << 20);
 
-    // The peaks fall stage by stage once the stages are checkpointed;
-    // without it ZeRO-3's gathered weights outlive forward.
-    let peaks: Vec<u64> = Shard::ALL.into_iter().map(|s| on_cards(4, s, Checkpointing::Stages, &card).peak.bytes).collect();
-    assert!(peaks.windows(2).all(|w| w[1] < w[0]), "{peaks:?}");
+    // Checkpointed, each stage's peak is at most the one before's: ZeRO-2
+    // reduces after backward, where the peak is not, and ZeRO-3 gathers
+    // only the recomputed stage's weights. Without checkpointing ZeRO-3's
+    // gathered weights outlive forward.
+    let checkpointed: Vec<Ledger> = Shard::ALL.into_iter().map(|s| on_cards(4, s, Checkpointing::Stages, &card)).collect();
+    let peaks: Vec<u64> = checkpointed.iter().map(|l| l.peak.bytes).collect();
+    assert!(peaks[1] < peaks[0] && peaks[2] == peaks[1] && peaks[3] < peaks[2], "{peaks:?}");
+    let after_reduce = |l: &Ledger| l.timeline.iter().find(|p| p.phase == StepPhase::GradientsReduced).unwrap().resident_bytes;
+    assert_eq!(
+        after_reduce(&checkpointed[1]) - after_reduce(&checkpointed[2]),
+        weights - quarter,
+        "ZeRO-2 frees three quarters of the gradients"
+    );
     assert!(zero3.peak.bytes > zero2.peak.bytes, "{} vs {}", zero3.peak.bytes, zero2.peak.bytes);
     assert_eq!(ddp.peak.bytes, alone.peak.bytes + 2 * 9_633_792, "DDP's bucket is exchanged after backward's peak");
 }

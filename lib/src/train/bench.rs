@@ -48,25 +48,47 @@ pub struct BenchReport {
     pub cudnn: Option<crate::ops::CudnnPlans>,
 }
 
-/// The trainer and synthetic micro-batches a spec describes.
-fn setup(spec: &BenchSpec, device: &Device) -> Result<(Trainer, Vec<(Tensor, Tensor)>), TrainError> {
-    let net = Network::with_layers(&spec.model.spec(spec.classes), Shape::map(3, spec.res, spec.res), device, spec.seed, spec.layers)?;
-    let trainer = Trainer::new(net, spec.config.clone())?;
+/// The trainer and synthetic micro-batches a spec describes, its step
+/// spread over the processes of `spread` when given.
+fn setup(spec: &BenchSpec, device: &Device, spread: Option<Spread>) -> Result<(Trainer, Vec<(Tensor, Tensor)>), TrainError> {
+    let net = spec.network(device)?;
+    let trainer = match spread {
+        Some(Spread { cards, collective }) => Trainer::spread_over(net, spec.config.clone(), cards, collective)?,
+        None => Trainer::new(net, spec.config.clone())?,
+    };
     if device.is_cpu() {
         refuse_what_the_host_cannot_hold(&trainer, spec.batch)?;
     }
-    let task = Stripes::new(spec.classes, spec.res);
+    // Each process its own images, as a distributed sampler gives each its part of an epoch.
+    let rank = trainer.rank() as u64;
     let micro_batches = (0..spec.config.accumulation)
-        .map(|i| {
-            let seed = spec.seed.wrapping_add(i as u64);
-            if spec.model.segments() {
-                task.generate_regions(spec.batch, seed, device)
-            } else {
-                task.generate(spec.batch, seed, device)
-            }
-        })
+        .map(|i| spec.batch_of(spec.batch, spec.seed.wrapping_add(i as u64).wrapping_add(rank << 32), device))
         .collect::<candle_core::Result<Vec<_>>>()?;
     Ok((trainer, micro_batches))
+}
+
+/// The processes a step is spread over: as many as `cards.count`, each
+/// with the spec's batch.
+pub struct Spread {
+    pub cards: crate::ledger::Cards,
+    pub collective: Box<dyn crate::dist::Collective>,
+}
+
+impl BenchSpec {
+    /// The spec's network, its weights made from its seed.
+    pub fn network(&self, device: &Device) -> Result<Network, TrainError> {
+        Ok(Network::with_layers(&self.model.spec(self.classes), Shape::map(3, self.res, self.res), device, self.seed, self.layers)?)
+    }
+
+    /// `batch` synthetic images of the spec's task made from `seed`, with their labels.
+    pub fn batch_of(&self, batch: usize, seed: u64, device: &Device) -> candle_core::Result<(Tensor, Tensor)> {
+        let task = Stripes::new(self.classes, self.res);
+        if self.model.segments() {
+            task.generate_regions(batch, seed, device)
+        } else {
+            task.generate(batch, seed, device)
+        }
+    }
 }
 
 /// On the CPU, a step predicted to need more than the host has available would be
@@ -90,8 +112,8 @@ const MAX_SKIPPED_WARMUP: usize = 16;
 /// `warmup` steps, and more while the loss scaler has skipped them all (the
 /// first applied step creates the optimizer state), then one step measured
 /// phase by phase and compared with the ledger; both are published for `%mem`.
-pub fn measure_train(spec: &BenchSpec, device: &Device) -> Result<(MeasuredStep, Comparison), TrainError> {
-    let (mut trainer, micro_batches) = setup(spec, device)?;
+pub fn measure_train(spec: &BenchSpec, device: &Device, spread: Option<Spread>) -> Result<(MeasuredStep, Comparison), TrainError> {
+    let (mut trainer, micro_batches) = setup(spec, device, spread)?;
     let mut applied = false;
     for taken in 0.. {
         if taken >= spec.warmup && (applied || taken >= spec.warmup + MAX_SKIPPED_WARMUP) {
@@ -102,8 +124,8 @@ pub fn measure_train(spec: &BenchSpec, device: &Device) -> Result<(MeasuredStep,
     trainer.measure_and_compare(&micro_batches)
 }
 
-pub fn bench_train(spec: &BenchSpec, device: &Device) -> Result<BenchReport, TrainError> {
-    let (mut trainer, micro_batches) = setup(spec, device)?;
+pub fn bench_train(spec: &BenchSpec, device: &Device, spread: Option<Spread>) -> Result<BenchReport, TrainError> {
+    let (mut trainer, micro_batches) = setup(spec, device, spread)?;
     let parameters = trainer.net().param_count();
     for _ in 0..spec.warmup {
         trainer.step(&micro_batches, 0)?;

@@ -116,7 +116,7 @@ impl Comparison {
 impl Trainer {
     /// The levers this trainer pulls: its configuration's, on its network's layers.
     pub fn levers(&self) -> Levers {
-        self.config().levers(self.net().layers())
+        Levers { cards: self.cards(), ..self.config().levers(self.net().layers()) }
     }
 
     /// The ledger's prediction for this trainer's step at `batch` samples per micro-batch.

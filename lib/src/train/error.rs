@@ -28,6 +28,8 @@ pub enum TrainError {
     NotCounting,
     #[error(transparent)]
     Device(#[from] crate::gpus::GpuError),
+    #[error(transparent)]
+    Dist(#[from] crate::dist::DistError),
     #[error("memory probe: {0}")]
     Memory(#[from] crate::memory::MemoryError),
     #[error(transparent)]

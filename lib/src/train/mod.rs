@@ -5,7 +5,8 @@
 //! The `Trainer` and its levers (mixed precision with a loss scaler, accumulation, checkpointing in
 //! `step.rs`, clipping, schedules, optimizers; a step runs on a thread of rayon's pool, so that its
 //! parallel ops start inside it), events and their live views (a progress bar, loss and accuracy
-//! curves redrawn each epoch), `measure` (a real step phase by phase, beside the ledger); on CUDA,
+//! curves redrawn each epoch), `measure` (a real step phase by phase, beside the ledger), a step
+//! spread over processes through a `dist::Collective` (`data_parallel.rs`); on CUDA,
 //! SGD and Adam/AdamW update every parameter in one kernel launch (`optim/multi.rs` lays out the
 //! table of tensors that the hand-written kernels of `lib/kernels/optim.cu` read, compiled to PTX
 //! by `lib/build.rs` under the `cuda` feature as candle compiles its own; their arithmetic is the
@@ -17,6 +18,7 @@ pub mod amp;
 mod bench;
 pub mod clip;
 mod compare;
+mod data_parallel;
 mod error;
 mod events;
 mod oom;
@@ -28,7 +30,7 @@ mod train_config;
 mod trainer;
 
 pub use amp::{GradScaler, GradScalerConfig};
-pub use bench::{bench_train, measure_train, BenchReport, BenchSpec};
+pub use bench::{bench_train, measure_train, BenchReport, BenchSpec, Spread};
 pub use clip::{clip_grad_norm, grad_norm};
 pub use compare::{Comparison, MeasuredStep, PhaseSample};
 pub use error::TrainError;

@@ -14,13 +14,15 @@ use rand::SeedableRng;
 
 use super::amp::GradScaler;
 use super::clip::{clip_grad_norm, grad_norm};
+use super::data_parallel::DataParallel;
 use super::error::TrainError;
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
 use super::oom::{self, StepOom};
 use super::optim::Optimizer;
 use super::step::{accumulate, correct, cross_entropy, forward_backward_walked, grad_bytes, PhaseWalk, StepWatcher};
 use super::train_config::TrainConfig;
-use crate::ledger::{StepPhase, StepPlan};
+use crate::dist::Collective;
+use crate::ledger::{Cards, StepPhase, StepPlan};
 use crate::memory::StepMeter;
 use crate::models::{Network, Pass, Precision};
 
@@ -98,6 +100,7 @@ pub struct Trainer {
     steps: u64,
     history: History,
     meter: StepMeter,
+    spread: Option<DataParallel>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -108,16 +111,43 @@ impl std::fmt::Debug for Trainer {
 
 impl Trainer {
     pub fn new(net: Network, config: TrainConfig) -> Result<Self, TrainError> {
+        Trainer::with_spread(net, config, None)
+    }
+
+    /// A trainer whose steps are spread over the processes of `collective`
+    /// (`cards.count` of them, each with its own batch): the gradients are
+    /// averaged over them once backward is done, and from `--shard
+    /// optimizer` on each updates only its own parameters.
+    pub fn spread_over(net: Network, config: TrainConfig, cards: Cards, collective: Box<dyn Collective>) -> Result<Self, TrainError> {
+        let spread = DataParallel::new(&net, cards, collective)?;
+        Trainer::with_spread(net, config, Some(spread))
+    }
+
+    fn with_spread(net: Network, config: TrainConfig, spread: Option<DataParallel>) -> Result<Self, TrainError> {
         if config.accumulation == 0 {
             return Err(TrainError::Accumulation(0));
         }
         check_precision(config.precision, net.device())?;
-        let optimizer = config.optimizer.build(net.vars())?;
+        let updated = spread.as_ref().map_or_else(|| net.vars(), |s| s.updated_vars(&net));
+        let optimizer = config.optimizer.build(updated)?;
         let scaler = if config.precision == Precision::F16Amp { GradScaler::new(config.scaler.clone())? } else { GradScaler::disabled() };
-        let plan = StepPlan::training(&net.stage_names(), &config.checkpointing, config.accumulation, config.optimizer.kind())?;
+        let cards = spread.as_ref().map_or_else(Cards::default, DataParallel::cards);
+        let plan = StepPlan::training(&net.stage_names(), &config.checkpointing, config.accumulation, config.optimizer.kind())?.on(cards);
         let pass = Pass::train(config.precision.compute_dtype());
         let meter = StepMeter::for_device(net.device())?;
-        Ok(Trainer { net, config, optimizer, scaler, plan: Arc::new(plan), pass, steps: 0, history: History::default(), meter })
+        let history = History::default();
+        Ok(Trainer { net, config, optimizer, scaler, plan: Arc::new(plan), pass, steps: 0, history, meter, spread })
+    }
+
+    /// The cards this trainer's steps are spread over: one, unless made by
+    /// [`Trainer::spread_over`].
+    pub fn cards(&self) -> Cards {
+        self.spread.as_ref().map_or_else(Cards::default, DataParallel::cards)
+    }
+
+    /// This process's rank among those the step is spread over (0 alone).
+    pub fn rank(&self) -> usize {
+        self.spread.as_ref().map_or(0, DataParallel::rank)
     }
 
     pub fn net(&self) -> &Network {
@@ -287,9 +317,11 @@ impl Trainer {
             }
             accumulate(&mut grads, &self.net, part.grads)?;
         }
-        let grads_bytes = grad_bytes(&grads, &self.net);
         if self.config.accumulation > 1 {
-            walk.ended(StepPhase::Accumulated, grads_bytes)?;
+            walk.ended(StepPhase::Accumulated, grad_bytes(&grads, &self.net))?;
+        }
+        if let Some(spread) = &self.spread {
+            spread.reduce(&mut grads, &self.net)?;
         }
         let vars = self.net.vars();
         self.scaler.unscale(&mut grads, &vars)?;
@@ -300,8 +332,17 @@ impl Trainer {
             }
             None => (None, None),
         };
+        if let Some(spread) = &self.spread {
+            spread.keep_own(&mut grads, &self.net);
+            walk.ended(StepPhase::GradientsReduced, grad_bytes(&grads, &self.net))?;
+        }
+        let grads_bytes = grad_bytes(&grads, &self.net);
         let stepped = self.scaler.step(self.optimizer.as_mut(), &mut grads)?;
         walk.ended(StepPhase::OptimizerStep, grads_bytes)?;
+        if let Some(spread) = self.spread.as_ref().filter(|s| s.cards().shard != crate::ledger::Shard::None) {
+            spread.gather_weights(&self.net)?;
+            walk.ended(StepPhase::WeightsGathered, grads_bytes)?;
+        }
         let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
         self.scaler.update()?;
         drop(grads);

@@ -1,0 +1,84 @@
+//! Several processes training one model, each on its own card (or its own
+//! share of the host) with its own batch: data parallelism on an existing
+//! collective library.
+//!
+//! The room: [`Collective`], what the trainer needs of the library (one
+//! sum over the processes); [`Mpi`] on the host, launched with `mpirun`
+//! (feature `mpi`); [`owners`], which parameter each process updates
+//! when the optimizer state is sharded (PyTorch's `ZeroRedundancyOptimizer`
+//! partition). The trainer's side is `train/data_parallel.rs`; the proof
+//! that a spread step is one process's step on all the samples,
+//! `checks::same_step`.
+
+use candle_core::Tensor;
+
+#[cfg(feature = "mpi")]
+mod mpi;
+#[cfg(feature = "mpi")]
+pub use mpi::Mpi;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+    #[error("a bucket to exchange must be a 1-D f32 tensor on the host, got {dtype:?} of shape {shape:?}")]
+    Bucket { dtype: candle_core::DType, shape: Vec<usize> },
+    #[error("--cards {cards}, but {launched} processes were launched: run it with `mpirun -np {cards}`")]
+    Ranks { cards: usize, launched: usize },
+    #[error("MPI is already initialised in this process")]
+    AlreadyStarted,
+    #[error("{0}: vramlab costs it (oomcheck --cards), but does not run it yet")]
+    NotRun(&'static str),
+    #[error(
+        "{0} has batch-norm, whose statistics are each process's own (DDP's): its weights differ from one process's by design; \
+         check a model without batch-norm (vit-tiny, vit-small)"
+    )]
+    BatchNorm(String),
+}
+
+/// What data parallelism needs of a collective library: the processes'
+/// count, this one's place among them, and the sum over all of them.
+pub trait Collective: Send {
+    /// This process's rank, from 0.
+    fn rank(&self) -> usize;
+
+    /// The processes taking part.
+    fn ranks(&self) -> usize;
+
+    /// The element-wise sum of every process's `bucket`: a 1-D f32 tensor
+    /// of the same length on each. Every process gets the sum.
+    fn all_reduce_sum(&self, bucket: &Tensor) -> Result<Tensor, DistError>;
+}
+
+/// For each of `sizes` (the parameters' element counts, in the network's
+/// order), the rank that keeps its optimizer state and updates it: the
+/// largest first, each to the rank with the fewest elements so far, as
+/// PyTorch's `ZeroRedundancyOptimizer` partitions them.
+pub fn owners(sizes: &[usize], ranks: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(sizes[i]));
+    let mut load = vec![0usize; ranks.max(1)];
+    let mut owner = vec![0; sizes.len()];
+    for i in order {
+        let rank = (0..load.len()).min_by_key(|&r| load[r]).unwrap_or(0);
+        owner[i] = rank;
+        load[rank] += sizes[i];
+    }
+    owner
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_parameters_go_first_to_the_least_loaded_rank() {
+        assert_eq!(owners(&[10, 40, 30, 20], 2), [0, 0, 1, 1]);
+        let sizes = [4, 4, 4, 4, 4, 4];
+        let owner = owners(&sizes, 3);
+        for rank in 0..3 {
+            assert_eq!(owner.iter().filter(|&&o| o == rank).count(), 2);
+        }
+        assert_eq!(owners(&[7, 3], 1), [0, 0]);
+    }
+}

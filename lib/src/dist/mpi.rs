@@ -1,0 +1,52 @@
+//! [`Collective`] over MPI, for processes launched with `mpirun -np N`.
+
+use candle_core::{DType, Device, Storage, Tensor};
+use mpi::collective::SystemOperation;
+use mpi::environment::{Threading, Universe};
+use mpi::traits::{Communicator, CommunicatorCollectives};
+
+use super::{Collective, DistError};
+
+/// The MPI world of this process: every process `mpirun` started.
+pub struct Mpi {
+    universe: Universe,
+}
+
+impl Mpi {
+    /// Starts MPI. The trainer calls it from one thread at a time, which
+    /// need not be the main one (a step runs on one of rayon's threads).
+    pub fn start() -> Result<Mpi, DistError> {
+        let (universe, _) = mpi::initialize_with_threading(Threading::Serialized).ok_or(DistError::AlreadyStarted)?;
+        Ok(Mpi { universe })
+    }
+
+    /// Every process waits for the others here.
+    pub fn barrier(&self) {
+        self.universe.world().barrier();
+    }
+}
+
+impl Collective for Mpi {
+    fn rank(&self) -> usize {
+        self.universe.world().rank() as usize
+    }
+
+    fn ranks(&self) -> usize {
+        self.universe.world().size() as usize
+    }
+
+    fn all_reduce_sum(&self, bucket: &Tensor) -> Result<Tensor, DistError> {
+        let bad = || DistError::Bucket { dtype: bucket.dtype(), shape: bucket.dims().to_vec() };
+        if bucket.rank() != 1 || bucket.dtype() != DType::F32 || !bucket.is_contiguous() {
+            return Err(bad());
+        }
+        let (storage, layout) = bucket.storage_and_layout();
+        let Storage::Cpu(cpu) = &*storage else { return Err(bad()) };
+        let start = layout.start_offset();
+        let sent = &cpu.as_slice::<f32>()?[start..start + bucket.elem_count()];
+        let mut sum = vec![0f32; sent.len()];
+        self.universe.world().all_reduce_into(sent, &mut sum[..], SystemOperation::sum());
+        let len = sum.len();
+        Ok(Tensor::from_vec(sum, len, &Device::Cpu)?)
+    }
+}

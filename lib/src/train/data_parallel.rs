@@ -1,0 +1,151 @@
+//! A trainer's step spread over several processes: the gradients averaged
+//! over them a bucket at a time once backward is done, and under ZeRO-1
+//! and ZeRO-2 each process updating its own parameters and handing them to
+//! the others.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Result, Tensor, Var};
+
+use crate::dist::{owners, Collective, DistError};
+use crate::ledger::{Cards, Shard};
+use crate::models::Network;
+
+/// The processes a trainer's step is spread over, and which parameters
+/// each updates.
+pub(crate) struct DataParallel {
+    collective: Box<dyn Collective>,
+    cards: Cards,
+    /// For each parameter of the network, in [`Network::params`]'s order,
+    /// the rank that keeps its optimizer state and updates it.
+    owners: Vec<usize>,
+}
+
+impl DataParallel {
+    pub fn new(net: &Network, cards: Cards, collective: Box<dyn Collective>) -> std::result::Result<DataParallel, DistError> {
+        if collective.ranks() != cards.count {
+            return Err(DistError::Ranks { cards: cards.count, launched: collective.ranks() });
+        }
+        if cards.shard == Shard::Parameters {
+            return Err(DistError::NotRun("--shard parameters (ZeRO-3)"));
+        }
+        let sizes: Vec<usize> = net.params().iter().map(|p| p.var.elem_count()).collect();
+        Ok(DataParallel { owners: owners(&sizes, cards.count), collective, cards })
+    }
+
+    pub fn cards(&self) -> Cards {
+        self.cards
+    }
+
+    pub fn rank(&self) -> usize {
+        self.collective.rank()
+    }
+
+    /// Whether this process updates parameter `i`: every one under DDP,
+    /// its own under ZeRO-1 and ZeRO-2.
+    fn updates(&self, i: usize) -> bool {
+        self.cards.shard == Shard::None || self.owners[i] == self.collective.rank()
+    }
+
+    /// The parameters this process's optimizer updates.
+    pub fn updated_vars(&self, net: &Network) -> Vec<Var> {
+        net.params().iter().enumerate().filter(|&(i, _)| self.updates(i)).map(|(_, p)| p.var.clone()).collect()
+    }
+
+    /// The parameters' indices in buckets of at most the bucket size (a
+    /// larger parameter alone), the last parameters first: the order
+    /// backward makes their gradients in, as DDP buckets them.
+    fn buckets(&self, net: &Network) -> Vec<Vec<usize>> {
+        let mut buckets: Vec<Vec<usize>> = Vec::new();
+        let mut filled = 0u64;
+        for (i, param) in net.params().iter().enumerate().rev() {
+            let bytes = param.var.elem_count() as u64 * 4;
+            match buckets.last_mut() {
+                Some(bucket) if filled + bytes <= self.cards.bucket_bytes => bucket.push(i),
+                _ => {
+                    buckets.push(vec![i]);
+                    filled = 0;
+                }
+            }
+            filled += bytes;
+        }
+        buckets
+    }
+
+    /// Replaces each gradient in `grads` by its average over the processes.
+    pub fn reduce(&self, grads: &mut GradStore, net: &Network) -> std::result::Result<(), DistError> {
+        let params = net.params();
+        let scale = 1.0 / self.cards.count as f64;
+        for bucket in self.buckets(net) {
+            let parts = bucket
+                .iter()
+                .map(|&i| {
+                    let var = params[i].var.as_tensor();
+                    match grads.get(var) {
+                        Some(g) => g.to_dtype(DType::F32)?.flatten_all(),
+                        None => Tensor::zeros(var.elem_count(), DType::F32, var.device()),
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let sum = self.collective.all_reduce_sum(&Tensor::cat(&parts, 0)?)?;
+            drop(parts);
+            let mut offset = 0;
+            for &i in &bucket {
+                let var = params[i].var.as_tensor();
+                let n = var.elem_count();
+                if grads.get(var).is_some() {
+                    let averaged = (sum.narrow(0, offset, n)?.reshape(var.shape())? * scale)?;
+                    grads.insert(var, averaged);
+                }
+                offset += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Under ZeRO-2, drops the gradients of the parameters other processes update.
+    pub fn keep_own(&self, grads: &mut GradStore, net: &Network) {
+        if self.cards.shard != Shard::Gradients {
+            return;
+        }
+        for (i, param) in net.params().iter().enumerate() {
+            if !self.updates(i) {
+                grads.remove(param.var.as_tensor());
+            }
+        }
+    }
+
+    /// Under ZeRO-1 and ZeRO-2, every process's updated parameters on
+    /// every process, a bucket at a time: each gives its own, zeros for
+    /// the others', and the sum is the whole bucket.
+    pub fn gather_weights(&self, net: &Network) -> std::result::Result<(), DistError> {
+        if self.cards.shard == Shard::None {
+            return Ok(());
+        }
+        let params = net.params();
+        for bucket in self.buckets(net) {
+            let len = bucket.iter().map(|&i| params[i].var.elem_count()).sum();
+            let mut made = vec![0f32; len];
+            let mut offset = 0;
+            for &i in &bucket {
+                let var = params[i].var.as_tensor();
+                if self.updates(i) {
+                    made[offset..offset + var.elem_count()].copy_from_slice(&var.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
+                }
+                offset += var.elem_count();
+            }
+            let made = Tensor::from_vec(made, len, params[bucket[0]].var.device())?;
+            let sum = self.collective.all_reduce_sum(&made)?;
+            drop(made);
+            let mut offset = 0;
+            for &i in &bucket {
+                let var = &params[i].var;
+                let n = var.elem_count();
+                if !self.updates(i) {
+                    var.set(&sum.narrow(0, offset, n)?.reshape(var.shape())?.to_dtype(var.dtype())?)?;
+                }
+                offset += n;
+            }
+        }
+        Ok(())
+    }
+}
