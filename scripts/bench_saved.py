@@ -153,7 +153,7 @@ def torch_peak(model: str, batch: int, res: int) -> int:
 def vramlab_measure(model: str, batch: int, res: int, layers: str) -> dict:
     binary = ROOT / "target/release/vramlab"
     if not binary.exists():
-        subprocess.run(["cargo", "build", "--release", "--locked", "--workspace", "--bins"], cwd=ROOT, check=True)
+        subprocess.run(["cargo", "build", "--release", "--locked", "--workspace", "--bins", "--features", "vramlab/mpi"], cwd=ROOT, check=True)
     args = ["measure", "--model", model, "--batch", str(batch), "--res", str(res), "--classes", str(classes_of(model)), "--layers", layers, "--json"]
     out = subprocess.run([str(binary), *args], check=True, capture_output=True, text=True).stdout
     return json.loads(out)

@@ -100,7 +100,7 @@ def vramlab_binary() -> pathlib.Path:
     target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
     # The workspace's build, as set-up runs it: `-p vramlab` alone unifies features
     # differently and would compile candle and a hundred crates again.
-    subprocess.run(["cargo", "build", "--release", "--locked", "--workspace", "--bins"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "--locked", "--workspace", "--bins", "--features", "vramlab/mpi"], cwd=ROOT, check=True)
     return target / "release" / "vramlab"
 
 

@@ -543,15 +543,18 @@ fn verified_fixes(
     card: &Card,
     verify: usize,
 ) -> Vec<CheckedFix> {
+    let mut runnable = 0;
     search(spec, failed, card)
         .into_iter()
-        .enumerate()
-        .map(|(rank, fix)| {
+        .map(|fix| {
             let flags = measure_flags(&fix.config, trials.step.spec.num_classes);
-            let (verified, peak_bytes, check) = if rank >= verify {
-                (false, fix.peak_bytes, format!("not run: only the {verify} cheapest are verified"))
-            } else if fix.config.levers.cards.several() {
+            let several = fix.config.levers.cards.several();
+            let rank = runnable;
+            runnable += usize::from(!several);
+            let (verified, peak_bytes, check) = if several {
                 (false, fix.peak_bytes, "not run: it takes several cards, and this process runs one".to_owned())
+            } else if rank >= verify {
+                (false, fix.peak_bytes, format!("not run: only the {verify} cheapest are verified"))
             } else {
                 match trials.run(&fix.config) {
                     None => (false, fix.peak_bytes, format!("not run: {SKIPPED_FOR_TIME}")),

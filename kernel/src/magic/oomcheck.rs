@@ -13,7 +13,7 @@ pub const MAGIC: Magic = Magic {
             \x20         [--sweep batch=8..64|res=128..512 | --brief | --fixes]\n\
             \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB] [--host]]\n\
             %oomcheck --spec FILE.json --batch B --res R [the same flags]   (a model spec saved as JSON)\n\
-            %oomcheck VARIABLE --batch B [--res R] [--amp ...] [--opt ...] [--accum N] [--ckpt ...] [--layers ...] [--gpu ...] [--cards ...] [--sweep ...] [--eval]\n\
+            %oomcheck VARIABLE --batch B [--res R] [--amp ...] [--opt ...] [--accum N] [--ckpt ...] [--layers ...] [--gpu ...] [--cards ...] [--sweep ...|--brief|--fixes] [--eval]\n\
             \x20         (a Network or Trainer built in a cell: its spec, input and levers unless a flag overrides one)\n\
             %oomcheck VARIABLE --input SHAPE [--gpu ...] [--opt ...]   (any model, measured in real steps at small batches and\n\
             \x20         extrapolated: a Network, a Trainer, a candle Module or a closure; SHAPE such as 32x3x224x224 or 64x784)\n\

@@ -215,61 +215,94 @@ fn spec(setup: &TrainSetup, warmup: usize, steps: usize) -> vramlab::train::Benc
     }
 }
 
-/// This process's place among those `mpirun` started: its rank and their count.
-#[derive(Clone, Copy)]
+/// This process among those `mpirun` started: a handle on their
+/// collective, kept beside the trainer's to gather the reports.
 struct Rank {
-    rank: usize,
-    ranks: usize,
+    collective: Box<dyn vramlab::dist::Collective>,
 }
 
-/// The processes `setup`'s step is spread over, under `mpirun`; `None` on one card.
-fn spread(setup: &TrainSetup) -> Result<Option<(vramlab::train::Spread, Rank)>, UsageError> {
+/// Two handles on the processes' collective: the trainer's, and one kept
+/// to gather their reports.
+type Handles = (Box<dyn vramlab::dist::Collective>, Box<dyn vramlab::dist::Collective>);
+
+/// The processes `setup`'s step is spread over, under `mpirun`: on the host
+/// through MPI, on cards through NCCL; `None` on one card.
+fn spread(setup: &TrainSetup, device: &vramlab::candle::Device) -> Result<Option<(vramlab::train::Spread, Rank)>, UsageError> {
     let cards = setup.levers().cards;
     if !cards.several() {
         return setup.levers.on_one_card().map(|()| None).map_err(UsageError);
     }
-    if setup.device != vramlab::cli::DeviceArg::Cpu {
-        return Err(UsageError(format!(
-            "--cards {} --device {:?}: several cards are run on the host (MPI); NCCL on CUDA is not run yet",
-            cards.count, setup.device
-        )));
-    }
-    start_mpi().map(|collective| {
-        let rank = Rank { rank: collective.rank(), ranks: collective.ranks() };
-        Some((vramlab::train::Spread { cards, collective }, rank))
-    })
+    let (collective, kept) = if device.is_cpu() { start_mpi()? } else { start_nccl(device)? };
+    Ok(Some((vramlab::train::Spread { cards, collective }, Rank { collective: kept })))
 }
 
+/// NCCL on this process's card, its communicator's id handed out over MPI,
+/// which gathers the reports.
+#[cfg(all(feature = "mpi", feature = "nccl"))]
+fn start_nccl(device: &vramlab::candle::Device) -> Result<Handles, UsageError> {
+    use vramlab::dist::{Collective as _, Mpi, Nccl};
+    let usage = |e: vramlab::dist::DistError| UsageError(e.to_string());
+    let vramlab::candle::Device::Cuda(card) = device else {
+        return Err(UsageError("NCCL runs on CUDA devices".to_owned()));
+    };
+    let mpi = Mpi::start().map_err(usage)?;
+    let id = if mpi.rank() == 0 { Nccl::id_bytes(&Nccl::new_id().map_err(usage)?) } else { Vec::new() };
+    let ids = mpi.all_gather_bytes(&id).map_err(usage)?;
+    let nccl = Nccl::join(card, mpi.rank(), mpi.ranks(), Nccl::id_from_bytes(&ids[0]).map_err(usage)?).map_err(usage)?;
+    Ok((Box::new(nccl), Box::new(mpi)))
+}
+
+#[cfg(not(all(feature = "mpi", feature = "nccl")))]
+fn start_nccl(_: &vramlab::candle::Device) -> Result<Handles, UsageError> {
+    Err(UsageError(
+        "several cards run under mpirun through NCCL, and this vramlab was built without it: scripts/build_cuda.sh --features mpi,nccl"
+            .to_owned(),
+    ))
+}
+
+/// Two handles on one MPI world: one for the trainer, one to keep.
 #[cfg(feature = "mpi")]
-fn start_mpi() -> Result<Box<dyn vramlab::dist::Collective>, UsageError> {
-    Ok(Box::new(vramlab::dist::Mpi::start().map_err(|e| UsageError(e.to_string()))?))
+fn start_mpi() -> Result<Handles, UsageError> {
+    let mpi = vramlab::dist::Mpi::start().map_err(|e| UsageError(e.to_string()))?;
+    Ok((Box::new(mpi.clone()), Box::new(mpi)))
 }
 
 #[cfg(not(feature = "mpi"))]
-fn start_mpi() -> Result<Box<dyn vramlab::dist::Collective>, UsageError> {
+fn start_mpi() -> Result<Handles, UsageError> {
     Err(UsageError("several cards run under MPI, and this vramlab was built without it: cargo build --release --features mpi".to_owned()))
 }
 
 fn bench_train(args: &TrainRunArgs) -> Result<(vramlab::train::BenchReport, Option<Rank>), UsageError> {
     let device = args.setup.device.open().map_err(UsageError)?;
-    let (spread, rank) = spread(&args.setup)?.unzip();
+    let (spread, rank) = spread(&args.setup, &device)?.unzip();
     let report = vramlab::train::bench_train(&spec(&args.setup, args.warmup, args.steps), &device, spread);
     report.map(|report| (report, rank)).map_err(|e| UsageError(e.to_string()))
 }
 
-/// Under `mpirun`: the rank's result, after a line naming the rank, or as
-/// one line of JSON with the rank beside it.
+/// Under `mpirun`: every rank's result printed by rank 0, in rank order,
+/// each after a line naming its rank, or as one line of JSON with the rank
+/// and its process id beside it. (Printed by each rank, two long lines
+/// could interleave in `mpirun`'s output.)
 fn emit_rank<T: Serialize>(json: bool, rank: Rank, value: &T, text: impl FnOnce() -> String) -> Result<(), UsageError> {
-    let Rank { rank, ranks } = rank;
+    let collective = rank.collective;
+    let (rank, ranks) = (collective.rank(), collective.ranks());
     let out = if json {
-        let line = serde_json::json!({ "rank": rank, "ranks": ranks, "result": value });
+        let line = serde_json::json!({ "rank": rank, "ranks": ranks, "pid": std::process::id(), "result": value });
         serde_json::to_string(&line).map_err(|e| UsageError(format!("cannot write JSON: {e}")))? + "\n"
     } else {
         format!("rank {rank} of {ranks}:\n{}", text())
     };
+    let every = collective.all_gather_bytes(out.as_bytes()).map_err(|e| UsageError(e.to_string()))?;
+    if rank != 0 {
+        return Ok(());
+    }
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
-    stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()).map_err(|e| UsageError(format!("cannot write: {e}")))
+    every
+        .iter()
+        .try_for_each(|report| stdout.write_all(report))
+        .and_then(|()| stdout.flush())
+        .map_err(|e| UsageError(format!("cannot write: {e}")))
 }
 
 /// Exit status 0 when the spread weights match one process's, 1 when not,
@@ -284,7 +317,7 @@ fn check_dist(args: &vramlab::cli::CheckDistArgs, json: bool) -> ExitCode {
         return usage(&"check-dist runs on the host with --cards 2 or more, under mpirun -np N");
     }
     let collective = match start_mpi() {
-        Ok(collective) => collective,
+        Ok((collective, _)) => collective,
         Err(err) => return usage(&err),
     };
     let spec = spec(&args.setup, 0, args.steps);
@@ -345,7 +378,7 @@ fn measure(args: &MeasureArgs) -> Result<(vramlab::train::Comparison, Option<Ran
         let budget = vramlab::memory::Budget::parse(budget).map_err(|e| usage(&e))?;
         vramlab::memory::set_budget(Some(budget)).map_err(|e| usage(&e))?;
     }
-    let (spread, rank) = spread(&args.setup).map_err(Measured::Usage)?.unzip();
+    let (spread, rank) = spread(&args.setup, &device).map_err(Measured::Usage)?.unzip();
     let measured = vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &device, spread);
     measured.map(|(_, comparison)| (comparison, rank)).map_err(|e| match e {
         vramlab::train::TrainError::OutOfMemory(_) => Measured::OutOfMemory(e.to_string()),

@@ -174,6 +174,12 @@ pub struct OomcheckOfArgs {
     /// Inference instead of training
     #[arg(long)]
     pub eval: bool,
+    /// Only the verdict (the peak against the card) and, when it does not fit, one line per fix
+    #[arg(long, conflicts_with = "sweep")]
+    pub brief: bool,
+    /// Only the verdict and, when it does not fit, the fixes' table (extra time, accuracy risk, flags): no bills, no timeline
+    #[arg(long, conflicts_with_all = ["sweep", "brief"])]
+    pub fixes: bool,
 }
 
 impl OomcheckArgs {

@@ -10,21 +10,28 @@ use crate::candle::Device;
 pub enum DeviceArg {
     #[default]
     Cpu,
-    /// CUDA device 0 (needs a build with the cuda feature)
+    /// CUDA device 0, or under mpirun the process's rank on its machine (needs a build with the cuda feature)
     Cuda,
 }
 
 impl DeviceArg {
     /// The candle device, or why it cannot be had here.
     pub fn open(self) -> Result<Device, String> {
+        let ordinal = local_rank();
         match self {
             DeviceArg::Cpu => Ok(Device::Cpu),
-            DeviceArg::Cuda if !cfg!(feature = "cuda") => {
-                Err("CUDA device 0: this vramlab was built without the cuda feature (scripts/build_cuda.sh builds one with it)".into())
-            }
-            DeviceArg::Cuda => Device::new_cuda(0).map_err(|e| format!("CUDA device 0: {e}")),
+            DeviceArg::Cuda if !cfg!(feature = "cuda") => Err(format!(
+                "CUDA device {ordinal}: this vramlab was built without the cuda feature (scripts/build_cuda.sh builds one with it)"
+            )),
+            DeviceArg::Cuda => Device::new_cuda(ordinal).map_err(|e| format!("CUDA device {ordinal}: {e}")),
         }
     }
+}
+
+/// This process's rank among those `mpirun` started on this machine (Open
+/// MPI's and MPICH's variables), 0 outside mpirun: one card a process.
+fn local_rank() -> usize {
+    ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"].iter().find_map(|name| std::env::var(name).ok()?.parse().ok()).unwrap_or(0)
 }
 
 /// Checks that everything a project needs works on this machine

@@ -132,7 +132,7 @@ pub fn oomcheck_of(model: &dyn CheckOf, argv: &[&str]) -> Result<Bundle, UsageEr
     let usage = |e: crate::ledger::LedgerError| UsageError(e.to_string());
     let report = check(spec, &config, &args.card.gpu).map_err(usage)?;
     let sweep = args.sweep.as_ref().map(|plan| sweep(spec, &config, &args.card.gpu, plan)).transpose().map_err(usage)?;
-    Ok(Oomcheck { report, sweep, host: None, brief: false, fixes_only: false }.bundle())
+    Ok(Oomcheck { report, sweep, host: None, brief: args.brief, fixes_only: args.fixes }.bundle())
 }
 
 /// `%oomcheck MODEL --batch B --res R [...]` as a bundle: verdict, ledger

@@ -268,6 +268,12 @@ fn a_network_built_in_a_cell_gets_the_zoo_report_for_its_own_input() {
     assert_eq!(ours.text(), zoo.text());
     let larger = oomcheck_of(&net, &["--batch", "256", "--res", "224", "--gpu", "4GiB", "--sweep", "batch=8..64:8"]).unwrap();
     assert!(larger.text().contains("sweep on"), "{}", larger.text());
+    for view in ["--brief", "--fixes"] {
+        let ours = oomcheck_of(&net, &["--batch", "256", "--gpu", "4GiB", "--cards", "2", view]).unwrap();
+        let zoo = oomcheck(&words(&format!("resnet18 --batch 256 --res 64 --gpu 4GiB --classes 10 --cards 2 {view}"))).unwrap();
+        assert_eq!(ours.text(), zoo.text(), "{view}");
+        assert!(!ours.text().contains("1. parameters"), "{view}: no bills");
+    }
     let err = oomcheck_of(&net, &["--batch", "0"]).unwrap_err().to_string();
     assert!(err.contains("--batch"), "{err}");
     assert_short_and_plain(&err);

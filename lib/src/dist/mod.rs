@@ -4,7 +4,8 @@
 //!
 //! The room: [`Collective`], what the trainer needs of the library (one
 //! sum over the processes); [`Mpi`] on the host, launched with `mpirun`
-//! (feature `mpi`); [`owners`], which parameter each process updates
+//! (feature `mpi`); `Nccl` on cards (feature `nccl`, with `cuda`; never
+//! run); [`owners`], which parameter each process updates
 //! when the optimizer state is sharded (PyTorch's `ZeroRedundancyOptimizer`
 //! partition). The trainer's side is `train/data_parallel.rs`; the proof
 //! that a spread step is one process's step on all the samples,
@@ -14,8 +15,12 @@ use candle_core::Tensor;
 
 #[cfg(feature = "mpi")]
 mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
 #[cfg(feature = "mpi")]
 pub use mpi::Mpi;
+#[cfg(feature = "nccl")]
+pub use nccl::Nccl;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DistError {
@@ -25,6 +30,10 @@ pub enum DistError {
     Bucket { dtype: candle_core::DType, shape: Vec<usize> },
     #[error("--cards {cards}, but {launched} processes were launched: run it with `mpirun -np {cards}`")]
     Ranks { cards: usize, launched: usize },
+    #[error("a report of {0} bytes is too long to gather")]
+    Message(usize),
+    #[error("NCCL, {0}")]
+    Nccl(String),
     #[error("MPI is already initialised in this process")]
     AlreadyStarted,
     #[error("{0}: vramlab costs it (oomcheck --cards), but does not run it yet")]
@@ -48,6 +57,10 @@ pub trait Collective: Send {
     /// The element-wise sum of every process's `bucket`: a 1-D f32 tensor
     /// of the same length on each. Every process gets the sum.
     fn all_reduce_sum(&self, bucket: &Tensor) -> Result<Tensor, DistError>;
+
+    /// Every process's `bytes` (of any length), in rank order, on every
+    /// process: reports, not tensors.
+    fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError>;
 }
 
 /// For each of `sizes` (the parameters' element counts, in the network's

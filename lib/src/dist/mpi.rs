@@ -1,15 +1,20 @@
 //! [`Collective`] over MPI, for processes launched with `mpirun -np N`.
 
 use candle_core::{DType, Device, Storage, Tensor};
+use std::sync::Arc;
+
 use mpi::collective::SystemOperation;
+use mpi::datatype::PartitionMut;
 use mpi::environment::{Threading, Universe};
 use mpi::traits::{Communicator, CommunicatorCollectives};
 
 use super::{Collective, DistError};
 
-/// The MPI world of this process: every process `mpirun` started.
+/// The MPI world of this process: every process `mpirun` started. Its
+/// clones share one MPI, finished when the last is dropped.
+#[derive(Clone)]
 pub struct Mpi {
-    universe: Universe,
+    universe: Arc<Universe>,
 }
 
 impl Mpi {
@@ -17,12 +22,7 @@ impl Mpi {
     /// need not be the main one (a step runs on one of rayon's threads).
     pub fn start() -> Result<Mpi, DistError> {
         let (universe, _) = mpi::initialize_with_threading(Threading::Serialized).ok_or(DistError::AlreadyStarted)?;
-        Ok(Mpi { universe })
-    }
-
-    /// Every process waits for the others here.
-    pub fn barrier(&self) {
-        self.universe.world().barrier();
+        Ok(Mpi { universe: Arc::new(universe) })
     }
 }
 
@@ -48,5 +48,22 @@ impl Collective for Mpi {
         self.universe.world().all_reduce_into(sent, &mut sum[..], SystemOperation::sum());
         let len = sum.len();
         Ok(Tensor::from_vec(sum, len, &Device::Cpu)?)
+    }
+
+    fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError> {
+        let world = self.universe.world();
+        let too_long = || DistError::Message(bytes.len());
+        let len = i32::try_from(bytes.len()).map_err(|_| too_long())?;
+        let mut lens = vec![0i32; world.size() as usize];
+        world.all_gather_into(&len, &mut lens[..]);
+        let mut starts = Vec::with_capacity(lens.len());
+        let mut total = 0i32;
+        for &n in &lens {
+            starts.push(total);
+            total = total.checked_add(n).ok_or_else(too_long)?;
+        }
+        let mut all = vec![0u8; total as usize];
+        world.all_gather_varcount_into(bytes, &mut PartitionMut::new(&mut all[..], &lens[..], &starts[..]));
+        Ok(starts.iter().zip(&lens).map(|(&start, &n)| all[start as usize..(start + n) as usize].to_vec()).collect())
     }
 }
