@@ -22,12 +22,11 @@ import pathlib
 import statistics
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_train import (  # noqa: E402
-    OTHERS_BUSY_LIMIT, ROOT, TORCH_MODELS, VIT_SIZES, OthersMeter, bench_python, classes_of, config_spec, cpu_model,
-    vramlab_binary, wait_for_quiet,
+    OTHERS_BUSY_LIMIT, ROOT, TORCH_MODELS, VIT_SIZES, OthersMeter, bench_python, classes_of, config_spec, vramlab_binary,
+    wait_for_quiet, write_report,
 )
 
 CONFIGS = [
@@ -164,11 +163,7 @@ def main() -> int:
               f"{medians['torch_2']:.3f} s ({medians['torch_1']:.3f} s alone, scaling {row['scaling_torch']:.2f}x): {verdict} "
               f"(load before each round: {loads}; others' share during: {max(r['others_share'] for r in rounds):.1%} at most)",
               flush=True)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": cpu_model(), "cpus": os.cpu_count(),
-              "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"written {args.out}")
+    write_report(args.out, rounds=args.rounds, steps=args.steps, warmup=args.warmup, results=results)
     return 0
 
 

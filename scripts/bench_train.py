@@ -179,6 +179,14 @@ class OthersMeter:
         self.share = others_s / max(total_s, 1e-9)
 
 
+def write_report(out: pathlib.Path, **fields) -> None:
+    """The run's JSON: when it ran, on what machine, and `fields`."""
+    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": cpu_model(), "cpus": os.cpu_count(), **fields}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(f"written {out}")
+
+
 def config_spec(spec: str) -> dict:
     """`MODEL:BATCH:RES`, such as `resnet18:32:64`."""
     try:
@@ -223,12 +231,7 @@ def main() -> int:
             print(f"{cfg['model']} b{cfg['batch']}@{cfg['res']}, {threads} thread(s): vramlab {row['ours_s']:.3f} s, "
                   f"PyTorch {torch_version} {row['torch_s']:.3f} s, {verdict} (load before each pair: {loads}; "
                   f"others' share during: {max(p['others_share'] for p in pairs):.1%} at most)", flush=True)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": cpu_model(),
-              "cpus": os.cpu_count(), "threads": args.threads, "rounds": args.rounds, "steps": args.steps,
-              "warmup": args.warmup, "results": results}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
-    print(f"written {args.out}")
+    write_report(args.out, threads=args.threads, rounds=args.rounds, steps=args.steps, warmup=args.warmup, results=results)
     return 0
 
 

@@ -33,8 +33,9 @@ done
 cudarc="$(cargo metadata --format-version 1 --locked --features vramlab/cuda |
     python3 -c 'import json, os, sys; print(next(os.path.dirname(p["manifest_path"]) for p in json.load(sys.stdin)["packages"] if p["name"] == "cudarc"))')"
 # Stubs with the functions' names stand in for the libraries no wheel here
-# ships, at link time only: the driver's libcuda.so.1, and cuDNN 9's
-# libcudnn.so.9 (the GPU machine's torch venv has the real one).
+# ships, at link time only: the driver's libcuda.so.1, cuDNN 9's
+# libcudnn.so.9 and, for `--features mpi,nccl`, NCCL's libnccl.so.2 (the GPU
+# machine's torch venv has the real ones).
 stub() { # name soname sys-module pattern
     grep -ohE "\\bfn $4[A-Za-z0-9_]+\\(" "$cudarc/src/$3/sys/mod.rs" | sed -E 's/fn (.*)\(/void \1(void) {}/' | sort -u >"$LINK/$1_stub.c"
     cc -shared -fPIC -Wl,-soname,"$2" -o "$LINK/$1.so" "$LINK/$1_stub.c"
@@ -42,6 +43,7 @@ stub() { # name soname sys-module pattern
 }
 stub libcuda libcuda.so.1 driver cu
 stub libcudnn libcudnn.so.9 cudnn cudnn
+stub libnccl libnccl.so.2 nccl nccl
 export LIBRARY_PATH="$LINK${LIBRARY_PATH:+:$LIBRARY_PATH}"
 
 say "cargo build of vramlab with the cuda feature (compute capability $CUDA_COMPUTE_CAP, target dir $CARGO_TARGET_DIR)"

@@ -15,9 +15,11 @@ use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
 use crate::data::{
-    histogram_baseline, BaselineReport, DataError, DataLoader, Dataset, ImageFolder, LoaderConfig, Split, Symptom, Transform, Transforms,
+    histogram_baseline, BaselineReport, DataError, DataLoader, Dataset, ImageFolder, LoaderConfig, Part, Split, Symptom, Transform,
+    Transforms,
 };
-use crate::ledger::Checkpointing;
+use crate::dist::Collective;
+use crate::ledger::{Cards, Checkpointing};
 use crate::models::{Layers, ModelError, ModelName, Network, Pass, Precision, Shape};
 use crate::train::{BatchSource, GradScalerConfig, OptimizerConfig, Schedule, TrainConfig, TrainError, TrainEvent, Trainer};
 
@@ -122,6 +124,10 @@ pub struct LearnConfig {
     /// Loss scaling under f16 (PyTorch's `GradScaler` defaults; disable it
     /// to see what half precision does without it).
     pub scaler: GradScalerConfig,
+    /// The processes that train together, each on its part of every epoch
+    /// with `batch_size` a micro-batch ([`fit_folder_on`] takes their
+    /// collective); one by default.
+    pub cards: Cards,
 }
 
 impl Default for LearnConfig {
@@ -143,6 +149,7 @@ impl Default for LearnConfig {
             seed: 0,
             baseline: true,
             scaler: GradScalerConfig::default(),
+            cards: Cards::default(),
         }
     }
 }
@@ -224,6 +231,21 @@ pub fn fit_folder(
     device: &Device,
     watch: &mut dyn FnMut(&TrainEvent),
 ) -> Result<LearnReport, LearnError> {
+    fit_folder_on(folder, split, config, device, None, watch)
+}
+
+/// [`fit_folder`] on `config.cards` processes training together through
+/// `collective` (under `mpirun`): each takes its part of every epoch (a
+/// distributed sampler, the seed shared), the gradients are averaged over
+/// them, and each validates on the whole validation set.
+pub fn fit_folder_on(
+    folder: &ImageFolder,
+    split: &Split,
+    config: &LearnConfig,
+    device: &Device,
+    collective: Option<Box<dyn Collective>>,
+    watch: &mut dyn FnMut(&TrainEvent),
+) -> Result<LearnReport, LearnError> {
     if config.model.segments() {
         let message =
             format!("{} labels each pixel: train it on a folder with masks (fit_segmentation, `vramlab train --masks DIR`)", config.model);
@@ -231,8 +253,8 @@ pub fn fit_folder(
     }
     let classes = folder.classes.len();
     let started = Instant::now();
-    let (trainer, mut val, epochs) =
-        train_on("fit_folder", |indices, transforms| folder.dataset(indices, transforms), classes, split, config, device, watch)?;
+    let dataset = |indices: &[usize], transforms| folder.dataset(indices, transforms);
+    let (trainer, mut val, epochs) = train_on("fit_folder", dataset, classes, split, config, Placement { device, collective }, watch)?;
 
     let (truth, predicted) = predictions(trainer.net(), &mut val)?;
     let hits = truth.iter().zip(&predicted).filter(|(t, p)| t == p).count();
@@ -285,6 +307,13 @@ pub fn fit_folder(
 /// A run from a folder: its trainer, its validation batches, each epoch's figures.
 type Trained<D> = (Trainer, OnDevice<DataLoader<D>>, Vec<LearnEpoch>);
 
+/// Where a run trains: its device, and the collective of the processes it
+/// trains with, if any.
+struct Placement<'a> {
+    device: &'a Device,
+    collective: Option<Box<dyn Collective>>,
+}
+
 /// Trains `config.model` for `classes` outputs on `split.train` of the
 /// samples `dataset` loads, validating after every epoch on `split.val`
 /// resized to the same side: the trainer, the validation batches and each
@@ -295,9 +324,10 @@ fn train_on<D: Dataset>(
     classes: usize,
     split: &Split,
     config: &LearnConfig,
-    device: &Device,
+    placement: Placement<'_>,
     watch: &mut dyn FnMut(&TrainEvent),
 ) -> Result<Trained<D>, LearnError> {
+    let Placement { device, collective } = placement;
     let invalid = |m: String| Err(DataError::invalid(what, m).into());
     if config.epochs == 0 || config.batch_size == 0 || config.accumulation == 0 || config.res < 8 {
         return invalid(format!(
@@ -306,13 +336,28 @@ fn train_on<D: Dataset>(
             config.epochs, config.batch_size, config.accumulation, config.res
         ));
     }
+    let part = match (&collective, config.cards.several()) {
+        (None, false) => None,
+        (Some(collective), true) => Some(Part { rank: collective.rank(), ranks: collective.ranks() }),
+        (None, true) => {
+            return invalid(format!(
+                "{} cards train as {} processes together, under mpirun through their collective (fit_folder_on)",
+                config.cards.count, config.cards.count
+            ))
+        }
+        (Some(collective), false) => {
+            return invalid(format!("a collective of {} processes, and one card in the configuration", collective.ranks()))
+        }
+    };
     let per_step = config.batch_size * config.accumulation;
-    if split.train.len() < per_step || split.val.is_empty() {
+    let each = split.train.len().div_ceil(config.cards.count);
+    if each < per_step || split.val.is_empty() {
         return invalid(format!(
-            "{} training images cannot fill one optimizer step of {} x {} (or validation is empty: {} images)",
+            "{} training images cannot fill one optimizer step of {} x {} on each of {} processes (or validation is empty: {} images)",
             split.train.len(),
             config.accumulation,
             config.batch_size,
+            config.cards.count,
             split.val.len()
         ));
     }
@@ -330,6 +375,7 @@ fn train_on<D: Dataset>(
             num_workers: config.workers,
             // Batch-norm statistics of a tiny last batch are noise.
             drop_last: train,
+            part: if train { part } else { None },
             ..LoaderConfig::default()
         };
         DataLoader::new(dataset(indices, transforms), config)
@@ -351,7 +397,10 @@ fn train_on<D: Dataset>(
         scaler: config.scaler.clone(),
         ..TrainConfig::default()
     };
-    let mut trainer = Trainer::new(net, train_config)?;
+    let mut trainer = match collective {
+        Some(collective) => Trainer::spread_over(net, train_config, config.cards, collective)?,
+        None => Trainer::new(net, train_config)?,
+    };
     trainer.fit(&mut train, Some(&mut val), config.epochs, watch)?;
 
     let mut epochs: Vec<LearnEpoch> = Vec::with_capacity(config.epochs);

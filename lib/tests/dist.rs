@@ -51,7 +51,7 @@ fn batch_norm_and_a_count_that_is_not_the_launched_one_are_refused() {
     assert!(stderr.contains("resnet18 has batch-norm") && stderr.contains("vit-tiny"), "{stderr}");
     let out = run("check-dist --model vit-tiny --batch 4 --res 32 --cards 3 --steps 1");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("--cards 3, but 2 processes were launched: run it with `mpirun -np 3`"), "{stderr}");
+    assert!(stderr.contains("--cards 3 takes 3 processes, and this run has 2: launch it with `mpirun -np 3`"), "{stderr}");
     let out = run("check-dist --model vit-tiny --batch 4 --res 32 --cards 2 --shard parameters --steps 1");
     assert!(String::from_utf8_lossy(&out.stderr).contains("ZeRO-3"), "{}", String::from_utf8_lossy(&out.stderr));
 }
@@ -141,4 +141,33 @@ fn each_process_measures_what_its_cards_ledger_predicts() {
         let halved = optimizer_state[1] / optimizer_state[0];
         assert!((halved - 0.5).abs() < 0.02, "{model}: ZeRO-1 keeps {halved} of DDP's optimizer state");
     }
+}
+
+/// `vramlab train` under `mpirun -np 2`: each process trains on its part of
+/// every epoch of a folder, and rank 0 alone writes the report; without
+/// mpirun the same flags say how to launch it.
+#[test]
+fn two_processes_train_from_a_folder_and_rank_0_reports() {
+    let folder = tempfile::tempdir().unwrap();
+    let root = folder.path().join("leaves");
+    let synth = Command::new(env!("CARGO_BIN_EXE_vramlab"))
+        .args(["synth", "--out", root.to_str().unwrap(), "--images", "96", "--size", "64x64"])
+        .output()
+        .unwrap();
+    assert!(synth.status.success(), "{}", String::from_utf8_lossy(&synth.stderr));
+    let line = format!(
+        "train --root {} --model small-cnn --res 32 --epochs 2 --batch 8 --cards 2 --workers 1 --no-baseline --json",
+        root.display()
+    );
+    let out = run(&line);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{line}: {stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("one report, rank 0's: {e}: {stdout}"));
+    assert_eq!(report["config"]["cards"]["count"], 2);
+    assert_eq!(report["epochs"].as_array().unwrap().len(), 2);
+    assert!(report["val_accuracy"].as_f64().unwrap().is_finite());
+    let alone = Command::new(env!("CARGO_BIN_EXE_vramlab")).args(line.split_whitespace()).output().unwrap();
+    assert_eq!(alone.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&alone.stderr);
+    assert!(stderr.starts_with("error: --cards 2 takes 2 processes, and this run has 1"), "{stderr}");
 }

@@ -10,7 +10,7 @@ use vramlab::cli::{
     TrainSetup, UsageError,
 };
 use vramlab::data::{bench_loader, preprocess};
-use vramlab::learn::{fit_folder, fit_segmentation, LearnError, LearnReport, SegmentReport};
+use vramlab::learn::{fit_folder_on, fit_segmentation, LearnError, LearnReport, SegmentReport};
 use vramlab::render::Render;
 use vramlab::units::human;
 
@@ -97,7 +97,7 @@ fn main() -> ExitCode {
         }
     };
     if let Command::Train(cmd) = &cli.command {
-        if let Err(err) = cmd.args.levers.on_one_card() {
+        if let (Some(_), Err(err)) = (&cmd.args.masks, cmd.args.levers.on_one_card("segmentation (--masks)")) {
             eprintln!("error: {err}");
             return ExitCode::from(2);
         }
@@ -131,9 +131,10 @@ fn main() -> ExitCode {
             Some(masks) => segment(&cmd.args, masks)
                 .map_err(|e| UsageError(e.to_string()))
                 .and_then(|report| emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))),
-            None => train(&cmd.args)
-                .map_err(|e| UsageError(e.to_string()))
-                .and_then(|report| emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table()))),
+            None => train(&cmd.args).and_then(|report| match report {
+                Some(report) => emit(cmd.json, &report, || format!("{}\n{}", report.epoch_table(), report.table())),
+                None => Ok(()),
+            }),
         },
         Command::Bench(Bench::Loader(cmd)) => data_error(bench_loader(&cmd.args.root, &cmd.args.config()))
             .and_then(|result| emit(cmd.json, &result, || result.bundle().text().to_owned())),
@@ -172,14 +173,30 @@ fn data_error<T>(result: Result<T, vramlab::data::DataError>) -> Result<T, Usage
     result.map_err(|e| UsageError(e.to_string()))
 }
 
-/// Trains with a progress bar on stderr.
-fn train(args: &LearnArgs) -> Result<LearnReport, LearnError> {
-    let (folder, split) = args.open()?;
-    let steps = args.epochs * (split.train.len() / args.batch);
-    let mut progress = vramlab::train::ProgressView::new(format!("train {}", args.model.as_str()), steps as u64);
-    let report = fit_folder(&folder, &split, &args.config(), &vramlab::candle::Device::Cpu, &mut |event| progress.on_event(event));
-    progress.finish();
-    report
+/// Trains with a progress bar on stderr. Under `mpirun` with `--cards N`,
+/// the N processes train together and rank 0 alone shows the progress and
+/// the report (`None` on the others).
+fn train(args: &LearnArgs) -> Result<Option<LearnReport>, UsageError> {
+    let learn = |e: &dyn std::fmt::Display| UsageError(e.to_string());
+    let config = args.config();
+    let (collective, kept) = if config.cards.several() { start_mpi().map(|(c, k)| (Some(c), Some(k)))? } else { (None, None) };
+    if let Some(launched) = kept.as_ref().map(|k| k.ranks()).filter(|&n| n != config.cards.count) {
+        return Err(learn(&vramlab::dist::DistError::Ranks { cards: config.cards.count, launched }));
+    }
+    let first = kept.as_ref().is_none_or(|k| k.rank() == 0);
+    let (folder, split) = args.open().map_err(|e| learn(&e))?;
+    let steps = args.epochs * (split.train.len().div_ceil(config.cards.count) / args.batch);
+    let mut progress = first.then(|| vramlab::train::ProgressView::new(format!("train {}", args.model.as_str()), steps as u64));
+    let mut show = |event: &vramlab::train::TrainEvent| {
+        if let Some(progress) = &mut progress {
+            progress.on_event(event);
+        }
+    };
+    let report = fit_folder_on(&folder, &split, &config, &vramlab::candle::Device::Cpu, collective, &mut show).map_err(|e| learn(&e))?;
+    if let Some(mut progress) = progress {
+        progress.finish();
+    }
+    Ok(first.then_some(report))
 }
 
 fn segment(args: &LearnArgs, masks: &std::path::Path) -> Result<SegmentReport, LearnError> {
@@ -230,7 +247,7 @@ type Handles = (Box<dyn vramlab::dist::Collective>, Box<dyn vramlab::dist::Colle
 fn spread(setup: &TrainSetup, device: &vramlab::candle::Device) -> Result<Option<(vramlab::train::Spread, Rank)>, UsageError> {
     let cards = setup.levers().cards;
     if !cards.several() {
-        return setup.levers.on_one_card().map(|()| None).map_err(UsageError);
+        return setup.levers.on_one_card("one card").map(|()| None).map_err(UsageError);
     }
     let (collective, kept) = if device.is_cpu() { start_mpi()? } else { start_nccl(device)? };
     Ok(Some((vramlab::train::Spread { cards, collective }, Rank { collective: kept })))

@@ -89,6 +89,7 @@ impl LearnArgs {
             seed: self.seed,
             baseline: !self.no_baseline,
             scaler: GradScalerConfig { enabled: !self.no_loss_scaling, ..GradScalerConfig::default() },
+            cards: levers.cards,
         }
     }
 

@@ -410,11 +410,11 @@ fn the_lever_flags_read_the_same_in_every_command_over_each_commands_base() {
         oomcheck(cards).step_config().levers.flags(crate::ledger::Mode::Training),
         " --opt adam --cards 4 --shard gradients --bucket-mb 50"
     );
-    let refused = measure(cards).setup.levers.on_one_card().unwrap_err();
-    assert!(refused.starts_with("--cards 4: this command runs its steps in one process"), "{refused}");
+    let refused = measure(cards).setup.levers.on_one_card("segmentation").unwrap_err();
+    assert_eq!(refused, "--cards 4: segmentation runs in one process, on one card");
     let learner = LearnArgs::try_parse_from("train --root data --shard optimizer".split_whitespace()).unwrap();
-    assert!(learner.levers.on_one_card().unwrap_err().starts_with("--shard optimizer"));
-    assert_eq!(measure(" --cards 1").setup.levers.on_one_card(), Ok(()));
+    assert_eq!(learner.levers.on_one_card("x").unwrap_err(), "--shard optimizer divides among several cards: add --cards 2 or more");
+    assert_eq!(measure(" --cards 1").setup.levers.on_one_card("x"), Ok(()));
     let err = oomcheck_err("resnet18 --batch 8 --res 64 --shard everything");
     assert!(err.contains("--shard") && err.contains("optimizer"), "{err}");
 }

@@ -136,6 +136,26 @@ pub enum Sampler {
     Weighted { weights: Vec<f64>, num_samples: usize },
 }
 
+/// One process's part of every epoch when several train together (PyTorch's
+/// `DistributedSampler`): the epoch's order, the same on every process (the
+/// seed is shared), padded from its start to a multiple of `ranks`, then
+/// every `ranks`-th sample from `rank` on. Every process takes as many
+/// batches, which their exchanges need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub rank: usize,
+    pub ranks: usize,
+}
+
+impl Part {
+    fn of(self, mut order: Vec<usize>) -> Vec<usize> {
+        let total = order.len().div_ceil(self.ranks) * self.ranks;
+        let padding: Vec<usize> = order.iter().copied().cycle().take(total - order.len()).collect();
+        order.extend(padding);
+        order.into_iter().skip(self.rank).step_by(self.ranks).collect()
+    }
+}
+
 impl Sampler {
     /// Weights of 1 / (count of the sample's class): every class drawn equally often.
     pub fn balanced(labels: &[u32]) -> Sampler {
@@ -173,6 +193,9 @@ pub struct LoaderConfig {
     /// the system's OOM killer ends a PyTorch worker ("DataLoader worker is
     /// killed by signal"). `None`: no limit but the machine's.
     pub host_budget: Option<u64>,
+    /// This process's part of every epoch, when several processes train
+    /// together; `None`: the whole epoch.
+    pub part: Option<Part>,
 }
 
 impl Default for LoaderConfig {
@@ -188,6 +211,7 @@ impl Default for LoaderConfig {
             skip_errors: false,
             pin_memory: false,
             host_budget: None,
+            part: None,
         }
     }
 }
@@ -266,6 +290,14 @@ impl<D: Dataset> DataLoader<D> {
         if dataset.is_empty() {
             return Err(DataError::invalid("DataLoader", "the dataset has no samples"));
         }
+        if let Some(Part { rank, ranks }) = config.part {
+            if rank >= ranks {
+                return Err(DataError::invalid(
+                    "DataLoader",
+                    format!("part {rank} of {ranks}: a rank counts from 0 to one less than the ranks"),
+                ));
+            }
+        }
         if let Sampler::Weighted { weights, .. } = &config.sampler {
             if weights.len() != dataset.len() {
                 return Err(DataError::invalid("DataLoader", format!("{} sampler weights for {} samples", weights.len(), dataset.len())));
@@ -300,8 +332,17 @@ impl<D: Dataset> DataLoader<D> {
         &self.gauge
     }
 
-    /// The samples epoch `epoch` visits, in order: the same for any number of workers.
+    /// The samples epoch `epoch` visits, in order: the same for any number
+    /// of workers; with a [`Part`], this process's part of it.
     pub fn order(&self, epoch: u64) -> Vec<usize> {
+        let whole = self.whole_order(epoch);
+        match self.config.part {
+            Some(part) => part.of(whole),
+            None => whole,
+        }
+    }
+
+    fn whole_order(&self, epoch: u64) -> Vec<usize> {
         let mut rng = rng_for(self.config.seed, ORDER_STREAM, epoch);
         match &self.config.sampler {
             Sampler::All => {
@@ -328,12 +369,13 @@ impl<D: Dataset> DataLoader<D> {
             .collect()
     }
 
-    /// Batches per epoch.
+    /// Batches per epoch (this process's, with a [`Part`]).
     pub fn len(&self) -> usize {
-        let n = match &self.config.sampler {
+        let whole = match &self.config.sampler {
             Sampler::All => self.dataset.len(),
             Sampler::Weighted { num_samples, .. } => *num_samples,
         };
+        let n = self.config.part.map_or(whole, |part| whole.div_ceil(part.ranks));
         if self.config.drop_last {
             n / self.config.batch_size
         } else {

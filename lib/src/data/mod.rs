@@ -31,7 +31,9 @@ pub use decode::{decode_bytes, decode_file, DecodeOptions, Decoded, Decoder, Rgb
 pub use folder::{ImageDataset, ImageFolder, ImageItem, OnError, IMAGE_EXTENSIONS};
 pub use footprint::{HostFootprint, LoaderShape};
 pub use inventory::{Inventory, InventoryEntry};
-pub use loader::{loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Sampler};
+pub use loader::{
+    loader_usage, Batch, DataLoader, Dataset, Epoch, Example, LoadTiming, LoaderConfig, LoaderUsage, MemoryGauge, Part, Sampler,
+};
 pub use manifest::{Manifest, ManifestEntry, MANIFEST_FILE};
 pub use mask::Mask;
 pub use mix::{cutmix, mixup, one_hot, Mixed};

@@ -28,7 +28,7 @@ pub enum DistError {
     Candle(#[from] candle_core::Error),
     #[error("a bucket to exchange must be a 1-D f32 tensor on the host, got {dtype:?} of shape {shape:?}")]
     Bucket { dtype: candle_core::DType, shape: Vec<usize> },
-    #[error("--cards {cards}, but {launched} processes were launched: run it with `mpirun -np {cards}`")]
+    #[error("--cards {cards} takes {cards} processes, and this run has {launched}: launch it with `mpirun -np {cards}`")]
     Ranks { cards: usize, launched: usize },
     #[error("a report of {0} bytes is too long to gather")]
     Message(usize),

@@ -137,8 +137,15 @@ pub fn fit_segmentation(
     }
     let started = Instant::now();
     let classes = folder.mask_classes as usize;
-    let (trainer, _, epochs) =
-        train_on("fit_segmentation", |indices, transforms| folder.dataset(indices, transforms), classes, split, config, device, watch)?;
+    let (trainer, _, epochs) = train_on(
+        "fit_segmentation",
+        |indices, transforms| folder.dataset(indices, transforms),
+        classes,
+        split,
+        config,
+        super::Placement { device, collective: None },
+        watch,
+    )?;
     let last = epochs.last().cloned();
     let counts = trainer.history().evals().last().map(|eval| eval.labelled.clone()).unwrap_or_default();
     let total = counts.iter().sum::<u64>().max(1) as f64;

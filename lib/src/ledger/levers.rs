@@ -135,15 +135,14 @@ pub struct LayersFlag {
 }
 
 impl LeverFlags {
-    /// Refuses the levers of several cards where a command runs its steps
-    /// in this one process.
-    pub fn on_one_card(&self) -> Result<(), String> {
-        let several = match (self.cards.cards, self.cards.shard) {
-            (Some(count), _) if count > 1 => format!("--cards {count}"),
-            (_, Some(shard)) if shard != Shard::None => format!("--shard {}", shard.flag()),
-            _ => return Ok(()),
-        };
-        Err(format!("{several}: this command runs its steps in one process on one card; oomcheck --cards costs each card of several"))
+    /// Refuses the levers of several cards where `what` runs in this one
+    /// process, and `--shard` without them.
+    pub fn on_one_card(&self, what: &str) -> Result<(), String> {
+        match (self.cards.cards, self.cards.shard) {
+            (Some(count), _) if count > 1 => Err(format!("--cards {count}: {what} runs in one process, on one card")),
+            (_, Some(shard)) if shard != Shard::None => Err(LedgerError::ShardOnOneCard(shard.flag()).to_string()),
+            _ => Ok(()),
+        }
     }
 
     /// `base` with each lever a flag names replaced by the flag's.

@@ -200,3 +200,27 @@ fn a_batch_mixing_samples_with_and_without_masks_is_an_error_naming_the_sample()
     let dims: Vec<Vec<usize>> = loader.epoch(0).map(|b| b.unwrap().labels.dims().to_vec()).collect();
     assert_eq!(dims, vec![vec![4], vec![4, 2, 2]], "each batch is of one kind");
 }
+
+/// Two processes' parts of an epoch: the same number of samples each, every
+/// sample of the epoch in one of them, the shortfall padded from the
+/// epoch's start, and the same shuffle on both (a shared seed).
+#[test]
+fn each_process_takes_its_part_of_the_same_shuffled_epoch() {
+    let part = |rank| {
+        let config = LoaderConfig { batch_size: 2, part: Some(Part { rank, ranks: 2 }), ..LoaderConfig::default() };
+        DataLoader::new(Numbers::new(11), config).unwrap()
+    };
+    let whole = DataLoader::new(Numbers::new(11), LoaderConfig { batch_size: 2, ..LoaderConfig::default() }).unwrap();
+    for epoch in 0..3 {
+        let (first, second) = (part(0).order(epoch), part(1).order(epoch));
+        assert_eq!((first.len(), second.len()), (6, 6));
+        let order = whole.order(epoch);
+        let mut interleaved: Vec<usize> = first.iter().zip(&second).flat_map(|(a, b)| [*a, *b]).collect();
+        assert_eq!(interleaved.pop(), Some(order[0]), "the twelfth sample pads from the epoch's start");
+        assert_eq!(interleaved, order);
+    }
+    assert_eq!((part(0).len(), part(1).len()), (3, 3));
+    let past = LoaderConfig { part: Some(Part { rank: 2, ranks: 2 }), ..LoaderConfig::default() };
+    let Err(err) = DataLoader::new(Numbers::new(11), past) else { panic!("a rank past the ranks is refused") };
+    assert!(err.to_string().contains("part 2 of 2"), "{err}");
+}
