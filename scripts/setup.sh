@@ -38,7 +38,8 @@ command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v nasm >/dev/null 2>&1 || missing+=(nasm)
 command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
 [ -e /usr/include/x86_64-linux-gnu/mpi.h ] || [ -e /usr/lib/x86_64-linux-gnu/openmpi/include/mpi.h ] || missing+=(libopenmpi-dev)
-ldconfig -p 2>/dev/null | grep -q 'libclang[-.0-9]*\.so' || missing+=(libclang-dev)
+# (grep -q would close the pipe early, and pipefail would count ldconfig's SIGPIPE as a failure.)
+[ -n "$(ldconfig -p 2>/dev/null | grep 'libclang[-.0-9]*\.so')" ] || missing+=(libclang-dev)
 if ! python3 -m venv --help >/dev/null 2>&1 || ! python3 -c 'import ensurepip' >/dev/null 2>&1; then
     missing+=(python3-venv)
 fi
