@@ -163,7 +163,7 @@ fn spec(config: TrainConfig) -> BenchSpec {
 }
 
 fn step(device: &Device, config: TrainConfig) -> Result<String, String> {
-    let (_, comparison) = measure_train(&spec(config), device, None).map_err(|e| e.to_string())?;
+    let (_, comparison) = measure_train(&spec(config), device).map_err(|e| e.to_string())?;
     judge(&comparison)
 }
 
@@ -227,7 +227,7 @@ fn budget(device: &Device, share: f64) -> Result<String, String> {
     let held = HostMemory::sample().in_use;
     let room = (predicted as f64 * share) as u64;
     crate::memory::set_budget(Some(Budget { usable: held + room, context: 0, workspace: 0 })).map_err(|e| e.to_string())?;
-    let result = measure_train(&spec, device, None);
+    let result = measure_train(&spec, device);
     crate::memory::set_budget(None).map_err(|e| e.to_string())?;
     crate::train::clear_last_step_oom();
     let expected = if share < 1.0 { "out of memory" } else { "the step to fit" };

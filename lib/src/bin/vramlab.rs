@@ -292,7 +292,7 @@ fn start_mpi() -> Result<Handles, UsageError> {
 fn bench_train(args: &TrainRunArgs) -> Result<(vramlab::train::BenchReport, Option<Rank>), UsageError> {
     let device = args.setup.device.open().map_err(UsageError)?;
     let (spread, rank) = spread(&args.setup, &device)?.unzip();
-    let report = vramlab::train::bench_train(&spec(&args.setup, args.warmup, args.steps), &device, spread);
+    let report = vramlab::train::bench_train_over(&spec(&args.setup, args.warmup, args.steps), &device, spread);
     report.map(|report| (report, rank)).map_err(|e| UsageError(e.to_string()))
 }
 
@@ -396,7 +396,7 @@ fn measure(args: &MeasureArgs) -> Result<(vramlab::train::Comparison, Option<Ran
         vramlab::memory::set_budget(Some(budget)).map_err(|e| usage(&e))?;
     }
     let (spread, rank) = spread(&args.setup, &device).map_err(Measured::Usage)?.unzip();
-    let measured = vramlab::train::measure_train(&spec(&args.setup, args.warmup, 1), &device, spread);
+    let measured = vramlab::train::measure_train_over(&spec(&args.setup, args.warmup, 1), &device, spread);
     measured.map(|(_, comparison)| (comparison, rank)).map_err(|e| match e {
         vramlab::train::TrainError::OutOfMemory(_) => Measured::OutOfMemory(e.to_string()),
         e if vramlab::train::is_out_of_memory(&e.to_string()) => Measured::OutOfMemory(e.to_string()),

@@ -112,7 +112,13 @@ const MAX_SKIPPED_WARMUP: usize = 16;
 /// `warmup` steps, and more while the loss scaler has skipped them all (the
 /// first applied step creates the optimizer state), then one step measured
 /// phase by phase and compared with the ledger; both are published for `%mem`.
-pub fn measure_train(spec: &BenchSpec, device: &Device, spread: Option<Spread>) -> Result<(MeasuredStep, Comparison), TrainError> {
+pub fn measure_train(spec: &BenchSpec, device: &Device) -> Result<(MeasuredStep, Comparison), TrainError> {
+    measure_train_over(spec, device, None)
+}
+
+/// [`measure_train`], the step spread over the processes of `spread` when
+/// given: each process measures its own part.
+pub fn measure_train_over(spec: &BenchSpec, device: &Device, spread: Option<Spread>) -> Result<(MeasuredStep, Comparison), TrainError> {
     let (mut trainer, micro_batches) = setup(spec, device, spread)?;
     let mut applied = false;
     for taken in 0.. {
@@ -124,7 +130,12 @@ pub fn measure_train(spec: &BenchSpec, device: &Device, spread: Option<Spread>) 
     trainer.measure_and_compare(&micro_batches)
 }
 
-pub fn bench_train(spec: &BenchSpec, device: &Device, spread: Option<Spread>) -> Result<BenchReport, TrainError> {
+pub fn bench_train(spec: &BenchSpec, device: &Device) -> Result<BenchReport, TrainError> {
+    bench_train_over(spec, device, None)
+}
+
+/// [`bench_train`], the step spread over the processes of `spread` when given.
+pub fn bench_train_over(spec: &BenchSpec, device: &Device, spread: Option<Spread>) -> Result<BenchReport, TrainError> {
     let (mut trainer, micro_batches) = setup(spec, device, spread)?;
     let parameters = trainer.net().param_count();
     for _ in 0..spec.warmup {

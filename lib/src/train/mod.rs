@@ -30,7 +30,7 @@ mod train_config;
 mod trainer;
 
 pub use amp::{GradScaler, GradScalerConfig};
-pub use bench::{bench_train, measure_train, BenchReport, BenchSpec, Spread};
+pub use bench::{bench_train, bench_train_over, measure_train, measure_train_over, BenchReport, BenchSpec, Spread};
 pub use clip::{clip_grad_norm, grad_norm};
 pub use compare::{Comparison, MeasuredStep, PhaseSample};
 pub use error::TrainError;
