@@ -403,18 +403,20 @@ fn the_lever_flags_read_the_same_in_every_command_over_each_commands_base() {
     let err = oomcheck_err("resnet18 --batch 8 --res 64 --accum 0");
     assert!(err.contains("--accum") && err.contains("at least 1"), "{err}");
     // The cards are levers of the same group; only the commands that cost a step take more than one.
-    let cards = " --cards 4 --shard gradients --bucket-mb 50";
-    let spread = Cards { count: 4, shard: Shard::Gradients, bucket_bytes: 50 << 20 };
+    let cards = " --cards 4 --shard gradients --bucket-mb 50 --sync-bn";
+    let spread = Cards { count: 4, shard: Shard::Gradients, bucket_bytes: 50 << 20, sync_batch_norm: true };
     assert_eq!(oomcheck(cards).step_config().levers, Levers { cards: spread, ..Levers::default() });
     assert_eq!(
         oomcheck(cards).step_config().levers.flags(crate::ledger::Mode::Training),
-        " --opt adam --cards 4 --shard gradients --bucket-mb 50"
+        " --opt adam --cards 4 --shard gradients --sync-bn --bucket-mb 50"
     );
     let refused = measure(cards).setup.levers.on_one_card("segmentation").unwrap_err();
     assert_eq!(refused, "--cards 4: segmentation runs in one process, on one card");
     let learner = LearnArgs::try_parse_from("train --root data --shard optimizer".split_whitespace()).unwrap();
     assert_eq!(learner.levers.on_one_card("x").unwrap_err(), "--shard optimizer divides among several cards: add --cards 2 or more");
     assert_eq!(measure(" --cards 1").setup.levers.on_one_card("x"), Ok(()));
+    let err = measure(" --sync-bn").setup.levers.on_one_card("x").unwrap_err();
+    assert_eq!(err, "--sync-bn sums batch-norm's statistics over several cards: add --cards 2 or more");
     let err = oomcheck_err("resnet18 --batch 8 --res 64 --shard everything");
     assert!(err.contains("--shard") && err.contains("optimizer"), "{err}");
 }

@@ -40,7 +40,7 @@ pub enum DistError {
     NotRun(&'static str),
     #[error(
         "{0} has batch-norm, whose statistics are each process's own (DDP's): its weights differ from one process's by design; \
-         check a model without batch-norm (vit-tiny, vit-small)"
+         add --sync-bn to normalise by every process's batch, or check a model without batch-norm (vit-tiny, vit-small)"
     )]
     BatchNorm(String),
 }

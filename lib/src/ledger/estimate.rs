@@ -71,6 +71,9 @@ pub fn estimate(spec: &ModelSpec, config: &StepConfig, device: &Card) -> Result<
     if !cards.several() && cards.shard != Shard::None {
         return Err(LedgerError::ShardOnOneCard(cards.shard.flag()));
     }
+    if !cards.several() && cards.sync_batch_norm {
+        return Err(LedgerError::SyncOnOneCard);
+    }
     if cards.several() && config.mode == Mode::Inference {
         return Err(LedgerError::CardsInInference);
     }

@@ -70,6 +70,9 @@ impl Levers {
         if self.cards.count > 1 {
             flags.push_str(&format!(" --cards {} --shard {}", self.cards.count, self.cards.shard.flag()));
         }
+        if self.cards.sync_batch_norm {
+            flags.push_str(" --sync-bn");
+        }
         if self.cards.bucket_bytes != DDP_BUCKET_BYTES {
             flags.push_str(&format!(" --bucket-mb {}", self.cards.bucket_bytes.div_ceil(MIB)));
         }
@@ -113,6 +116,10 @@ pub struct CardsFlags {
     /// Gradient bucket in MiB, reduced as one message (default 25, PyTorch DDP's)
     #[arg(long = "bucket-mb", value_parser = parse_positive)]
     pub bucket_mb: Option<usize>,
+    /// Batch-norm normalises by the statistics of every card's batch, summed over the cards
+    /// (PyTorch's SyncBatchNorm), not each card's own
+    #[arg(long = "sync-bn")]
+    pub sync_bn: bool,
 }
 
 /// `--opt`, alone: what the magics that measure a candle module take of the
@@ -136,11 +143,12 @@ pub struct LayersFlag {
 
 impl LeverFlags {
     /// Refuses the levers of several cards where `what` runs in this one
-    /// process, and `--shard` without them.
+    /// process, and `--shard` and `--sync-bn` without them.
     pub fn on_one_card(&self, what: &str) -> Result<(), String> {
         match (self.cards.cards, self.cards.shard) {
             (Some(count), _) if count > 1 => Err(format!("--cards {count}: {what} runs in one process, on one card")),
             (_, Some(shard)) if shard != Shard::None => Err(LedgerError::ShardOnOneCard(shard.flag()).to_string()),
+            _ if self.cards.sync_bn => Err(LedgerError::SyncOnOneCard.to_string()),
             _ => Ok(()),
         }
     }
@@ -157,6 +165,7 @@ impl LeverFlags {
                 count: self.cards.cards.unwrap_or(base.cards.count),
                 shard: self.cards.shard.unwrap_or(base.cards.shard),
                 bucket_bytes: self.cards.bucket_mb.map_or(base.cards.bucket_bytes, |mb| mb as u64 * MIB),
+                sync_batch_norm: self.cards.sync_bn || base.cards.sync_batch_norm,
             },
         }
     }
@@ -174,11 +183,16 @@ pub struct Cards {
     pub count: usize,
     pub shard: Shard,
     pub bucket_bytes: u64,
+    /// Batch-norm normalising by every card's batch (`--sync-bn`): a few
+    /// floats per channel exchanged, nothing kept beyond each card's own
+    /// batch-norm.
+    #[serde(default)]
+    pub sync_batch_norm: bool,
 }
 
 impl Default for Cards {
     fn default() -> Self {
-        Cards { count: 1, shard: Shard::None, bucket_bytes: DDP_BUCKET_BYTES }
+        Cards { count: 1, shard: Shard::None, bucket_bytes: DDP_BUCKET_BYTES, sync_batch_norm: false }
     }
 }
 

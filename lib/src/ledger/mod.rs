@@ -38,6 +38,8 @@ pub enum LedgerError {
     TooLarge { what: &'static str, value: usize, max: usize },
     #[error("--shard {0} divides among several cards: add --cards 2 or more")]
     ShardOnOneCard(&'static str),
+    #[error("--sync-bn sums batch-norm's statistics over several cards: add --cards 2 or more")]
+    SyncOnOneCard,
     #[error(
         "--cards costs a training step spread over several cards; for inference each card runs its own copy: cost one card with its batch"
     )]

@@ -66,6 +66,9 @@ impl fmt::Display for StepConfig {
         }
         if levers.cards.several() {
             write!(f, ", one of {} cards, {}", levers.cards.count, levers.cards.shard.name())?;
+            if levers.cards.sync_batch_norm {
+                write!(f, ", batch-norm synchronised")?;
+            }
         }
         Ok(())
     }

@@ -121,6 +121,7 @@ pub struct Lean {
 /// `then(act(bn(z)))`, keeping only `z` for backward.
 pub fn norm_act(z: &Tensor, norm: Norm<'_>, act: Activation, then: Then<'_>) -> Result<Lean> {
     let geometry = norm::Geometry::checked(OP, z, norm.weight, norm.bias)?;
+    let sync = norm::synchronisation(OP, z)?;
     if !uses_own_kernels(z) {
         return plain_norm_act(&OwnOps, z, norm, act, then);
     }
@@ -136,7 +137,8 @@ pub fn norm_act(z: &Tensor, norm: Norm<'_>, act: Activation, then: Then<'_>) -> 
     };
     let stats = Arc::new(OnceLock::new());
     let saves = DeviceSaves::default();
-    let op = NormActOp { norm: geometry, eps: norm.eps, act, consumer, dtype: z.dtype(), stats: Arc::clone(&stats), saves: saves.clone() };
+    let op =
+        NormActOp { norm: geometry, eps: norm.eps, act, consumer, dtype: z.dtype(), stats: Arc::clone(&stats), saves: saves.clone(), sync };
     let z = z.contiguous()?;
     let params = Tensor::stack(&[norm.weight, norm.bias], 0)?;
     let y = match then {
@@ -162,14 +164,23 @@ pub fn norm_add_act(z: &Tensor, norm: Norm<'_>, residual: Residual<'_>, act: Act
     if other.dtype() != z.dtype() {
         Err(OpError::DTypeMismatch { op: MERGE, input: z.dtype(), other: other.dtype() })?
     }
+    let sync = norm::synchronisation(MERGE, z)?;
     if !uses_own_kernels(z) {
         return plain_norm_add_act(&OwnOps, z, norm, residual, act);
     }
     let stats = Arc::new(OnceLock::new());
     let saves = DeviceSaves::default();
     let projected = matches!(residual, Residual::Norm(..));
-    let op =
-        NormAddActOp { norm: geometry, eps: norm.eps, act, projected, dtype: z.dtype(), stats: Arc::clone(&stats), saves: saves.clone() };
+    let op = NormAddActOp {
+        norm: geometry,
+        eps: norm.eps,
+        act,
+        projected,
+        dtype: z.dtype(),
+        stats: Arc::clone(&stats),
+        saves: saves.clone(),
+        sync,
+    };
     let z = z.contiguous()?;
     let y = match residual {
         Residual::Identity(x) => z.apply_op3(&Tensor::stack(&[norm.weight, norm.bias], 0)?, &x.contiguous()?, op)?,
@@ -303,6 +314,7 @@ struct NormActOp {
     dtype: DType,
     stats: Arc<OnceLock<Statistics>>,
     saves: DeviceSaves,
+    sync: norm::Synchronisation,
 }
 
 /// What [`NormActOp`]'s backward returns, each `None` where no gradient is wanted.
@@ -319,7 +331,7 @@ impl NormActOp {
     }
 
     fn forward(&self, z: &[f32], params: &[f32], weight: Option<&[f32]>) -> Result<(Vec<f32>, Shape)> {
-        let stats = self.stats.get_or_init(|| norm::statistics(&self.norm, z, self.eps));
+        let stats = norm::kept(&self.stats, || norm::statistics(&self.norm, z, self.eps, self.sync.as_deref()))?;
         let (scale, shift) = self.scale_shift(stats, params);
         let a = normalise(&self.norm, self.dtype, z, &scale, &shift, self.act);
         Ok(match (&self.consumer, weight) {
@@ -358,7 +370,7 @@ impl NormActOp {
         through_activation(self.dtype, &mut da, &pre, self.act);
         drop(pre);
         let c = self.norm.channels;
-        let grads = norm::backward(&self.norm, stats, z, &da, per_channel(params, 0, c), want[0]);
+        let grads = norm::backward(&self.norm, stats, z, &da, per_channel(params, 0, c), want[0], self.sync.as_deref())?;
         let params = want[1].then(|| [grads.dweight, grads.dbias].concat());
         Ok(NormActGrads { z: grads.dx, params, weight: dweight })
     }
@@ -514,6 +526,7 @@ struct NormAddActOp {
     projected: bool,
     dtype: DType,
     stats: Arc<OnceLock<Vec<Statistics>>>,
+    sync: norm::Synchronisation,
     saves: DeviceSaves,
 }
 
@@ -541,15 +554,16 @@ impl NormAddActOp {
         })
     }
 
-    fn forward(&self, z: &[f32], x: &[f32], params: &[f32]) -> Vec<f32> {
-        let stats = self.stats.get_or_init(|| {
-            let mut stats = vec![norm::statistics(&self.norm, z, self.eps)];
+    fn forward(&self, z: &[f32], x: &[f32], params: &[f32]) -> Result<Vec<f32>> {
+        let stats = norm::kept(&self.stats, || {
+            let sync = self.sync.as_deref();
+            let mut stats = vec![norm::statistics(&self.norm, z, self.eps, sync)?];
             if self.projected {
-                stats.push(norm::statistics(&self.norm, x, self.eps));
+                stats.push(norm::statistics(&self.norm, x, self.eps, sync)?);
             }
-            stats
-        });
-        self.sum(stats, z, x, params, self.act)
+            Ok(stats)
+        })?;
+        Ok(self.sum(stats, z, x, params, self.act))
     }
 
     /// Gradients of `z`, `x` and the packed parameters.
@@ -560,11 +574,12 @@ impl NormAddActOp {
         through_activation(self.dtype, &mut ds, &sum, self.act);
         drop(sum);
         let c = self.norm.channels;
-        let body = norm::backward(&self.norm, &stats[0], z, &ds, per_channel(params, 0, c), want[0]);
+        let sync = self.sync.as_deref();
+        let body = norm::backward(&self.norm, &stats[0], z, &ds, per_channel(params, 0, c), want[0], sync)?;
         let mut dparams = [body.dweight, body.dbias].concat();
         let dx = match stats.get(1) {
             Some(side) => {
-                let side = norm::backward(&self.norm, side, x, &ds, per_channel(params, 2, c), want[1]);
+                let side = norm::backward(&self.norm, side, x, &ds, per_channel(params, 2, c), want[1], sync)?;
                 dparams.extend(side.dweight.into_iter().chain(side.dbias));
                 side.dx
             }
@@ -607,7 +622,7 @@ impl CustomOp3 for NormAddActOp {
         }
         let z = f32_view(MERGE, s1, l1)?;
         let ((x, xl), (params, pl)) = if self.projected { ((s2, l2), (s3, l3)) } else { ((s3, l3), (s2, l2)) };
-        let out = self.forward(&z, &f32_view(MERGE, x, xl)?, &f32_view(MERGE, params, pl)?);
+        let out = self.forward(&z, &f32_view(MERGE, x, xl)?, &f32_view(MERGE, params, pl)?)?;
         Ok((storage_from_f32(MERGE, out, s1.dtype())?, self.norm.shape()))
     }
 

@@ -138,6 +138,8 @@ mod fused_norm_tests;
 #[cfg(test)]
 mod linear_tests;
 #[cfg(test)]
+mod sync_norm_tests;
+#[cfg(test)]
 mod tests;
 
 use candle_core::{DType, Result, Tensor};
@@ -156,7 +158,7 @@ pub use layer_norm::layer_norm;
 pub use linear::{
     fused_linear_scratch, gelu_linear, gelu_linear_residual, linear, linear_residual, linear_scratch, Fused, LinearScratch, Reads,
 };
-pub use norm::{batch_norm_train, BatchNormTrain, BatchStatistics};
+pub use norm::{batch_norm_train, synchronised, BatchNormTrain, BatchStatistics, ProcessSum};
 pub use norm_linear::norm_linear;
 
 /// Stride, zero padding (both sides) and groups of a square 2-D convolution.
@@ -224,6 +226,8 @@ pub enum OpError {
     Cudnn { op: &'static str, status: String },
     #[error("conv2d: no cuDNN algorithm for the {pass} of input {dims:?} by filter {filter:?} fits the {workspace}-byte workspace")]
     NoCudnnAlgorithm { pass: &'static str, dims: Vec<i32>, filter: Vec<i32>, workspace: u64 },
+    #[error("{op}: synchronised batch-norm (--sync-bn) runs on our host kernels in f32, f16 and bf16, and this one is {on}")]
+    NotSynchronised { op: &'static str, on: String },
     #[error("{op}: no {what} was given")]
     MissingOperand { op: &'static str, what: &'static str },
     #[error("norm_add_act: the residual {residual:?} does not match the block's output {body:?}")]

@@ -3,7 +3,13 @@
 //! (per-channel sums, then the input gradient), where the same computation
 //! from candle's elementwise ops makes about a dozen passes each way and keeps
 //! their intermediates alive for backward.
+//!
+//! Inside [`synchronised`], the batch is spread over several processes and
+//! batch-norm normalises by the statistics of all their batches
+//! (PyTorch's `SyncBatchNorm`): the per-channel sums of the forward and of
+//! the backward's input gradient are summed over the processes.
 
+use std::cell::RefCell;
 use std::sync::{Arc, OnceLock};
 
 use candle_core::backend::BackendStorage;
@@ -31,9 +37,59 @@ impl BatchStatistics {
         Ok(BatchStatistics {
             mean: Tensor::from_slice(&stats.mean, g.channels, device)?,
             var: Tensor::from_slice(&stats.var, g.channels, device)?,
-            count: g.count(),
+            count: stats.count,
         })
     }
+}
+
+/// The element-wise sum of per-channel values over the processes one batch
+/// is spread over, every process getting the sum.
+pub trait ProcessSum: Send + Sync {
+    fn sum(&self, values: Vec<f32>) -> Result<Vec<f32>>;
+}
+
+/// Where a batch-norm's sums come from: its own batch, or every process's.
+pub(super) type Synchronisation = Option<Arc<dyn ProcessSum>>;
+
+thread_local! {
+    static SYNCHRONISED: RefCell<Synchronisation> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with every training-mode batch-norm made on this thread
+/// normalising by the statistics of all the processes' batches, through
+/// `sum`, in its forward and in its backward (whenever that runs). Every
+/// process must make the same batch-norms in the same order, as processes
+/// running one network do. Our host kernels only: a batch-norm on a card,
+/// or in a dtype they do not take, is refused.
+pub fn synchronised<R>(sum: Arc<dyn ProcessSum>, f: impl FnOnce() -> R) -> R {
+    struct Restore(Synchronisation);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SYNCHRONISED.with(|s| *s.borrow_mut() = self.0.take());
+        }
+    }
+    let _restore = Restore(SYNCHRONISED.with(|s| s.borrow_mut().replace(sum)));
+    f()
+}
+
+/// The synchronisation a batch-norm of `x` made now takes part in, refused
+/// where only our host kernels could run it.
+pub(super) fn synchronisation(op: &'static str, x: &Tensor) -> Result<Synchronisation> {
+    let sync = SYNCHRONISED.with(|s| s.borrow().clone());
+    if sync.is_some() && !(x.device().is_cpu() && uses_own_kernels(x) && !cuda::on_the_reference()) {
+        let on = if x.device().is_cpu() { format!("{:?} on the host", x.dtype()) } else { format!("{:?}", x.device().location()) };
+        Err(OpError::NotSynchronised { op, on })?
+    }
+    Ok(sync)
+}
+
+/// The statistics in `cell`, made by `make` the first time.
+pub(super) fn kept<T>(cell: &OnceLock<T>, make: impl FnOnce() -> Result<T>) -> Result<&T> {
+    if let Some(kept) = cell.get() {
+        return Ok(kept);
+    }
+    let made = make()?;
+    Ok(cell.get_or_init(|| made))
 }
 
 /// `y = (x - mean) / sqrt(var + eps) * weight + bias` with the statistics of
@@ -41,12 +97,13 @@ impl BatchStatistics {
 /// `C` values. `y` has `x`'s dtype; the arithmetic is f32.
 pub fn batch_norm_train(x: &Tensor, weight: &Tensor, bias: &Tensor, eps: f64) -> Result<BatchNormTrain> {
     let geometry = Geometry::checked(OP, x, weight, bias)?;
+    let sync = synchronisation(OP, x)?;
     if !uses_own_kernels(x) {
         return composed(x, weight, bias, eps, geometry.count());
     }
     let stats = Arc::new(OnceLock::new());
     let saves = DeviceSaves::default();
-    let op = BatchNormOp { geometry, eps, stats: Arc::clone(&stats), saves: saves.clone() };
+    let op = BatchNormOp { geometry, eps, stats: Arc::clone(&stats), saves: saves.clone(), sync };
     let y = x.contiguous()?.apply_op3(&weight.contiguous()?, &bias.contiguous()?, op)?;
     if let Some(body) = Body::of(x) {
         let saved = on_body!(body, saved_statistics(OP, &geometry, x, &saves))?;
@@ -75,6 +132,8 @@ pub(super) struct Statistics {
     pub mean: Vec<f32>,
     pub var: Vec<f32>,
     pub inv_std: Vec<f32>,
+    /// Values per channel they are of: this batch's, or every process's.
+    pub count: usize,
 }
 
 const LANES: usize = 16;
@@ -92,19 +151,40 @@ fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> f64 {
     lanes.iter().map(|&v| v as f64).sum::<f64>() + tail
 }
 
-pub(super) fn statistics(g: &Geometry, x: &[f32], eps: f64) -> Statistics {
-    let per_channel: Vec<(f32, f32)> = (0..g.channels)
+pub(super) fn statistics(g: &Geometry, x: &[f32], eps: f64, sync: Option<&dyn ProcessSum>) -> Result<Statistics> {
+    let Some(sync) = sync else {
+        let per_channel: Vec<(f32, f32)> = (0..g.channels)
+            .into_par_iter()
+            .map(|c| {
+                let sum: f64 = g.planes(x, c).map(|p| lane_sum(p, p, |v, _| v)).sum();
+                let mean = (sum / g.count() as f64) as f32;
+                let squares: f64 = g.planes(x, c).map(|p| lane_sum(p, p, |v, _| (v - mean) * (v - mean))).sum();
+                (mean, (squares / g.count() as f64) as f32)
+            })
+            .collect();
+        let (mean, var): (Vec<f32>, Vec<f32>) = per_channel.into_iter().unzip();
+        return Ok(Statistics::of(mean, var, eps, g.count()));
+    };
+    // The same two passes, each channel's sums added over the processes
+    // between them: the mean of the whole batch, then the squares about it.
+    let sums: Vec<f32> =
+        (0..g.channels).into_par_iter().map(|c| g.planes(x, c).map(|p| lane_sum(p, p, |v, _| v)).sum::<f64>() as f32).collect();
+    let mut totals = sync.sum([sums, vec![g.count() as f32]].concat())?;
+    let count = totals.pop().unwrap_or_default().round() as usize;
+    let mean: Vec<f32> = totals.iter().map(|&sum| (sum as f64 / count as f64) as f32).collect();
+    let squares: Vec<f32> = (0..g.channels)
         .into_par_iter()
-        .map(|c| {
-            let sum: f64 = g.planes(x, c).map(|p| lane_sum(p, p, |v, _| v)).sum();
-            let mean = (sum / g.count() as f64) as f32;
-            let squares: f64 = g.planes(x, c).map(|p| lane_sum(p, p, |v, _| (v - mean) * (v - mean))).sum();
-            (mean, (squares / g.count() as f64) as f32)
-        })
+        .map(|c| g.planes(x, c).map(|p| lane_sum(p, p, |v, _| (v - mean[c]) * (v - mean[c]))).sum::<f64>() as f32)
         .collect();
-    let (mean, var): (Vec<f32>, Vec<f32>) = per_channel.into_iter().unzip();
-    let inv_std = var.iter().map(|&v| (1.0 / (v as f64 + eps).sqrt()) as f32).collect();
-    Statistics { mean, var, inv_std }
+    let var = sync.sum(squares)?.iter().map(|&squares| (squares as f64 / count as f64) as f32).collect();
+    Ok(Statistics::of(mean, var, eps, count))
+}
+
+impl Statistics {
+    fn of(mean: Vec<f32>, var: Vec<f32>, eps: f64, count: usize) -> Statistics {
+        let inv_std = var.iter().map(|&v| (1.0 / (v as f64 + eps).sqrt()) as f32).collect();
+        Statistics { mean, var, inv_std, count }
+    }
 }
 
 /// `out[n, c, i] = x[n, c, i] * scale[c] + shift[c]`, and `+ dy * dy_scale[c]` when given.
@@ -134,7 +214,18 @@ pub(super) struct Gradients {
 
 /// Batch-norm's backward from its input `x`, its statistics and the output
 /// gradient `dy`: two passes, the per-channel sums, then the input gradient.
-pub(super) fn backward(g: &Geometry, stats: &Statistics, x: &[f32], dy: &[f32], weight: &[f32], want_dx: bool) -> Gradients {
+/// Synchronised, the input gradient takes the sums over every process; the
+/// weight's and bias's stay this process's, for the gradients' own
+/// reduction to add up.
+pub(super) fn backward(
+    g: &Geometry,
+    stats: &Statistics,
+    x: &[f32],
+    dy: &[f32],
+    weight: &[f32],
+    want_dx: bool,
+    sync: Option<&dyn ProcessSum>,
+) -> Result<Gradients> {
     let sums: Vec<(f64, f64)> = (0..g.channels)
         .into_par_iter()
         .map(|c| {
@@ -146,16 +237,26 @@ pub(super) fn backward(g: &Geometry, stats: &Statistics, x: &[f32], dy: &[f32], 
         .collect();
     let dbias: Vec<f32> = sums.iter().map(|s| s.0 as f32).collect();
     let dweight: Vec<f32> = sums.iter().zip(&stats.inv_std).map(|(s, i)| (s.1 * *i as f64) as f32).collect();
-    let dx = want_dx.then(|| {
-        // dx = k (dy - sum_dy / M - xhat * sum_dy_xhat / M) with k = weight * inv_std,
-        // written as dx = x * scale + shift + dy * k.
-        let m = g.count() as f32;
-        let k: Vec<f32> = weight.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
-        let scale: Vec<f32> = (0..g.channels).map(|c| -k[c] * stats.inv_std[c] * dweight[c] / m).collect();
-        let shift: Vec<f32> = (0..g.channels).map(|c| -k[c] * dbias[c] / m - scale[c] * stats.mean[c]).collect();
-        affine(g, x, &scale, &shift, Some((dy, &k)))
-    });
-    Gradients { dx, dweight, dbias }
+    if !want_dx {
+        return Ok(Gradients { dx: None, dweight, dbias });
+    }
+    let summed = match sync {
+        None => None,
+        Some(sync) => {
+            let mut totals = sync.sum([dbias.clone(), sums.iter().map(|s| s.1 as f32).collect()].concat())?;
+            let sum_dy_xmu = totals.split_off(g.channels);
+            Some((totals, sum_dy_xmu.iter().zip(&stats.inv_std).map(|(&s, &i)| (s as f64 * i as f64) as f32).collect::<Vec<f32>>()))
+        }
+    };
+    let (sum_dy, sum_dy_xhat) = summed.as_ref().map_or((&dbias, &dweight), |(dy, dy_xhat)| (dy, dy_xhat));
+    // dx = k (dy - sum_dy / M - xhat * sum_dy_xhat / M) with k = weight * inv_std,
+    // written as dx = x * scale + shift + dy * k.
+    let m = stats.count as f32;
+    let k: Vec<f32> = weight.iter().zip(&stats.inv_std).map(|(w, s)| w * s).collect();
+    let scale: Vec<f32> = (0..g.channels).map(|c| -k[c] * stats.inv_std[c] * sum_dy_xhat[c] / m).collect();
+    let shift: Vec<f32> = (0..g.channels).map(|c| -k[c] * sum_dy[c] / m - scale[c] * stats.mean[c]).collect();
+    let dx = affine(g, x, &scale, &shift, Some((dy, &k)));
+    Ok(Gradients { dx: Some(dx), dweight, dbias })
 }
 
 /// The per-channel `(scale, shift)` of the forward: `y = x * scale + shift`.
@@ -170,6 +271,7 @@ struct BatchNormOp {
     eps: f64,
     stats: Arc<OnceLock<Statistics>>,
     saves: DeviceSaves,
+    sync: Synchronisation,
 }
 
 impl BatchNormOp {
@@ -194,7 +296,7 @@ impl BatchNormOp {
             let (gs, gl) = grad.storage_and_layout();
             let (ws, wl) = weight.storage_and_layout();
             let (xv, dy, wv) = (cpu_f32(OP, &xs, xl)?, cpu_f32(OP, &gs, gl)?, cpu_f32(OP, &ws, wl)?);
-            backward(g, stats, &xv, &dy, &wv, x.track_op())
+            backward(g, stats, &xv, &dy, &wv, x.track_op(), self.sync.as_deref())?
         };
         let Gradients { dx, dweight: sum_dy_xhat, dbias: sum_dy } = gradients;
         let device = x.device();
@@ -248,7 +350,7 @@ impl CustomOp3 for BatchNormOp {
         let g = &self.geometry;
         let x = f32_view(OP, s1, l1)?;
         let (weight, bias) = (f32_view(OP, s2, l2)?, f32_view(OP, s3, l3)?);
-        let stats = self.stats.get_or_init(|| statistics(g, &x, self.eps));
+        let stats = kept(&self.stats, || statistics(g, &x, self.eps, self.sync.as_deref()))?;
         let (scale, shift) = scale_shift(stats, &weight, &bias);
         let y = affine(g, &x, &scale, &shift, None);
         Ok((storage_from_f32(OP, y, s1.dtype())?, g.shape()))

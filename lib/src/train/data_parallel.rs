@@ -1,19 +1,39 @@
 //! A trainer's step spread over several processes: the gradients averaged
 //! over them a bucket at a time once backward is done, and under ZeRO-1
 //! and ZeRO-2 each process updating its own parameters and handing them to
-//! the others.
+//! the others; with `--sync-bn`, batch-norm's statistics summed over them.
+
+use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 
 use crate::dist::{owners, Collective, DistError};
 use crate::ledger::{Cards, Shard};
 use crate::models::Network;
+use crate::ops::ProcessSum;
+
+/// The collective, shared by the trainer and the batch-norms it synchronises.
+struct Shared(Mutex<Box<dyn Collective>>);
+
+impl Shared {
+    fn all_reduce_sum(&self, bucket: &Tensor) -> std::result::Result<Tensor, DistError> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).all_reduce_sum(bucket)
+    }
+}
+
+impl ProcessSum for Shared {
+    fn sum(&self, values: Vec<f32>) -> Result<Vec<f32>> {
+        let len = values.len();
+        self.all_reduce_sum(&Tensor::from_vec(values, len, &Device::Cpu)?).map_err(candle_core::Error::wrap)?.to_vec1()
+    }
+}
 
 /// The processes a trainer's step is spread over, and which parameters
 /// each updates.
 pub(crate) struct DataParallel {
-    collective: Box<dyn Collective>,
+    collective: Arc<Shared>,
+    rank: usize,
     cards: Cards,
     /// For each parameter of the network, in [`Network::params`]'s order,
     /// the rank that keeps its optimizer state and updates it.
@@ -28,8 +48,17 @@ impl DataParallel {
         if cards.shard == Shard::Parameters {
             return Err(DistError::NotRun("--shard parameters (ZeRO-3)"));
         }
+        if cards.sync_batch_norm && !net.device().is_cpu() {
+            return Err(DistError::NotRun("--sync-bn on a card"));
+        }
         let sizes: Vec<usize> = net.params().iter().map(|p| p.var.elem_count()).collect();
-        Ok(DataParallel { owners: owners(&sizes, cards.count), collective, cards })
+        let rank = collective.rank();
+        Ok(DataParallel { owners: owners(&sizes, cards.count), collective: Arc::new(Shared(Mutex::new(collective))), rank, cards })
+    }
+
+    /// With `--sync-bn`, the sum batch-norm's statistics are to be taken through.
+    pub fn batch_norm_sum(&self) -> Option<Arc<dyn ProcessSum>> {
+        self.cards.sync_batch_norm.then(|| Arc::clone(&self.collective) as Arc<dyn ProcessSum>)
     }
 
     pub fn cards(&self) -> Cards {
@@ -37,13 +66,13 @@ impl DataParallel {
     }
 
     pub fn rank(&self) -> usize {
-        self.collective.rank()
+        self.rank
     }
 
     /// Whether this process updates parameter `i`: every one under DDP,
     /// its own under ZeRO-1 and ZeRO-2.
     fn updates(&self, i: usize) -> bool {
-        self.cards.shard == Shard::None || self.owners[i] == self.collective.rank()
+        self.cards.shard == Shard::None || self.owners[i] == self.rank
     }
 
     /// The parameters this process's optimizer updates.
@@ -112,6 +141,30 @@ impl DataParallel {
                 grads.remove(param.var.as_tensor());
             }
         }
+    }
+
+    /// Without `--sync-bn`, every process takes rank 0's running
+    /// statistics, as DDP broadcasts its buffers: the statistics of each
+    /// process's own batches would otherwise drift apart, and the processes
+    /// would evaluate differently. With it they are the same everywhere.
+    pub fn share_buffers(&self, net: &Network) -> std::result::Result<(), DistError> {
+        let buffers: Vec<&Var> = net.buffers().iter().map(|b| &b.var).filter(|v| v.dtype().is_float()).collect();
+        if buffers.is_empty() || self.cards.sync_batch_norm {
+            return Ok(());
+        }
+        let mine = buffers.iter().map(|v| v.to_dtype(DType::F32)?.flatten_all()).collect::<Result<Vec<_>>>()?;
+        let mut made = Tensor::cat(&mine, 0)?;
+        if self.rank != 0 {
+            made = made.zeros_like()?;
+        }
+        let rank_0s = self.collective.all_reduce_sum(&made)?;
+        let mut offset = 0;
+        for var in buffers {
+            let n = var.elem_count();
+            var.set(&rank_0s.narrow(0, offset, n)?.reshape(var.shape())?.to_dtype(var.dtype())?)?;
+            offset += n;
+        }
+        Ok(())
     }
 
     /// Under ZeRO-1 and ZeRO-2, every process's updated parameters on

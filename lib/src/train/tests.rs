@@ -317,3 +317,90 @@ fn a_unet_learns_to_segment_the_striped_bands() {
     let ones = vy.sum_all().unwrap().to_scalar::<u32>().unwrap() as u64;
     assert_eq!(eval.labelled, [64 * 32 * 32 - ones, ones], "the pixels each class labels");
 }
+
+/// Two threads as two processes: each puts its part in its slot, and both
+/// read both once both are there.
+struct Threads {
+    rank: usize,
+    exchange: std::sync::Arc<(std::sync::Barrier, std::sync::Mutex<[Vec<u8>; 2]>)>,
+}
+
+impl Threads {
+    fn exchange(&self, mine: Vec<u8>) -> [Vec<u8>; 2] {
+        let (barrier, slots) = &*self.exchange;
+        slots.lock().unwrap()[self.rank] = mine;
+        barrier.wait();
+        let both = slots.lock().unwrap().clone();
+        barrier.wait();
+        both
+    }
+}
+
+impl crate::dist::Collective for Threads {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn ranks(&self) -> usize {
+        2
+    }
+
+    fn all_reduce_sum(&self, bucket: &Tensor) -> Result<Tensor, crate::dist::DistError> {
+        let mine = bucket.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let [a, b] = self.exchange(mine);
+        let value = |bytes: &[u8]| f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        let sum: Vec<f32> = a.chunks(4).zip(b.chunks(4)).map(|(a, b)| value(a) + value(b)).collect();
+        Ok(Tensor::new(sum, &Device::Cpu)?)
+    }
+
+    fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, crate::dist::DistError> {
+        Ok(self.exchange(bytes.to_vec()).into())
+    }
+}
+
+/// A process's weights and running statistics, each flattened.
+type Held = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// Each of two threads trains `steps` on its own images, spread over both
+/// with `cards`; what each holds after.
+fn two_threads(cards: ledger::Cards, steps: usize) -> Vec<Held> {
+    let exchange = std::sync::Arc::new((std::sync::Barrier::new(2), std::sync::Mutex::new([Vec::new(), Vec::new()])));
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                let exchange = std::sync::Arc::clone(&exchange);
+                // Each in a pool of its own, as each process has: in a shared pool a
+                // thread waiting inside one step's parallel op could take up the
+                // other step, and wait for the exchange with a step it holds up.
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+                scope.spawn(move || {
+                    pool.install(|| {
+                        let collective = Box::new(Threads { rank, exchange });
+                        let mut trainer =
+                            Trainer::spread_over(net(ModelName::SmallCnn, 4, 16), TrainConfig::default(), cards, collective).unwrap();
+                        for step in 0..steps {
+                            let batch = Stripes::new(4, 16).generate(4, (10 * step + rank) as u64, &Device::Cpu).unwrap();
+                            trainer.step(&[batch], 0).unwrap();
+                        }
+                        let weights =
+                            trainer.net().params().iter().map(|p| p.var.flatten_all().unwrap().to_vec1::<f32>().unwrap()).collect();
+                        (weights, buffers(trainer.net()))
+                    })
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    })
+}
+
+#[test]
+fn spread_processes_keep_the_same_weights_and_running_statistics() {
+    let cards = ledger::Cards { count: 2, ..ledger::Cards::default() };
+    // Each process's batch-norm normalises by its own batch; both then take rank 0's running statistics.
+    let own = two_threads(cards, 2);
+    assert_eq!(own[0], own[1]);
+    // Synchronised, the statistics are the two batches' together, and differ from each process's own.
+    let synchronised = two_threads(ledger::Cards { sync_batch_norm: true, ..cards }, 2);
+    assert_eq!(synchronised[0], synchronised[1]);
+    assert_ne!(synchronised[0].1, own[0].1);
+}

@@ -117,7 +117,9 @@ impl Trainer {
     /// A trainer whose steps are spread over the processes of `collective`
     /// (`cards.count` of them, each with its own batch): the gradients are
     /// averaged over them once backward is done, and from `--shard
-    /// optimizer` on each updates only its own parameters.
+    /// optimizer` on each updates only its own parameters. With
+    /// `cards.sync_batch_norm`, batch-norm normalises by the statistics of
+    /// every process's batch.
     pub fn spread_over(net: Network, config: TrainConfig, cards: Cards, collective: Box<dyn Collective>) -> Result<Self, TrainError> {
         let spread = DataParallel::new(&net, cards, collective)?;
         Trainer::with_spread(net, config, Some(spread))
@@ -308,7 +310,11 @@ impl Trainer {
             let accumulated = grad_bytes(&grads, &self.net);
             walk.micro_batch(i == last, accumulated);
             walk.ended(StepPhase::InputCopied, accumulated)?;
-            let part = forward_backward_walked(&self.net, images, labels, self.pass, loss_scale, walk)?;
+            let mut forward_backward = || forward_backward_walked(&self.net, images, labels, self.pass, loss_scale, walk);
+            let part = match self.spread.as_ref().and_then(DataParallel::batch_norm_sum) {
+                Some(sum) => crate::ops::synchronised(sum, forward_backward)?,
+                None => forward_backward()?,
+            };
             scores.push((part.loss, part.correct));
             samples += part.samples;
             scored += part.labels;
@@ -342,6 +348,9 @@ impl Trainer {
         if let Some(spread) = self.spread.as_ref().filter(|s| s.cards().shard != crate::ledger::Shard::None) {
             spread.gather_weights(&self.net)?;
             walk.ended(StepPhase::WeightsGathered, grads_bytes)?;
+        }
+        if let Some(spread) = &self.spread {
+            spread.share_buffers(&self.net)?;
         }
         let loss_scale = self.scaler.is_enabled().then(|| self.scaler.scale_factor());
         self.scaler.update()?;
