@@ -9,7 +9,7 @@ pub const MAGIC: Magic = Magic {
     summary: "will this training step fit on this GPU? the five bills, the peak, and ranked fixes",
     usage: "%oomcheck MODEL --batch B --res R [--channels C] [--amp f16|bf16] [--opt adam|adamw|sgd|sgd-momentum|adam8bit]\n\
             \x20         [--accum N] [--ckpt none|stages|layer3,layer4] [--layers lean|plain] [--gpu NAME|8GiB|cpu]\n\
-            \x20         [--cards N [--shard none|optimizer|gradients|parameters] [--bucket-mb 25]]\n\
+            \x20         [--cards N [--shard none|optimizer|gradients|parameters] [--bucket-mb 25] [--sync-bn]]\n\
             \x20         [--sweep batch=8..64|res=128..512 | --brief | --fixes]\n\
             \x20         [--classes N] [--eval] [--workers W [--prefetch P] [--source WxH] [--host-ram 32GiB] [--host]]\n\
             %oomcheck --spec FILE.json --batch B --res R [the same flags]   (a model spec saved as JSON)\n\

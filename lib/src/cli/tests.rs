@@ -437,4 +437,13 @@ fn oomcheck_on_several_cards_shows_one_cards_bills_at_each_stage_beside_one_card
     assert!(table.lines().any(|l| l.starts_with("peak (% of card)")) && table.lines().any(|l| l.starts_with("verdict")), "{table}");
     let one = oomcheck(&words("resnet50 --batch 32 --res 224")).unwrap().text().to_owned();
     assert!(!one.contains("sharding stage"), "one card has no stages' table");
+    // Synchronised batch-norm costs what each card's own does; the one card beside it has nothing to synchronise.
+    let synced = oomcheck(&words("resnet50 --batch 32 --res 224 --cards 4 --shard gradients --sync-bn")).unwrap().text().to_owned();
+    assert!(synced.contains("one of 4 cards, ZeRO-2, batch-norm synchronised"), "{synced}");
+    let stages = |text: &str| -> Vec<String> {
+        let table = text.split("at each sharding stage").nth(1).unwrap_or_default().lines();
+        table.take_while(|l| !l.starts_with("verdict")).map(str::to_owned).collect()
+    };
+    assert!(stages(&synced).len() > 2);
+    assert_eq!(stages(&synced), stages(&text));
 }

@@ -44,7 +44,7 @@ impl Sharding {
         let cards = config.levers.cards;
         let single = StepConfig {
             batch: config.batch * cards.count,
-            levers: Levers { cards: Cards { count: 1, shard: Shard::None, ..cards }, ..config.levers.clone() },
+            levers: Levers { cards: Cards::default(), ..config.levers.clone() },
             ..config.clone()
         };
         let stages = Shard::ALL
