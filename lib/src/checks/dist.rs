@@ -79,9 +79,13 @@ impl SameStep {
             Alone::InParts => ("", "in their parts"),
             Alone::OneForward => (", batch-norm synchronised", "in one forward"),
         };
+        let by = match self.difference.max {
+            0.0 => "not at all, to the bit".to_owned(),
+            max => format!("by at most {max:.2e}, on {}", self.difference.on),
+        };
         let mut line = format!(
             "{} on {} processes ({}{sync}, {}), batch {} on each, {} steps: the weights differ from one process's on the {} samples \
-             {taken} by at most {:.2e}, on {} (largest weight {:.3}; tolerance {:.0e}): {}",
+             {taken} {by} (largest weight {:.3}; tolerance {:.0e}): {}",
             self.model,
             self.cards,
             self.shard,
@@ -89,8 +93,6 @@ impl SameStep {
             self.batch,
             self.steps,
             self.batch * self.cards,
-            self.difference.max,
-            self.difference.on,
             self.max_weight,
             self.tolerance,
             if self.passed() { "the same step" } else { "NOT the same step" },
