@@ -221,6 +221,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
+    use crate::ops::tests::randn;
 
     fn reference(x: &Tensor, w: &Tensor, b: &Tensor) -> Tensor {
         composed(x, w, b, 1e-6).unwrap()
@@ -237,10 +238,10 @@ mod tests {
     fn forward_and_gradients_match_the_composed_layer_norm() {
         for dims in [vec![3usize, 5, 7], vec![2, 197, 192], vec![1, 1, 1], vec![130, 64]] {
             let d = *dims.last().unwrap();
-            let x = Var::from_tensor(&(Tensor::randn(0f32, 2.0, dims.as_slice(), &Device::Cpu).unwrap() + 0.5).unwrap()).unwrap();
-            let w = Var::from_tensor(&Tensor::randn(1f32, 0.3, d, &Device::Cpu).unwrap()).unwrap();
-            let b = Var::from_tensor(&Tensor::randn(0f32, 0.3, d, &Device::Cpu).unwrap()).unwrap();
-            let probe = Tensor::randn(0f32, 1.0, dims.as_slice(), &Device::Cpu).unwrap();
+            let x = Var::from_tensor(&randn(&dims).affine(2.0, 0.5).unwrap()).unwrap();
+            let w = Var::from_tensor(&randn(&[d]).affine(0.3, 1.0).unwrap()).unwrap();
+            let b = Var::from_tensor(&randn(&[d]).affine(0.3, 0.0).unwrap()).unwrap();
+            let probe = randn(&dims);
             let ours = layer_norm(&x, &w, &b, 1e-6).unwrap();
             let theirs = reference(&x, &w, &b);
             close(&ours, &theirs, 1e-5);
@@ -254,7 +255,7 @@ mod tests {
 
     #[test]
     fn half_input_gives_half_output_close_to_f32() {
-        let x = Tensor::randn(0f32, 1.0, (4, 9, 48), &Device::Cpu).unwrap();
+        let x = randn(&[4, 9, 48]);
         let (w, b) = (Tensor::ones(48, DType::F32, &Device::Cpu).unwrap(), Tensor::zeros(48, DType::F32, &Device::Cpu).unwrap());
         let half = layer_norm(&x.to_dtype(DType::F16).unwrap(), &w, &b, 1e-6).unwrap();
         assert_eq!(half.dtype(), DType::F16);
