@@ -152,19 +152,8 @@ impl DataParallel {
         if buffers.is_empty() || self.cards.sync_batch_norm {
             return Ok(());
         }
-        let mine = buffers.iter().map(|v| v.to_dtype(DType::F32)?.flatten_all()).collect::<Result<Vec<_>>>()?;
-        let mut made = Tensor::cat(&mine, 0)?;
-        if self.rank != 0 {
-            made = made.zeros_like()?;
-        }
-        let rank_0s = self.collective.all_reduce_sum(&made)?;
-        let mut offset = 0;
-        for var in buffers {
-            let n = var.elem_count();
-            var.set(&rank_0s.narrow(0, offset, n)?.reshape(var.shape())?.to_dtype(var.dtype())?)?;
-            offset += n;
-        }
-        Ok(())
+        let given: Vec<(&Var, bool)> = buffers.into_iter().map(|v| (v, self.rank == 0)).collect();
+        self.take_given(&given)
     }
 
     /// Under ZeRO-1 and ZeRO-2, every process's updated parameters on
@@ -176,28 +165,36 @@ impl DataParallel {
         }
         let params = net.params();
         for bucket in self.buckets(net) {
-            let len = bucket.iter().map(|&i| params[i].var.elem_count()).sum();
-            let mut made = vec![0f32; len];
-            let mut offset = 0;
-            for &i in &bucket {
-                let var = params[i].var.as_tensor();
-                if self.updates(i) {
-                    made[offset..offset + var.elem_count()].copy_from_slice(&var.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
-                }
-                offset += var.elem_count();
+            let given: Vec<(&Var, bool)> = bucket.iter().map(|&i| (&params[i].var, self.updates(i))).collect();
+            self.take_given(&given)?;
+        }
+        Ok(())
+    }
+
+    /// Each of `vars` as the process that gives it (`true` on that one) has
+    /// it, on every process: each fills in what it gives, zeros for the
+    /// rest, and the sum over the processes is all of them.
+    fn take_given(&self, vars: &[(&Var, bool)]) -> std::result::Result<(), DistError> {
+        let Some((first, _)) = vars.first() else { return Ok(()) };
+        let len = vars.iter().map(|(v, _)| v.elem_count()).sum();
+        let mut made = vec![0f32; len];
+        let mut offset = 0;
+        for (var, gives) in vars {
+            if *gives {
+                made[offset..offset + var.elem_count()].copy_from_slice(&var.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?);
             }
-            let made = Tensor::from_vec(made, len, params[bucket[0]].var.device())?;
-            let sum = self.collective.all_reduce_sum(&made)?;
-            drop(made);
-            let mut offset = 0;
-            for &i in &bucket {
-                let var = &params[i].var;
-                let n = var.elem_count();
-                if !self.updates(i) {
-                    var.set(&sum.narrow(0, offset, n)?.reshape(var.shape())?.to_dtype(var.dtype())?)?;
-                }
-                offset += n;
+            offset += var.elem_count();
+        }
+        let made = Tensor::from_vec(made, len, first.device())?;
+        let sum = self.collective.all_reduce_sum(&made)?;
+        drop(made);
+        let mut offset = 0;
+        for (var, gives) in vars {
+            let n = var.elem_count();
+            if !gives {
+                var.set(&sum.narrow(0, offset, n)?.reshape(var.shape())?.to_dtype(var.dtype())?)?;
             }
+            offset += n;
         }
         Ok(())
     }
