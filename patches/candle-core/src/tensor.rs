@@ -2434,6 +2434,21 @@ impl Tensor {
         }
     }
 
+    /// A leaf variable over this tensor's storage, where `make_var` copies
+    /// it: see `Var::sharing`.
+    pub(crate) fn share_as_var(&self) -> Tensor {
+        let tensor_ = Tensor_ {
+            id: TensorId::new(),
+            storage: self.storage.clone(),
+            layout: self.layout.clone(),
+            op: BackpropOp::none(),
+            is_variable: true,
+            dtype: self.dtype,
+            device: self.device.clone(),
+        };
+        Tensor(Arc::new(tensor_))
+    }
+
     /// If the target device is the same as the tensor device, only a shallow copy is performed.
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         if self.device().same_device(device) {

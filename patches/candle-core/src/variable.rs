@@ -44,6 +44,15 @@ impl Var {
         }
     }
 
+    /// A variable sharing `t`'s storage, where `from_tensor` copies it: a
+    /// leaf whose gradient a backward pass computes, over a tensor that
+    /// another graph still holds, so that one backward pass can run as
+    /// several without a second copy of each boundary. Setting it writes
+    /// into `t`'s storage too.
+    pub fn sharing(t: &Tensor) -> Self {
+        Self(t.share_as_var())
+    }
+
     pub fn rand_f64<S: Into<Shape>>(
         lo: f64,
         up: f64,
