@@ -99,9 +99,11 @@ impl Sharding {
         table.push_row(std::iter::once("verdict".to_owned()).chain(ledgers.iter().map(|(_, l)| fit(l))).collect::<Vec<_>>());
         table.note(
             "Each card runs its own batch and keeps what its stage leaves it: DDP keeps everything, ZeRO-1 divides the optimizer \
-             state, ZeRO-2 the gradients too, ZeRO-3 the weights too, gathering each stage's while it runs. ZeRO-2 reduces the \
-             gradients once backward is done and then keeps its part; under ZeRO-3 a stage's graph keeps the weights \
-             gathered for it until its backward, so it saves most where stages are checkpointed.",
+             state, ZeRO-2 the gradients too, ZeRO-3 the weights too, gathering each stage's while it runs. On several cards \
+             backward runs a stage at a time: each stage's graph is dropped and its gradients exchanged as its backward \
+             ends (ZeRO-2 and ZeRO-3 keep their part), where one card's backward holds every stage's graph to its end. \
+             Under ZeRO-3 a stage's graph keeps the weights gathered for it until its backward, so it saves most where \
+             stages are checkpointed.",
         )
     }
 }

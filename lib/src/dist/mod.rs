@@ -11,6 +11,8 @@
 //! that a spread step is one process's step on all the samples,
 //! `checks::same_step`.
 
+use std::ops::Range;
+
 use candle_core::Tensor;
 
 #[cfg(feature = "mpi")]
@@ -63,6 +65,28 @@ pub trait Collective: Send {
     fn all_gather_bytes(&self, bytes: &[u8]) -> Result<Vec<Vec<u8>>, DistError>;
 }
 
+/// Items of `bytes` each (gradients, in the network's order) in buckets
+/// of at most `cap` bytes (a larger item alone), filled from the last item
+/// back: the order backward makes gradients in, as DDP fills its buckets.
+/// Each bucket is its items' indices.
+pub fn buckets(bytes: &[u64], cap: u64) -> Vec<Range<usize>> {
+    let mut buckets: Vec<Range<usize>> = Vec::new();
+    let mut filled = 0;
+    for (i, &item) in bytes.iter().enumerate().rev() {
+        match buckets.last_mut() {
+            Some(bucket) if filled + item <= cap => {
+                bucket.start = i;
+                filled += item;
+            }
+            _ => {
+                buckets.push(i..i + 1);
+                filled = item;
+            }
+        }
+    }
+    buckets
+}
+
 /// For each of `sizes` (the parameters' element counts, in the network's
 /// order), the rank that keeps its optimizer state and updates it: the
 /// largest first, each to the rank with the fewest elements so far, as
@@ -93,5 +117,12 @@ mod tests {
             assert_eq!(owner.iter().filter(|&&o| o == rank).count(), 2);
         }
         assert_eq!(owners(&[7, 3], 1), [0, 0]);
+    }
+
+    #[test]
+    fn buckets_fill_from_the_last_item_and_a_larger_item_goes_alone() {
+        assert_eq!(buckets(&[4, 4, 8, 3, 30, 5, 5], 10), [5..7, 4..5, 3..4, 2..3, 0..2]);
+        assert_eq!(buckets(&[1, 2, 3], 10), vec![Range { start: 0, end: 3 }]);
+        assert_eq!(buckets(&[], 10), Vec::<Range<usize>>::new());
     }
 }

@@ -1,7 +1,10 @@
 //! The analytic estimate: five bills and the peak found by walking the step.
 
+use std::ops::Range;
+
 use serde::Serialize;
 
+use crate::dist;
 use crate::gpus::{Card, CardKind};
 use crate::models::{analyze_on, ConvLayer, Kernels, ModelCost, ModelSpec, Precision, F32_BYTES, MAX_BATCH};
 use crate::ops::{ConvScratch, CUDNN_WORKSPACE_BYTES};
@@ -134,6 +137,22 @@ struct LayerScratch {
     own_temporaries: Option<u64>,
 }
 
+/// The largest of DDP's buckets ([`dist::buckets`]) over the parameters
+/// of `cost`'s `stages`, counted a layer at a time where the trainer
+/// counts a tensor at a time: a bucket can end between a layer's weight
+/// and its bias there, a few channels' worth.
+pub(crate) fn largest_bucket(cost: &ModelCost, stages: Range<usize>, cap: u64) -> u64 {
+    let rows = &cost.rows;
+    let layers: Vec<u64> = rows
+        .iter()
+        .enumerate()
+        .filter(|&(i, row)| rows.get(i + 1).is_none_or(|next| next.depth <= row.depth) && stages.contains(&row.stage))
+        .map(|(_, row)| row.cost.params * F32_BYTES)
+        .filter(|&bytes| bytes > 0)
+        .collect();
+    dist::buckets(&layers, cap).into_iter().map(|bucket| layers[bucket].iter().sum()).max().unwrap_or(0)
+}
+
 fn layer_scratch(cost: &ModelCost, config: &StepConfig, batch: u64) -> Vec<LayerScratch> {
     let attentions = cost.attentions.iter().map(|a| {
         let scratch = a.host_scratch(batch, config.levers.precision, config.levers.layers);
@@ -201,27 +220,29 @@ impl Step<'_> {
         kept + stages.filter(|&i| self.plan.is_checkpointed(i)).map(|i| self.gathered(i)).max().unwrap_or(0)
     }
 
-    /// What an exchange of `bytes` of gradients (or of updated weights)
-    /// holds at once: the bucket made of them, the bucket received, and on
-    /// the host Open MPI's own copy while it sums them (its ring
-    /// all-reduce's, measured); NCCL sums inside its ring buffers.
-    fn bucket(&self, bytes: u64) -> u64 {
+    /// What an exchange of the gradients (or the updated weights) of
+    /// `stages` holds at once: the largest bucket made of them, the bucket
+    /// received, and on the host Open MPI's own copy while it sums them (its
+    /// ring all-reduce's, measured); NCCL sums inside its ring buffers.
+    fn bucket(&self, stages: Range<usize>) -> u64 {
         let copies = if self.kernels == Kernels::Host { 3 } else { 2 };
         if self.cards().several() {
-            copies * self.cards().bucket_bytes.min(bytes)
+            copies * largest_bucket(self.cost, stages, self.cards().bucket_bytes)
         } else {
             0
         }
     }
 
-    /// Gradients a backward segment makes whole: reduce-scattered at its
-    /// end under ZeRO-3.
-    fn segment_gradients(&self, stages: std::ops::Range<usize>) -> u64 {
+    /// Gradients a backward segment makes whole: exchanged at its end
+    /// where the cards reduce during backward.
+    fn segment_gradients(&self, stages: Range<usize>) -> u64 {
         self.cost.stages[stages].iter().map(|s| s.cost.params * F32_BYTES).sum()
     }
 
+    /// Whether each backward segment's gradients are divided among the
+    /// cards once it is done (ZeRO-2 and ZeRO-3 reducing during backward).
     fn scatters_gradients(&self) -> bool {
-        self.cards().several() && self.cards().shard == Shard::Parameters
+        self.plan.reduces_in_backward() && self.cards().shard >= Shard::Gradients
     }
 
     /// The collective library's own buffers on each card: NCCL's rings on
@@ -482,12 +503,12 @@ impl Step<'_> {
             line("batch-norm running statistics", self.cost.total.buffers * F32_BYTES),
             line(
                 match cards.shard {
-                    Shard::Gradients if cards.several() => {
+                    Shard::Gradients if self.plan.all_reduces() => {
                         format!("gradients (f32), whole until reduced, then this card's 1/{}", cards.count)
                     }
                     _ => of_cards("gradients (f32)", Shard::Gradients),
                 },
-                if cards.shard == Shard::Gradients { self.weights() } else { gradients },
+                if cards.shard == Shard::Gradients && self.plan.all_reduces() { self.weights() } else { gradients },
             ),
             line(
                 format!("accumulated gradients (f32, {} micro-batches)", c.levers.accumulation),
@@ -499,7 +520,7 @@ impl Step<'_> {
             params.insert(
                 4,
                 line(
-                    "a backward segment's gradients, whole until they are reduce-scattered",
+                    "a backward stage's gradients, whole until they are reduced to their cards",
                     largest - cards.part_of(largest, Shard::Gradients),
                 ),
             );
@@ -541,7 +562,7 @@ impl Step<'_> {
                         self.optimizer_temporaries().max(self.unscale_temporaries()),
                     ),
                     self.collective_line(),
-                    line(self.bucket_label(), self.bucket(self.weights())),
+                    line(self.bucket_label(), self.bucket(0..self.cost.stages.len())),
                 ],
             ),
         ]
@@ -720,10 +741,10 @@ impl Step<'_> {
                 start => self.batch * stages[start - 1].boundary_bytes,
             };
             live.set(Part::PassedGradient, passed);
-            // Under ZeRO-3 the segment's gradients are reduce-scattered
-            // once its graph is dropped, a bucket at a time; this card
-            // keeps its part.
-            let whole = if self.scatters_gradients() { self.segment_gradients(segment.stages()) } else { 0 };
+            // Where the cards reduce during backward, the segment's
+            // gradients are exchanged once its graph is dropped, a bucket at
+            // a time; under ZeRO-2 and ZeRO-3 this card keeps its part.
+            let whole = if self.plan.reduces_in_backward() { self.segment_gradients(segment.stages()) } else { 0 };
             let scattered = whole - c.levers.cards.part_of(whole, Shard::Gradients);
             if last {
                 let mut resident = live;
@@ -739,7 +760,7 @@ impl Step<'_> {
             // only after the phase ends, with the trainer's handle on it.
             live.set(Part::Recompute, self.recompute_input_copy(segment.start));
             let mut scattering = live;
-            scattering.add(Part::Bucket, self.bucket(whole));
+            scattering.add(Part::Bucket, if whole > 0 { self.bucket(segment.stages()) } else { 0 });
             if scattering.total() > highest.total() {
                 highest = scattering;
             }
@@ -762,7 +783,7 @@ impl Step<'_> {
         if self.plan.all_reduces() {
             // ZeRO-2 keeps this card's part of the reduced gradients.
             let mut during = live;
-            during.add(Part::Bucket, self.bucket(self.weights()));
+            during.add(Part::Bucket, self.bucket(0..stages.len()));
             live.remove(Part::Gradients, self.weights() - c.levers.cards.part_of(self.weights(), Shard::Gradients));
             rec.phase_during(StepPhase::GradientsReduced, &live, during);
         }
@@ -771,7 +792,7 @@ impl Step<'_> {
         rec.phase(StepPhase::OptimizerStep, &live, &transient);
         if self.plan.gathers_updated_weights() {
             let mut transient = Parts::default();
-            transient.set(Part::Bucket, self.bucket(self.weights()));
+            transient.set(Part::Bucket, self.bucket(0..stages.len()));
             rec.phase(StepPhase::WeightsGathered, &live, &transient);
         }
         for part in [Part::Gradients, Part::AccumulatedGradients, Part::Images, Part::Labels] {

@@ -33,9 +33,10 @@ pub enum StepPhase {
     GraphDropped,
     /// The micro-batch's gradients added into the accumulated ones.
     Accumulated,
-    /// On several cards, once backward is done: the gradients all-reduced
-    /// (averaged over the cards), a bucket at a time; ZeRO-2 keeps this
-    /// card's part of them.
+    /// On several cards accumulating micro-batches, once their gradients
+    /// are summed: the gradients all-reduced (averaged over the cards), a
+    /// bucket at a time; ZeRO-2 keeps this card's part of them. Without
+    /// accumulation each backward phase exchanges its own.
     GradientsReduced,
     OptimizerStep,
     /// ZeRO-1 and ZeRO-2: each card's updated part of the weights gathered
@@ -120,9 +121,17 @@ impl StepPlan {
         }
     }
 
-    /// The same plan with its step spread over `cards`.
+    /// The same plan with its step spread over `cards`. Where the cards
+    /// exchange the gradients during backward, it runs one stage at a
+    /// time, so that each stage's gradients go as soon as they are made.
     pub fn on(self, cards: Cards) -> StepPlan {
-        StepPlan { cards, ..self }
+        let mut plan = StepPlan { cards, ..self };
+        if plan.reduces_in_backward() {
+            plan.segments = (0..plan.stages.len())
+                .map(|stage| Segment { start: stage, end: stage + 1, checkpointed: plan.is_checkpointed(stage) })
+                .collect();
+        }
+        plan
     }
 
     pub fn training(
@@ -194,10 +203,20 @@ impl StepPlan {
         phases
     }
 
-    /// Several cards reduce the gradients once backward is done; ZeRO-3
-    /// reduce-scatters each backward segment's instead, inside its phase.
+    /// Several cards exchange each backward segment's gradients inside its
+    /// phase, once the segment is done, as DDP reduces a bucket once
+    /// backward has made it: all-reduced (DDP, ZeRO-1), each reduced to the
+    /// card that updates it (ZeRO-2), reduce-scattered (ZeRO-3). With
+    /// accumulation, DDP to ZeRO-2 wait until the micro-batches' gradients
+    /// are summed.
+    pub fn reduces_in_backward(&self) -> bool {
+        self.cards.several() && (self.accumulation == 1 || self.cards.shard == Shard::Parameters)
+    }
+
+    /// Several cards reduce the gradients once backward is done and the
+    /// micro-batches' gradients are summed.
     pub fn all_reduces(&self) -> bool {
-        self.cards.several() && self.cards.shard < Shard::Parameters
+        self.cards.several() && !self.reduces_in_backward()
     }
 
     /// Several cards that keep whole weights but update only their part.
@@ -235,7 +254,13 @@ impl StepPlan {
             StepPhase::Recompute { stage } => format!("backward {}, recomputing its forward", self.stage_name(stage)),
             StepPhase::Backward { segment } => {
                 let stages = self.segments.get(segment).map_or(0..0, Segment::stages);
-                format!("backward {}", self.stages[stages].join(", "))
+                let exchanged = match self.cards.shard {
+                    _ if !self.reduces_in_backward() => "",
+                    Shard::None | Shard::Optimizer => ", gradients all-reduced",
+                    Shard::Gradients => ", gradients reduced to their cards",
+                    Shard::Parameters => ", gradients reduce-scattered",
+                };
+                format!("backward {}{exchanged}", self.stages[stages].join(", "))
             }
             StepPhase::GraphDropped => "loss and graph dropped".to_owned(),
             StepPhase::Accumulated => "gradients added to the accumulator".to_owned(),

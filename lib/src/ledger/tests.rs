@@ -1,6 +1,6 @@
 use super::*;
 use crate::gpus::Card;
-use crate::models::{resnet18, resnet50, small_cnn, Precision, Shape};
+use crate::models::{analyze, resnet18, resnet50, small_cnn, Layers, Precision, Shape};
 
 fn laptop() -> Card {
     Card::parse("rtx4060-laptop").unwrap()
@@ -210,7 +210,9 @@ fn each_sharding_stage_divides_what_it_says_among_the_cards() {
     assert_eq!(zero1.bill(BillKind::OptimizerState).bytes, 2 * (weights.div_ceil(4)), "ZeRO-1: a quarter of Adam's two moments");
     assert_eq!(zero1.bill(BillKind::OptimizerState).bytes * 4, adam);
     assert_eq!(line(zero1, BillKind::Parameters, "gradients"), weights, "ZeRO-1 keeps whole gradients");
-    assert_eq!(line(zero2, BillKind::Parameters, "gradients (f32), whole until reduced, then this card's 1/4"), weights);
+    assert_eq!(line(zero2, BillKind::Parameters, "gradients (f32), this card's 1/4"), quarter, "ZeRO-2 reduces during backward");
+    let layer4 = 4 * line(zero2, BillKind::Parameters, "a backward stage's gradients") / 3;
+    assert_eq!(layer4, 4 * 14_964_736, "the largest stage's gradients whole, less this card's part");
     assert_eq!(line(zero2, BillKind::Parameters, "weights (f32 master copy)"), weights);
     assert_eq!(line(zero3, BillKind::Parameters, "weights (f32 master copy), this card's 1/4"), quarter);
     assert_eq!(
@@ -219,45 +221,73 @@ fn each_sharding_stage_divides_what_it_says_among_the_cards() {
         "without checkpointing every stage's graph keeps its gathered weights"
     );
 
-    // The cards' own lines: NCCL's rings and one 25 MiB bucket on a card.
+    // The cards' own lines: NCCL's rings and the largest bucket, made
+    // and received, on a card.
     let context = |l: &Ledger| l.bill(BillKind::ContextAndWorkspace).bytes;
-    assert_eq!(context(ddp) - context(&alone), 2 * 9_633_792 + 2 * (25 << 20), "NCCL's rings, a bucket made and one received");
+    let bucket = super::estimate::largest_bucket(
+        &analyze(&resnet50(1000), Shape::map(3, 224, 224), Precision::F32, Layers::Lean).unwrap(),
+        0..6,
+        25 << 20,
+    );
+    assert!(bucket > 24 << 20 && bucket <= 25 << 20, "{bucket}");
+    assert_eq!(context(ddp) - context(&alone), 2 * 9_633_792 + 2 * bucket, "NCCL's rings, a bucket made and one received");
     assert!(line(ddp, BillKind::ContextAndWorkspace, "NCCL's ring buffers") == 2 * 9_633_792);
     let host = on_cards(2, Shard::None, Checkpointing::None, &Card::host().unwrap());
     assert_eq!(line(&host, BillKind::ContextAndWorkspace, "Open MPI's shared-memory segment"), 4 << 20);
 
-    // Checkpointed, each stage's peak is at most the one before's: ZeRO-2
-    // reduces after backward, where the peak is not, and ZeRO-3 gathers
-    // only the recomputed stage's weights. Without checkpointing ZeRO-3's
-    // gathered weights outlive forward.
+    // Checkpointed, each stage's peak is below the one before's: ZeRO-2
+    // divides each stage's gradients as its backward ends, and ZeRO-3
+    // gathers only the recomputed stage's weights. Without checkpointing
+    // ZeRO-3's gathered weights outlive forward.
     let checkpointed: Vec<Ledger> = Shard::ALL.into_iter().map(|s| on_cards(4, s, Checkpointing::Stages, &card)).collect();
     let peaks: Vec<u64> = checkpointed.iter().map(|l| l.peak.bytes).collect();
-    assert!(peaks[1] < peaks[0] && peaks[2] == peaks[1] && peaks[3] < peaks[2], "{peaks:?}");
-    let after_reduce = |l: &Ledger| l.timeline.iter().find(|p| p.phase == StepPhase::GradientsReduced).unwrap().resident_bytes;
+    assert!(peaks[1] < peaks[0] && peaks[2] < peaks[1] && peaks[3] < peaks[2], "{peaks:?}");
+    let after_backward = |l: &Ledger| l.timeline.iter().find(|p| p.phase == StepPhase::GraphDropped).unwrap().resident_bytes;
     assert_eq!(
-        after_reduce(&checkpointed[1]) - after_reduce(&checkpointed[2]),
+        after_backward(&checkpointed[1]) - after_backward(&checkpointed[2]),
         weights - quarter,
-        "ZeRO-2 frees three quarters of the gradients"
+        "ZeRO-2 has freed three quarters of the gradients by the end of backward"
     );
     assert!(zero3.peak.bytes > zero2.peak.bytes, "{} vs {}", zero3.peak.bytes, zero2.peak.bytes);
-    assert_eq!(ddp.peak.bytes, alone.peak.bytes + 2 * 9_633_792, "DDP's bucket is exchanged after backward's peak");
+    // Backward a stage at a time drops each stage's graph as its backward
+    // ends, which frees more than the buckets and NCCL's rings add.
+    assert!(ddp.peak.bytes < alone.peak.bytes, "{} vs {}", ddp.peak.bytes, alone.peak.bytes);
 }
 
-/// The phases the cards add are where their exchange happens: DDP and
-/// ZeRO-1 all-reduce after backward, ZeRO-1 and ZeRO-2 gather the updated
-/// weights after the step, ZeRO-3 gathers inside forward and backward.
+/// The phases the cards add are where their exchange happens: each
+/// stage's backward exchanges its gradients (after backward when
+/// accumulating), ZeRO-1 and ZeRO-2 gather the updated weights after the
+/// step, ZeRO-3 gathers inside forward and backward.
 #[test]
 fn the_cards_exchange_in_the_phases_their_stage_names() {
     let card = laptop();
-    let names = |shard| on_cards(2, shard, Checkpointing::None, &card).timeline.into_iter().map(|p| p.name).collect::<Vec<_>>();
-    let reduced = "gradients all-reduced over 2 cards".to_owned();
+    let names = |shard, accumulation| {
+        let mut config = StepConfig::training(16, 224);
+        config.levers.cards = Cards { count: 2, shard, ..Cards::default() };
+        config.levers.accumulation = accumulation;
+        estimate(&resnet50(1000), &config, &card).unwrap().timeline.into_iter().map(|p| p.name).collect::<Vec<_>>()
+    };
     let gathered = "updated weights gathered from 2 cards".to_owned();
-    let (ddp, zero1, zero2, zero3) = (names(Shard::None), names(Shard::Optimizer), names(Shard::Gradients), names(Shard::Parameters));
-    assert!(ddp.contains(&reduced) && !ddp.contains(&gathered), "{ddp:?}");
-    assert!(zero1.contains(&reduced) && zero1.contains(&gathered), "{zero1:?}");
-    assert!(!zero2.contains(&reduced) && zero2.contains(&gathered), "{zero2:?}");
-    assert!(!zero3.contains(&reduced) && !zero3.contains(&gathered), "{zero3:?}");
+    let backward = |names: &[String], exchanged: &str| {
+        let stages =
+            ["head", "layer4", "layer3", "layer2", "layer1", "stem"].map(|stage| format!("backward {stage}, gradients {exchanged}"));
+        names.iter().filter(|n| n.starts_with("backward")).eq(stages.iter())
+    };
+    let (ddp, zero1, zero2, zero3) =
+        (names(Shard::None, 1), names(Shard::Optimizer, 1), names(Shard::Gradients, 1), names(Shard::Parameters, 1));
+    assert!(backward(&ddp, "all-reduced") && !ddp.contains(&gathered), "{ddp:?}");
+    assert!(backward(&zero1, "all-reduced") && zero1.contains(&gathered), "{zero1:?}");
+    assert!(backward(&zero2, "reduced to their cards") && zero2.contains(&gathered), "{zero2:?}");
+    assert!(backward(&zero3, "reduce-scattered") && !zero3.contains(&gathered), "{zero3:?}");
     assert!(zero1.contains(&"Adam step on this card's part".to_owned()));
+    // Accumulating, the cards wait for the micro-batches' sum, then reduce it at once.
+    let (ddp, zero2) = (names(Shard::None, 2), names(Shard::Gradients, 2));
+    assert!(
+        ddp.contains(&"gradients all-reduced over 2 cards".to_owned())
+            && ddp.contains(&"backward stem, layer1, layer2, layer3, layer4, head".to_owned()),
+        "{ddp:?}"
+    );
+    assert!(zero2.contains(&"gradients reduced over 2 cards, this card's part kept".to_owned()), "{zero2:?}");
     for shard in Shard::ALL {
         let ledger = on_cards(2, shard, Checkpointing::Segments(vec!["layer2".into()]), &card);
         assert!(ledger.timeline.iter().all(|p| p.peak_bytes >= p.resident_bytes), "{shard:?}");
@@ -279,4 +309,33 @@ fn impossible_card_settings_are_named() {
     config.mode = Mode::Training;
     config.levers.cards.count = 0;
     assert_eq!(estimate(&resnet18(10), &config, &laptop()).unwrap_err().to_string(), "cards must be at least 1");
+}
+
+/// The ledger fills DDP's buckets a layer at a time, the trainer a tensor
+/// at a time: on every zoo model, at three bucket sizes, each stage's
+/// largest bucket and the whole network's agree to within a layer's bias
+/// (under 1% on each; within 2% here).
+#[test]
+fn the_ledger_fills_the_buckets_the_trainer_fills() {
+    use crate::models::{ModelName, Network};
+    let input = Shape::map(3, 32, 32);
+    for name in ModelName::ALL {
+        let spec = name.spec(10);
+        let net = Network::new(&spec, input, &candle_core::Device::Cpu, 0).unwrap();
+        let cost = analyze(&spec, input, Precision::F32, Layers::Lean).unwrap();
+        let bytes: Vec<u64> = net.params().iter().map(|p| p.var.elem_count() as u64 * 4).collect();
+        let stages = net.num_stages();
+        for cap in [64 << 10, 1 << 20, 25 << 20] {
+            for range in (0..stages).map(|s| s..s + 1).chain([0..stages]) {
+                let params = &bytes[net.stage_params(range.clone())];
+                let trainer = crate::dist::buckets(params, cap).into_iter().map(|b| params[b].iter().sum::<u64>()).max().unwrap_or(0);
+                let ledger = super::estimate::largest_bucket(&cost, range.clone(), cap);
+                assert!(
+                    ledger.abs_diff(trainer) <= trainer / 50,
+                    "{} {range:?}, {cap} B buckets: ledger {ledger}, trainer {trainer}",
+                    spec.name
+                );
+            }
+        }
+    }
 }

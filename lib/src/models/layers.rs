@@ -68,6 +68,8 @@ pub(crate) struct Builder<'a> {
     pub rng: StdRng,
     pub params: Vec<Named>,
     pub buffers: Vec<Named>,
+    /// `params.len()` after each stage was built.
+    pub stage_ends: Vec<usize>,
 }
 
 impl Builder<'_> {

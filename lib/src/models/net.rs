@@ -310,6 +310,9 @@ pub struct Network {
     stages: Vec<Vec<Module>>,
     params: Vec<Named>,
     buffers: Vec<Named>,
+    /// Where each stage's parameters end in `params`: a stage's are the
+    /// ones after the stage before's.
+    stage_ends: Vec<usize>,
 }
 
 impl fmt::Debug for Network {
@@ -342,10 +345,26 @@ impl Network {
         layers: Layers,
     ) -> std::result::Result<Self, ModelError> {
         let layers = layers.on(device);
-        let mut builder = Builder { device, layers, rng: rand::rngs::StdRng::seed_from_u64(seed), params: Vec::new(), buffers: Vec::new() };
+        let mut builder = Builder {
+            device,
+            layers,
+            rng: rand::rngs::StdRng::seed_from_u64(seed),
+            params: Vec::new(),
+            buffers: Vec::new(),
+            stage_ends: Vec::new(),
+        };
         // Shapes do not depend on the precision; the costs go unused.
         let stages = walk(spec, input, Precision::F32, layers, Kernels::Host, &mut builder)?;
-        Ok(Network { spec: spec.clone(), input, device: device.clone(), layers, stages, params: builder.params, buffers: builder.buffers })
+        Ok(Network {
+            spec: spec.clone(),
+            input,
+            device: device.clone(),
+            layers,
+            stages,
+            params: builder.params,
+            buffers: builder.buffers,
+            stage_ends: builder.stage_ends,
+        })
     }
 
     /// The layers the network runs: what the ledger must cost.
@@ -404,6 +423,12 @@ impl Network {
     /// Trainable parameters, in the order of the layer list.
     pub fn params(&self) -> &[Named] {
         &self.params
+    }
+
+    /// The indices in [`Network::params`] of the parameters of `stages`.
+    pub fn stage_params(&self, stages: std::ops::Range<usize>) -> std::ops::Range<usize> {
+        let end_of = |stage: usize| if stage == 0 { 0 } else { self.stage_ends.get(stage - 1).copied().unwrap_or(self.params.len()) };
+        end_of(stages.start)..end_of(stages.end)
     }
 
     /// Batch-norm running statistics and counters: saved, not trained.
@@ -512,6 +537,7 @@ impl Fold for Builder<'_> {
     }
 
     fn stage(&mut self, _index: usize, stage: &Stage, _input: Shape, layers: Vec<Module>, _output: Shape) -> Vec<Module> {
+        self.stage_ends.push(self.params.len());
         match self.layers {
             Layers::Plain => layers,
             Layers::Lean => fuse(&stage.layers, layers, false),

@@ -163,6 +163,15 @@ impl GradScaler {
         Ok(found_inf)
     }
 
+    /// Records that another process found a gradient that is not finite
+    /// among those it holds (ZeRO-2), after this one's `unscale`: the step
+    /// is skipped everywhere, and the scale backs off everywhere.
+    pub(crate) fn found_inf_elsewhere(&mut self) {
+        if self.checked != Checked::No {
+            self.checked = Checked::Unscaled { found_inf: true };
+        }
+    }
+
     /// Unscales (unless done already this iteration) and runs the optimizer
     /// step unless a gradient holds inf/NaN. Returns whether it stepped.
     pub fn step<O: Optimizer + ?Sized>(&mut self, optimizer: &mut O, grads: &mut GradStore) -> Result<bool, OptimError> {

@@ -45,10 +45,18 @@ pub fn grad_norm(grads: &GradStore, vars: &[Var], norm_type: f64) -> Result<f64,
 /// `max_norm / (total + 1e-6)`. Returns the norm before clipping. Like
 /// PyTorch, a NaN or infinite norm scales the gradients too (to NaN or zero).
 pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64, norm_type: f64) -> Result<f64, OptimError> {
+    let total = grad_norm(grads, vars, norm_type)?;
+    clip_to(grads, vars, max_norm, total)?;
+    Ok(total)
+}
+
+/// Clips the gradients of `vars` in `grads` as [`clip_grad_norm`] does,
+/// given their global norm `total` (all the processes' gradients' where
+/// each holds a part of them).
+pub(crate) fn clip_to(grads: &mut GradStore, vars: &[Var], max_norm: f64, total: f64) -> Result<(), OptimError> {
     if max_norm.is_nan() || max_norm < 0.0 {
         return Err(OptimError::Clip { what: "max_norm", value: max_norm, rule: ">= 0" });
     }
-    let total = grad_norm(grads, vars, norm_type)?;
     let coefficient = max_norm / (total + EPSILON);
     if coefficient < 1.0 || coefficient.is_nan() {
         for var in vars {
@@ -58,7 +66,7 @@ pub fn clip_grad_norm(grads: &mut GradStore, vars: &[Var], max_norm: f64, norm_t
             }
         }
     }
-    Ok(total)
+    Ok(())
 }
 
 #[cfg(test)]

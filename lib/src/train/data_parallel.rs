@@ -1,14 +1,15 @@
 //! A trainer's step spread over several processes: the gradients averaged
-//! over them a bucket at a time once backward is done, and under ZeRO-1
+//! over them a bucket at a time as backward makes them, and under ZeRO-1
 //! and ZeRO-2 each process updating its own parameters and handing them to
 //! the others; with `--sync-bn`, batch-norm's statistics summed over them.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::backprop::GradStore;
 use candle_core::{DType, Device, Result, Tensor, Var};
 
-use crate::dist::{owners, Collective, DistError};
+use crate::dist::{self, owners, Collective, DistError};
 use crate::ledger::{Cards, Shard};
 use crate::models::Network;
 use crate::ops::ProcessSum;
@@ -19,6 +20,10 @@ struct Shared(Mutex<Box<dyn Collective>>);
 impl Shared {
     fn all_reduce_sum(&self, bucket: &Tensor) -> std::result::Result<Tensor, DistError> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).all_reduce_sum(bucket)
+    }
+
+    fn all_gather_bytes(&self, bytes: &[u8]) -> std::result::Result<Vec<Vec<u8>>, DistError> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).all_gather_bytes(bytes)
     }
 }
 
@@ -80,35 +85,26 @@ impl DataParallel {
         net.params().iter().enumerate().filter(|&(i, _)| self.updates(i)).map(|(_, p)| p.var.clone()).collect()
     }
 
-    /// The parameters' indices in buckets of at most the bucket size (a
-    /// larger parameter alone), the last parameters first: the order
-    /// backward makes their gradients in, as DDP buckets them.
-    fn buckets(&self, net: &Network) -> Vec<Vec<usize>> {
-        let mut buckets: Vec<Vec<usize>> = Vec::new();
-        let mut filled = 0u64;
-        for (i, param) in net.params().iter().enumerate().rev() {
-            let bytes = param.var.elem_count() as u64 * 4;
-            match buckets.last_mut() {
-                Some(bucket) if filled + bytes <= self.cards.bucket_bytes => bucket.push(i),
-                _ => {
-                    buckets.push(vec![i]);
-                    filled = 0;
-                }
-            }
-            filled += bytes;
-        }
-        buckets
+    /// `params` (indices into [`Network::params`]) in DDP's buckets
+    /// ([`dist::buckets`]).
+    fn buckets(&self, net: &Network, params: Range<usize>) -> Vec<Range<usize>> {
+        let bytes: Vec<u64> = net.params()[params.clone()].iter().map(|p| p.var.elem_count() as u64 * 4).collect();
+        dist::buckets(&bytes, self.cards.bucket_bytes).into_iter().map(|b| b.start + params.start..b.end + params.start).collect()
     }
 
-    /// Replaces each gradient in `grads` by its average over the processes.
-    pub fn reduce(&self, grads: &mut GradStore, net: &Network) -> std::result::Result<(), DistError> {
-        let params = net.params();
+    /// Replaces the gradients of `params` in `grads` by their average over
+    /// the processes, a bucket at a time; under ZeRO-2 this process keeps
+    /// only those of the parameters it updates. The trainer calls it for
+    /// each backward segment's parameters as the segment ends, or for all
+    /// of them once the micro-batches' gradients are summed.
+    pub fn reduce(&self, grads: &mut GradStore, net: &Network, params: Range<usize>) -> std::result::Result<(), DistError> {
+        let all = net.params();
         let scale = 1.0 / self.cards.count as f64;
-        for bucket in self.buckets(net) {
+        for bucket in self.buckets(net, params) {
             let parts = bucket
-                .iter()
-                .map(|&i| {
-                    let var = params[i].var.as_tensor();
+                .clone()
+                .map(|i| {
+                    let var = all[i].var.as_tensor();
                     match grads.get(var) {
                         Some(g) => g.to_dtype(DType::F32)?.flatten_all(),
                         None => Tensor::zeros(var.elem_count(), DType::F32, var.device()),
@@ -118,10 +114,12 @@ impl DataParallel {
             let sum = self.collective.all_reduce_sum(&Tensor::cat(&parts, 0)?)?;
             drop(parts);
             let mut offset = 0;
-            for &i in &bucket {
-                let var = params[i].var.as_tensor();
+            for i in bucket {
+                let var = all[i].var.as_tensor();
                 let n = var.elem_count();
-                if grads.get(var).is_some() {
+                if self.divides_gradients() && !self.updates(i) {
+                    grads.remove(var);
+                } else if grads.get(var).is_some() {
                     let averaged = (sum.narrow(0, offset, n)?.reshape(var.shape())? * scale)?;
                     grads.insert(var, averaged);
                 }
@@ -131,16 +129,37 @@ impl DataParallel {
         Ok(())
     }
 
-    /// Under ZeRO-2, drops the gradients of the parameters other processes update.
-    pub fn keep_own(&self, grads: &mut GradStore, net: &Network) {
-        if self.cards.shard != Shard::Gradients {
-            return;
+    /// Whether the gradients are divided among the processes once reduced
+    /// (ZeRO-2), so that what is computed from all of them (the norm that
+    /// clipping uses, whether one is not finite) takes every process's part.
+    fn divides_gradients(&self) -> bool {
+        self.cards.shard == Shard::Gradients
+    }
+
+    /// The `norm_type`-norm of all the reduced gradients, from this
+    /// process's `own` norm of those it holds.
+    pub fn norm(&self, own: f64, norm_type: f64) -> std::result::Result<f64, DistError> {
+        if !self.divides_gradients() {
+            return Ok(own);
         }
-        for (i, param) in net.params().iter().enumerate() {
-            if !self.updates(i) {
-                grads.remove(param.var.as_tensor());
-            }
+        let norms = self.collective.all_gather_bytes(&own.to_le_bytes())?;
+        let norms =
+            norms.iter().map(|bytes| bytes.as_slice().try_into().map(f64::from_le_bytes).map_err(|_| DistError::Message(bytes.len())));
+        let norms = norms.collect::<std::result::Result<Vec<f64>, _>>()?;
+        Ok(if norm_type == f64::INFINITY {
+            norms.into_iter().fold(0.0, f64::max)
+        } else {
+            norms.into_iter().map(|n| n.powf(norm_type)).sum::<f64>().powf(1.0 / norm_type)
+        })
+    }
+
+    /// Whether any process found a gradient that is not finite, from
+    /// whether this one did among those it holds.
+    pub fn any_not_finite(&self, own: bool) -> std::result::Result<bool, DistError> {
+        if !self.divides_gradients() {
+            return Ok(own);
         }
+        Ok(self.collective.all_gather_bytes(&[u8::from(own)])?.iter().any(|found| found.first() == Some(&1)))
     }
 
     /// Without `--sync-bn`, every process takes rank 0's running
@@ -164,8 +183,8 @@ impl DataParallel {
             return Ok(());
         }
         let params = net.params();
-        for bucket in self.buckets(net) {
-            let given: Vec<(&Var, bool)> = bucket.iter().map(|&i| (&params[i].var, self.updates(i))).collect();
+        for bucket in self.buckets(net, 0..params.len()) {
+            let given: Vec<(&Var, bool)> = bucket.map(|i| (&params[i].var, self.updates(i))).collect();
             self.take_given(&given)?;
         }
         Ok(())

@@ -168,10 +168,13 @@ pub fn forward_backward(
     plan: &StepPlan,
     loss_scale: f64,
 ) -> Result<Gradients> {
-    forward_backward_walked(net, images, labels, pass, loss_scale, &mut PhaseWalk::new(plan, &mut []))
+    forward_backward_walked(net, images, labels, pass, loss_scale, &mut PhaseWalk::new(plan, &mut []), &mut |_, _| Ok(()))
 }
 
-/// [`forward_backward`], each phase's end going to `walk`.
+/// [`forward_backward`], each phase's end going to `walk`, and each
+/// segment's gradients, once its backward is done and its graph dropped,
+/// to `segment_done` (with every gradient made so far) before the phase
+/// ends.
 pub(crate) fn forward_backward_walked(
     net: &Network,
     images: &Tensor,
@@ -179,6 +182,7 @@ pub(crate) fn forward_backward_walked(
     pass: Pass,
     loss_scale: f64,
     walk: &mut PhaseWalk<'_, '_>,
+    segment_done: &mut dyn FnMut(&mut GradStore, &Segment) -> Result<()>,
 ) -> Result<Gradients> {
     let plan = walk.plan;
     let segments = plan.segments();
@@ -197,6 +201,11 @@ pub(crate) fn forward_backward_walked(
         } else if !last && segments[i + 1].checkpointed {
             graphs.push(Some(out.clone()));
             Input::Attached(out.detach())
+        } else if !last {
+            // Two plain segments: the one below starts from a leaf over
+            // this one's output, which this segment's graph keeps.
+            graphs.push(Some(out.clone()));
+            Input::Boundary(Var::sharing(&out))
         } else {
             graphs.push(Some(out.clone()));
             Input::Attached(out)
@@ -251,6 +260,7 @@ pub(crate) fn forward_backward_walked(
             );
         }
         drop(segment_grads);
+        segment_done(&mut grads, segment)?;
         walk.pass_ended(StepPhase::Backward { segment: i }, grad_bytes(&grads, net))?;
     }
     let (loss, correct) = scored.ok_or_else(|| candle_core::Error::Msg("the last segment computed no loss".into()))?;

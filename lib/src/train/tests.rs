@@ -363,7 +363,7 @@ type Held = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
 /// Each of two threads trains `steps` on its own images, spread over both
 /// with `cards`; what each holds after.
-fn two_threads(cards: ledger::Cards, steps: usize) -> Vec<Held> {
+fn two_threads(cards: ledger::Cards, config: &TrainConfig, steps: usize) -> Vec<Held> {
     let exchange = std::sync::Arc::new((std::sync::Barrier::new(2), std::sync::Mutex::new([Vec::new(), Vec::new()])));
     std::thread::scope(|scope| {
         let ranks: Vec<_> = (0..2)
@@ -376,8 +376,7 @@ fn two_threads(cards: ledger::Cards, steps: usize) -> Vec<Held> {
                 scope.spawn(move || {
                     pool.install(|| {
                         let collective = Box::new(Threads { rank, exchange });
-                        let mut trainer =
-                            Trainer::spread_over(net(ModelName::SmallCnn, 4, 16), TrainConfig::default(), cards, collective).unwrap();
+                        let mut trainer = Trainer::spread_over(net(ModelName::SmallCnn, 4, 16), config.clone(), cards, collective).unwrap();
                         for step in 0..steps {
                             let batch = Stripes::new(4, 16).generate(4, (10 * step + rank) as u64, &Device::Cpu).unwrap();
                             trainer.step(&[batch], 0).unwrap();
@@ -397,10 +396,27 @@ fn two_threads(cards: ledger::Cards, steps: usize) -> Vec<Held> {
 fn spread_processes_keep_the_same_weights_and_running_statistics() {
     let cards = ledger::Cards { count: 2, ..ledger::Cards::default() };
     // Each process's batch-norm normalises by its own batch; both then take rank 0's running statistics.
-    let own = two_threads(cards, 2);
+    let own = two_threads(cards, &TrainConfig::default(), 2);
     assert_eq!(own[0], own[1]);
     // Synchronised, the statistics are the two batches' together, and differ from each process's own.
-    let synchronised = two_threads(ledger::Cards { sync_batch_norm: true, ..cards }, 2);
+    let synchronised = two_threads(ledger::Cards { sync_batch_norm: true, ..cards }, &TrainConfig::default(), 2);
     assert_eq!(synchronised[0], synchronised[1]);
     assert_ne!(synchronised[0].1, own[0].1);
+}
+
+/// ZeRO-2 divides each stage's gradients among the processes as its
+/// backward ends, so clipping takes its norm over every process's part:
+/// the step is DDP's, where every process holds every gradient.
+#[test]
+fn zero2_clips_by_the_norm_of_every_process_part() {
+    let config = TrainConfig { clip_norm: Some(0.05), ..TrainConfig::default() };
+    let cards = |shard| ledger::Cards { count: 2, shard, bucket_bytes: 4 << 10, ..ledger::Cards::default() };
+    let ddp = two_threads(cards(ledger::Shard::None), &config, 2);
+    let zero2 = two_threads(cards(ledger::Shard::Gradients), &config, 2);
+    assert_eq!(zero2[0].0, zero2[1].0);
+    let unclipped = two_threads(cards(ledger::Shard::None), &TrainConfig::default(), 2);
+    let largest =
+        |a: &Held, b: &Held| a.0.iter().zip(&b.0).flat_map(|(a, b)| a.iter().zip(b).map(|(a, b)| (a - b).abs())).fold(0f32, f32::max);
+    assert!(largest(&ddp[0], &unclipped[0]) > 1e-3, "the clipping bites");
+    assert!(largest(&ddp[0], &zero2[0]) < 1e-6, "ZeRO-2 differs from DDP by {}", largest(&ddp[0], &zero2[0]));
 }

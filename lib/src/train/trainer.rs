@@ -13,7 +13,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use super::amp::GradScaler;
-use super::clip::{clip_grad_norm, grad_norm};
+use super::clip::{clip_to, grad_norm};
 use super::data_parallel::DataParallel;
 use super::error::TrainError;
 use super::events::{EpochReport, EvalReport, History, MemorySample, StepReport, TrainEvent};
@@ -22,7 +22,7 @@ use super::optim::Optimizer;
 use super::step::{accumulate, correct, cross_entropy, forward_backward_walked, grad_bytes, PhaseWalk, StepWatcher};
 use super::train_config::TrainConfig;
 use crate::dist::Collective;
-use crate::ledger::{Cards, StepPhase, StepPlan};
+use crate::ledger::{Cards, Segment, StepPhase, StepPlan};
 use crate::memory::StepMeter;
 use crate::models::{Network, Pass, Precision};
 
@@ -115,8 +115,9 @@ impl Trainer {
     }
 
     /// A trainer whose steps are spread over the processes of `collective`
-    /// (`cards.count` of them, each with its own batch): the gradients are
-    /// averaged over them once backward is done, and from `--shard
+    /// (`cards.count` of them, each with its own batch): backward runs a
+    /// stage at a time, each stage's gradients averaged over them as it
+    /// ends (once the micro-batches are summed, when accumulating), and from `--shard
     /// optimizer` on each updates only its own parameters. With
     /// `cards.sync_batch_norm`, batch-norm normalises by the statistics of
     /// every process's batch.
@@ -310,7 +311,13 @@ impl Trainer {
             let accumulated = grad_bytes(&grads, &self.net);
             walk.micro_batch(i == last, accumulated);
             walk.ended(StepPhase::InputCopied, accumulated)?;
-            let mut forward_backward = || forward_backward_walked(&self.net, images, labels, self.pass, loss_scale, walk);
+            let spread = self.spread.as_ref().filter(|_| self.plan.reduces_in_backward());
+            let net = &self.net;
+            let mut reduce_segment = |grads: &mut GradStore, segment: &Segment| match spread {
+                Some(spread) => spread.reduce(grads, net, net.stage_params(segment.stages())).map_err(candle_core::Error::wrap),
+                None => Ok(()),
+            };
+            let mut forward_backward = || forward_backward_walked(net, images, labels, self.pass, loss_scale, walk, &mut reduce_segment);
             let part = match self.spread.as_ref().and_then(DataParallel::batch_norm_sum) {
                 Some(sum) => crate::ops::synchronised(sum, forward_backward)?,
                 None => forward_backward()?,
@@ -326,20 +333,33 @@ impl Trainer {
         if self.config.accumulation > 1 {
             walk.ended(StepPhase::Accumulated, grad_bytes(&grads, &self.net))?;
         }
-        if let Some(spread) = &self.spread {
-            spread.reduce(&mut grads, &self.net)?;
+        let spread = self.spread.as_ref();
+        if let Some(spread) = spread.filter(|_| self.plan.all_reduces()) {
+            spread.reduce(&mut grads, &self.net, 0..self.net.params().len())?;
         }
         let vars = self.net.vars();
-        self.scaler.unscale(&mut grads, &vars)?;
+        let found_inf = self.scaler.unscale(&mut grads, &vars)?;
+        if let Some(spread) = spread.filter(|_| self.scaler.is_enabled()) {
+            if spread.any_not_finite(found_inf)? && !found_inf {
+                self.scaler.found_inf_elsewhere();
+            }
+        }
+        let norm = |grads: &GradStore| -> Result<f64, TrainError> {
+            let own = grad_norm(grads, &vars, 2.0)?;
+            Ok(match spread {
+                Some(spread) => spread.norm(own, 2.0)?,
+                None => own,
+            })
+        };
         let (grad_norm, applied_grad_norm) = match self.config.clip_norm {
             Some(max_norm) => {
-                let before = clip_grad_norm(&mut grads, &vars, max_norm, 2.0)?;
-                (Some(before), Some(grad_norm(&grads, &vars, 2.0)?))
+                let before = norm(&grads)?;
+                clip_to(&mut grads, &vars, max_norm, before)?;
+                (Some(before), Some(norm(&grads)?))
             }
             None => (None, None),
         };
-        if let Some(spread) = &self.spread {
-            spread.keep_own(&mut grads, &self.net);
+        if self.plan.all_reduces() {
             walk.ended(StepPhase::GradientsReduced, grad_bytes(&grads, &self.net))?;
         }
         let grads_bytes = grad_bytes(&grads, &self.net);
