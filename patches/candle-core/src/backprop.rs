@@ -174,9 +174,25 @@ impl Tensor {
     }
 
     pub fn backward(&self) -> Result<GradStore> {
+        self.backward_with(&self.ones_like()?)
+    }
+
+    /// Backpropagates `grad`, the gradient of some later value with respect
+    /// to this tensor (of its shape, dtype and device), as PyTorch's
+    /// `tensor.backward(gradient)` does: the backward of one part of a graph
+    /// from the gradient that reached its output, without the scalar root
+    /// (`(self * grad).sum_all()`) and the two tensors of this one's size its
+    /// own backward would make.
+    pub fn backward_with(&self, grad: &Tensor) -> Result<GradStore> {
+        self.same_shape_binary_op(grad, "backward_with")?;
+        {
+            let (lhs, rhs) = (self.storage(), grad.storage());
+            lhs.same_device(&rhs, "backward_with")?;
+            lhs.same_dtype(&rhs, "backward_with")?;
+        }
         let sorted_nodes = self.sorted_nodes();
         let mut grads = GradStore::new();
-        grads.insert(self, self.ones_like()?.contiguous()?);
+        grads.insert(self, grad.contiguous()?);
         for node in sorted_nodes.iter() {
             if node.is_variable() {
                 continue;
