@@ -143,12 +143,13 @@ fn a_process_that_dies_stops_the_others_within_seconds() {
 }
 
 /// Each process's measured step beside its card's ledger, for ResNet-18 and
-/// ViT-Tiny at each stage that runs: the peaks within 5%, and ZeRO-1's
-/// optimizer state per process half of DDP's.
+/// ViT-Tiny at each stage that runs: the peaks within 5%, ZeRO-1's
+/// optimizer state per process half of DDP's, and ZeRO-2's peak under
+/// ZeRO-1's, its gradients divided as each stage's backward ends.
 #[test]
 fn each_process_measures_what_its_cards_ledger_predicts() {
     for model in ["resnet18 --batch 8 --res 64", "vit-tiny --batch 4 --res 64"] {
-        let mut optimizer_state = Vec::new();
+        let (mut optimizer_state, mut peaks) = (Vec::new(), Vec::new());
         for shard in ["none", "optimizer", "gradients"] {
             let line = format!("measure --model {model} --cards 2 --shard {shard} --opt adamw --json");
             let out = run(&line);
@@ -170,9 +171,11 @@ fn each_process_measures_what_its_cards_ledger_predicts() {
                 assert!(step["label"].as_str().unwrap().contains("one of 2 cards"), "{}", step["label"]);
             }
             optimizer_state.push(ranks[0]["result"]["measured"]["optimizer_state"].as_f64().unwrap());
+            peaks.push(ranks[0]["result"]["measured_peak"].as_f64().unwrap());
         }
         let halved = optimizer_state[1] / optimizer_state[0];
         assert!((halved - 0.5).abs() < 0.02, "{model}: ZeRO-1 keeps {halved} of DDP's optimizer state");
+        assert!(peaks[2] < peaks[1], "{model}: ZeRO-2 peaks at {} B, ZeRO-1 at {} B", peaks[2], peaks[1]);
     }
 }
 

@@ -693,7 +693,13 @@ impl Step<'_> {
             // (kept by the root) and the gradient of the gradient's factor
             // (left in the store, that factor being no node of the graph)
             // stay until the segment is done; the output's own is used up.
-            let root = if segment.end < stages.len() {
+            // Where backward is split between plain stages (on several
+            // cards), it starts from that gradient as it is
+            // (`Tensor::backward_with`), and holds nothing more.
+            let split = !segment.checkpointed && self.plan.segments().get(index + 1).is_some_and(|next| !next.checkpointed);
+            let root = if split {
+                0
+            } else if segment.end < stages.len() {
                 2 * self.batch * stages[segment.end - 1].boundary_bytes
             } else if self.plan.is_checkpointed(segment.end - 1) {
                 0

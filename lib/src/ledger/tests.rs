@@ -326,7 +326,7 @@ fn the_ledger_fills_the_buckets_the_trainer_fills() {
         let bytes: Vec<u64> = net.params().iter().map(|p| p.var.elem_count() as u64 * 4).collect();
         let stages = net.num_stages();
         for cap in [64 << 10, 1 << 20, 25 << 20] {
-            for range in (0..stages).map(|s| s..s + 1).chain([0..stages]) {
+            for range in (0..stages).map(|s| s..s + 1).chain(std::iter::once(0..stages)) {
                 let params = &bytes[net.stage_params(range.clone())];
                 let trainer = crate::dist::buckets(params, cap).into_iter().map(|b| params[b].iter().sum::<u64>()).max().unwrap_or(0);
                 let ledger = super::estimate::largest_bucket(&cost, range.clone(), cap);

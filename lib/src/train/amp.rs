@@ -242,6 +242,19 @@ mod tests {
     }
 
     #[test]
+    fn an_inf_another_process_found_skips_this_ones_step_too() {
+        let (w, mut sgd) = setup();
+        let mut scaler = GradScaler::new(GradScalerConfig::default()).unwrap();
+        let mut grads = grad_store(&[(&w, &[65536.0, 65536.0])]);
+        assert!(!scaler.unscale(&mut grads, std::slice::from_ref(&w)).unwrap(), "this process's part is finite");
+        scaler.found_inf_elsewhere();
+        assert!(!scaler.step(&mut sgd, &mut grads).unwrap());
+        assert_eq!(values(&w), [1.0, 2.0], "parameters unchanged");
+        scaler.update().unwrap();
+        assert_eq!(scaler.scale_factor(), 32768.0);
+    }
+
+    #[test]
     fn an_inf_or_nan_gradient_skips_the_step_and_halves_the_scale() {
         for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
             let (w, mut sgd) = setup();

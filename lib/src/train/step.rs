@@ -231,18 +231,28 @@ pub(crate) fn forward_backward_walked(
                 (tracked, out)
             }
         };
-        let root = match grad_out.take() {
+        // Above two plain segments the boundary's gradient starts backward
+        // as it is; elsewhere from a scalar root (see `ledger::estimate`).
+        let split = !segment.checkpointed && segments.get(i + 1).is_some_and(|next| !next.checkpointed);
+        let (root, from) = match grad_out.take() {
             None => {
                 let l = cross_entropy(&out, labels)?;
                 scored = Some((l.detach(), correct(&out.detach(), labels)?));
-                (l * loss_scale)?
+                ((l * loss_scale)?, None)
+            }
+            Some(g) if split => {
+                let g = g.to_dtype(out.dtype())?;
+                (out, Some(g))
             }
             Some(g) => {
                 let g = g.to_dtype(out.dtype())?;
-                (out * g)?.sum_all()?.to_dtype(DType::F32)?
+                ((out * g)?.sum_all()?.to_dtype(DType::F32)?, None)
             }
         };
-        let mut segment_grads = root.backward()?;
+        let mut segment_grads = match from {
+            Some(g) => root.backward_with(&g)?,
+            None => root.backward()?,
+        };
         drop(root);
         for named in net.params() {
             // Candle's own backward ops (ReLU, the residual add, the linear layer)

@@ -420,3 +420,39 @@ fn zero2_clips_by_the_norm_of_every_process_part() {
     assert!(largest(&ddp[0], &unclipped[0]) > 1e-3, "the clipping bites");
     assert!(largest(&ddp[0], &zero2[0]) < 1e-6, "ZeRO-2 differs from DDP by {}", largest(&ddp[0], &zero2[0]));
 }
+
+/// Under ZeRO-2 each process holds only its part of the reduced gradients:
+/// what is computed from all of them takes every part, a gradient that is
+/// not finite in one part stops every process's step, and the norm is
+/// every part's. Under DDP each process holds them all and asks no one.
+#[test]
+fn zero2_processes_agree_on_what_their_parts_hold() {
+    let exchange = std::sync::Arc::new((std::sync::Barrier::new(2), std::sync::Mutex::new([Vec::new(), Vec::new()])));
+    let agreed = |shard| {
+        std::thread::scope(|scope| {
+            let ranks: Vec<_> = (0..2)
+                .map(|rank| {
+                    let exchange = std::sync::Arc::clone(&exchange);
+                    scope.spawn(move || {
+                        let cards = ledger::Cards { count: 2, shard, ..ledger::Cards::default() };
+                        let spread = super::data_parallel::DataParallel::new(
+                            &net(ModelName::SmallCnn, 4, 16),
+                            cards,
+                            Box::new(Threads { rank, exchange }),
+                        )
+                        .unwrap();
+                        let own_norm = [3.0, 4.0][rank];
+                        (
+                            spread.any_not_finite(rank == 0).unwrap(),
+                            spread.norm(own_norm, 2.0).unwrap(),
+                            spread.norm(own_norm, f64::INFINITY).unwrap(),
+                        )
+                    })
+                })
+                .collect();
+            ranks.into_iter().map(|r| r.join().unwrap()).collect::<Vec<_>>()
+        })
+    };
+    assert_eq!(agreed(ledger::Shard::Gradients), [(true, 5.0, 4.0), (true, 5.0, 4.0)]);
+    assert_eq!(agreed(ledger::Shard::None), [(true, 3.0, 3.0), (false, 4.0, 4.0)]);
+}
