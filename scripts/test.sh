@@ -31,4 +31,4 @@ cargo test --release --locked --workspace --features vramlab/mpi -- --test-threa
 "${CARGO_TARGET_DIR:-$ROOT/target}/release/vramlab" check-ops --device reference
 
 say "Jupyter clients: jupyter_kernel_test, kernelspec, notebooks"
-.venv/bin/python -m pytest -q -rs tests/python
+.venv/bin/python -m pytest -q -rs --durations=15 tests/python
