@@ -696,8 +696,7 @@ impl Step<'_> {
             // Where backward is split between plain stages (on several
             // cards), it starts from that gradient as it is
             // (`Tensor::backward_with`), and holds nothing more.
-            let split = !segment.checkpointed && self.plan.segments().get(index + 1).is_some_and(|next| !next.checkpointed);
-            let root = if split {
+            let root = if self.plan.starts_from_gradient(index) {
                 0
             } else if segment.end < stages.len() {
                 2 * self.batch * stages[segment.end - 1].boundary_bytes

@@ -213,6 +213,15 @@ impl StepPlan {
         self.cards.several() && (self.accumulation == 1 || self.cards.shard == Shard::Parameters)
     }
 
+    /// Whether segment `segment`'s backward starts from the gradient that
+    /// reached its output as it is (`Tensor::backward_with`), not from a
+    /// scalar root: a plain segment below another plain one, which only
+    /// several cards make.
+    pub fn starts_from_gradient(&self, segment: usize) -> bool {
+        let plain = |i: usize| self.segments.get(i).is_some_and(|s| !s.checkpointed);
+        plain(segment) && plain(segment + 1)
+    }
+
     /// Several cards reduce the gradients once backward is done and the
     /// micro-batches' gradients are summed.
     pub fn all_reduces(&self) -> bool {
@@ -324,6 +333,20 @@ mod tests {
                 "step done, batch and gradients freed",
             ]
         );
+    }
+
+    #[test]
+    fn several_cards_run_backward_a_stage_at_a_time_each_from_its_gradient() {
+        let cards = Cards { count: 2, ..Cards::default() };
+        let spread = plan(Checkpointing::Segments(vec!["layer1".into()]), 1).on(cards);
+        let segments: Vec<_> = spread.segments().iter().map(|s| (s.stages(), s.checkpointed)).collect();
+        assert_eq!(segments, [(0..1, false), (1..2, true), (2..3, false), (3..4, false)]);
+        let from_gradient: Vec<bool> = (0..4).map(|i| spread.starts_from_gradient(i)).collect();
+        assert_eq!(from_gradient, [false, false, true, false], "only a plain stage below a plain one");
+        assert!(spread.reduces_in_backward() && !spread.all_reduces());
+        let accumulating = plan(Checkpointing::None, 2).on(cards);
+        assert_eq!(accumulating.segments().len(), 1, "accumulating, backward stays in one piece");
+        assert!(accumulating.all_reduces() && !accumulating.starts_from_gradient(0));
     }
 
     #[test]

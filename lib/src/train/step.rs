@@ -231,9 +231,7 @@ pub(crate) fn forward_backward_walked(
                 (tracked, out)
             }
         };
-        // Above two plain segments the boundary's gradient starts backward
-        // as it is; elsewhere from a scalar root (see `ledger::estimate`).
-        let split = !segment.checkpointed && segments.get(i + 1).is_some_and(|next| !next.checkpointed);
+        let split = plan.starts_from_gradient(i);
         let (root, from) = match grad_out.take() {
             None => {
                 let l = cross_entropy(&out, labels)?;
