@@ -1,8 +1,10 @@
 //! Candle's wider ecosystem in cells, as a learner brings it: candle-transformers' vision models,
 //! added with `:dep`, build on the library's patched candle-core (one candle, so a tensor made
 //! through `vramlab::candle` goes into their forward), train, and are measured by the magics; a
-//! step that fails inside candle reads as one line. The crate's first build takes 3-5 minutes on
-//! 2 cores, once per build cache. `--nocapture` prints what each model's forward keeps for backward,
+//! step that fails inside candle reads as one line. The `:dep` cell loads the library first, so the
+//! crate resolves against the library's candle: its first build, with the library already built in
+//! the cache, is the crate and its own 11 dependencies, about a minute and a half on 2 cores (over 3
+//! minutes more when candle was built again for it alone). `--nocapture` prints what each model's forward keeps for backward,
 //! the figures BENCHMARKS.md sets beside the lean layers'.
 
 mod common;

@@ -7,9 +7,13 @@ use crate::install::LIB_ENV;
 /// The crates cells may name directly, at the versions the library uses.
 const CANDLE_CRATES: [&str; 2] = ["candle-core", "candle-nn"];
 
-/// Whether a cell's code needs the library: it names it, or one of the candle crates it brings.
+/// Whether a cell's code needs the library: it names it, or one of the candle crates it brings, or
+/// adds a crate of candle's with `:dep`. Such a crate (candle-transformers, candle-datasets) builds
+/// on the library's candle; added first, cargo would resolve and build candle for it alone, and
+/// again, with the library's versions and features, once the library came.
 pub(super) fn wants_library(code: &str) -> bool {
     ["vramlab", "candle_core", "candle_nn"].iter().any(|name| code.contains(name))
+        || code.lines().filter_map(|line| line.trim().strip_prefix(":dep")).any(|spec| spec.trim_start().starts_with("candle"))
 }
 
 pub(super) struct Library {
@@ -110,5 +114,13 @@ mod tests {
         assert!(wants_library("let m = candle_nn::VarMap::new();"));
         assert!(wants_library("vramlab::models::zoo()"));
         assert!(!wants_library("let candle = 1;"));
+    }
+
+    #[test]
+    fn a_candle_crate_added_with_dep_loads_the_library_first() {
+        assert!(wants_library(":dep candle-transformers = \"=0.11.1\""));
+        assert!(wants_library("  :dep  candle-datasets = \"0.11\"\n1 + 1"));
+        assert!(!wants_library(":dep itoa = \"1\""));
+        assert!(!wants_library("// :dep candle-transformers"));
     }
 }
