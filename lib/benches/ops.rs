@@ -59,7 +59,7 @@ struct Conv {
     params: ConvParams,
 }
 
-const CONVS: [Conv; 9] = [
+const CONVS: [Conv; 12] = [
     Conv {
         name: "conv3x3_64_64_32x32_b32",
         batch: 32,
@@ -138,6 +138,34 @@ const CONVS: [Conv; 9] = [
         channels: 512,
         out_channels: 512,
         size: 7,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    // The U-Net's narrow maps (b16@64): the per-plane transforms weigh more than the products.
+    Conv {
+        name: "conv3x3_16_16_64x64_b16",
+        batch: 16,
+        channels: 16,
+        out_channels: 16,
+        size: 64,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_32_32_32x32_b16",
+        batch: 16,
+        channels: 32,
+        out_channels: 32,
+        size: 32,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_64_64_16x16_b16",
+        batch: 16,
+        channels: 64,
+        out_channels: 64,
+        size: 16,
         kernel: 3,
         params: ConvParams { stride: 1, padding: 1, groups: 1 },
     },
