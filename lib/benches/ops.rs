@@ -59,7 +59,7 @@ struct Conv {
     params: ConvParams,
 }
 
-const CONVS: [Conv; 12] = [
+const CONVS: [Conv; 15] = [
     Conv {
         name: "conv3x3_64_64_32x32_b32",
         batch: 32,
@@ -141,7 +141,26 @@ const CONVS: [Conv; 12] = [
         kernel: 3,
         params: ConvParams { stride: 1, padding: 1, groups: 1 },
     },
-    // The U-Net's narrow maps (b16@64): the per-plane transforms weigh more than the products.
+    // ResNet18 b32@64's layer1 and layer2.
+    Conv {
+        name: "conv3x3_64_64_16x16_b32",
+        batch: 32,
+        channels: 64,
+        out_channels: 64,
+        size: 16,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_128_128_8x8_b32",
+        batch: 32,
+        channels: 128,
+        out_channels: 128,
+        size: 8,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    // The U-Net b16@64's levels: narrow maps, where the per-plane transforms weigh more than the products.
     Conv {
         name: "conv3x3_16_16_64x64_b16",
         batch: 16,
@@ -166,6 +185,15 @@ const CONVS: [Conv; 12] = [
         channels: 64,
         out_channels: 64,
         size: 16,
+        kernel: 3,
+        params: ConvParams { stride: 1, padding: 1, groups: 1 },
+    },
+    Conv {
+        name: "conv3x3_128_128_8x8_b16",
+        batch: 16,
+        channels: 128,
+        out_channels: 128,
+        size: 8,
         kernel: 3,
         params: ConvParams { stride: 1, padding: 1, groups: 1 },
     },
