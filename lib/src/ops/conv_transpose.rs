@@ -6,19 +6,24 @@
 //! linear layer on every pixel (`C -> O k k`) followed by a pixel shuffle.
 //! On the CPU each sample is one gemm, `Y' (O k k x H W) = W^T X_n`, the
 //! weight read transposed in place through its strides, and `Y'` is then
-//! shuffled into the sample's output with the bias. candle's
+//! shuffled into the sample's output with the bias; rayon's threads take
+//! contiguous runs of samples, each with its own `Y'` and single-threaded
+//! gemms (a U-Net's gemms are too small to share: one sample's spread over
+//! two threads took longer than on one). candle's
 //! `conv_transpose2d` followed by `broadcast_add` makes two tensors of the
 //! output's size, and its autograd keeps both; this op makes one, and keeps
 //! nothing else (its operands are alive anyway). Its backward makes each
 //! gradient only for an operand that needs it, one sample at a time from
 //! the output gradient gathered back into `G'_n`: `dx_n = W G'_n` and `dW =
-//! sum_n X_n G'_n^T` by gemm, `db` as the sums of the gradient's planes.
+//! sum_n X_n G'_n^T` by gemm (each thread summing its samples, the sums
+//! then added), `db` as the sums of the gradient's planes.
 //! On a device the op is the transpose of the convolution that takes its
 //! output's shape to its input's (`cuda/passes.rs`): cuDNN's three passes of
 //! that convolution and its bias calls, keeping the same as on the CPU.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use gemm::Parallelism;
 use half::{bf16, f16};
 use multiversion::multiversion;
 use rayon::prelude::*;
@@ -109,15 +114,17 @@ pub fn conv_transpose2d_scratch(
     let [_, channels, ..] = x;
     let g = Geometry::of_dims(&x, &[channels, out_channels, kernel, kernel], None, kernel)?;
     let (c, rows, pixels) = (g.channels, g.rows(), g.pixels());
-    let parallelism = parallelism();
-    let packing = |dims, dst, lhs, rhs| packing_bytes(dims, dst, lhs, rhs, parallelism);
+    let split = g.split();
+    let packing = |dims, dst, lhs, rhs| packing_bytes(dims, dst, lhs, rhs, split.inner);
     let floats = |count: usize| (count * size_of::<f32>()) as u64;
-    let shuffled = floats(g.sample_output());
+    let (busy, shuffled) = (split.workers(g.batch) as u64, floats(g.sample_output()));
     let (by_pixel, by_row) = (Strides::row_major(pixels), Strides::row_major(rows));
-    // What a pass holds beside its operands and the f32 result at its peak.
-    let forward = shuffled + packing((rows, pixels, c), by_pixel, Strides::column_major(rows), by_pixel);
-    let input_gradient = shuffled + packing((c, pixels, rows), by_pixel, by_row, by_pixel);
-    let weight_gradient = shuffled + packing((c, rows, pixels), by_row, by_pixel, Strides::column_major(pixels));
+    // What a pass holds beside its operands and the f32 result at its peak: each busy thread its
+    // `Y'` and gemm's packing, and in the weight gradient every thread's sum but the one returned.
+    let forward = busy * (shuffled + packing((rows, pixels, c), by_pixel, Strides::column_major(rows), by_pixel));
+    let input_gradient = busy * (shuffled + packing((c, pixels, rows), by_pixel, by_row, by_pixel));
+    let weight_gradient =
+        busy * (shuffled + packing((c, rows, pixels), by_row, by_pixel, Strides::column_major(pixels))) + (busy - 1) * floats(c * rows);
     if dtype == DType::F32 {
         return Ok(ConvTransposeScratch { forward, input_gradient, weight_gradient, bias_gradient: 0 });
     }
@@ -245,24 +252,50 @@ impl Geometry {
         }
     }
 
-    /// `Y'` (or `G'`) of sample `n` of an output (or its gradient), each
-    /// output channel on one of rayon's threads.
-    fn gather(&self, output: &[f32], n: usize, rows: &mut [f32]) {
+    /// `Y'` (or `G'`) of sample `n` of an output (or its gradient), the
+    /// output channels on rayon's threads when `inner` shares them.
+    fn gather(&self, output: &[f32], n: usize, rows: &mut [f32], inner: Parallelism) {
         let sample = &output[n * self.sample_output()..][..self.sample_output()];
         // An empty plane has no chunks to take: `max(1)` keeps the chunk size legal.
         let plane = self.plane().max(1);
-        rows.par_chunks_mut(plane).zip(sample.par_chunks(plane)).for_each(|(rows, plane)| self.unshuffle(plane, rows));
+        let unshuffle = |(rows, plane)| self.unshuffle(plane, rows);
+        match inner {
+            Parallelism::None => rows.chunks_mut(plane).zip(sample.chunks(plane)).for_each(unshuffle),
+            _ => rows.par_chunks_mut(plane).zip(sample.par_chunks(plane)).for_each(unshuffle),
+        }
     }
 
-    /// Sample `n` of the output from its `Y'` and the bias.
-    fn scatter(&self, rows: &[f32], bias: Bias, output: &mut [f32], n: usize) {
-        let sample = &mut output[n * self.sample_output()..][..self.sample_output()];
+    /// One sample's output from its `Y'` and the bias.
+    fn scatter(&self, rows: &[f32], bias: Bias, sample: &mut [f32], inner: Parallelism) {
         let plane = self.plane().max(1);
-        sample
-            .par_chunks_mut(plane)
-            .zip(rows.par_chunks(plane))
-            .enumerate()
-            .for_each(|(o, (plane, rows))| self.shuffle(rows, plane, bias.at(o)));
+        let shuffle = |(o, (plane, rows))| self.shuffle(rows, plane, bias.at(o));
+        match inner {
+            Parallelism::None => sample.chunks_mut(plane).zip(rows.chunks(plane)).enumerate().for_each(shuffle),
+            _ => sample.par_chunks_mut(plane).zip(rows.par_chunks(plane)).enumerate().for_each(shuffle),
+        }
+    }
+
+    /// How a pass shares rayon's threads: runs of whole samples, one per busy thread.
+    fn split(&self) -> Split {
+        let threads = rayon::current_num_threads().max(1);
+        let per_worker = self.batch.div_ceil(threads).max(1);
+        let inner = if per_worker >= self.batch { parallelism() } else { Parallelism::None };
+        Split { per_worker, inner }
+    }
+}
+
+/// Samples each busy thread takes, and the parallelism of its gemms and
+/// shuffles: one busy thread (a sample alone, or one thread) shares them
+/// out instead.
+#[derive(Clone, Copy)]
+struct Split {
+    per_worker: usize,
+    inner: Parallelism,
+}
+
+impl Split {
+    fn workers(&self, batch: usize) -> usize {
+        batch.div_ceil(self.per_worker).max(1)
     }
 }
 
@@ -331,13 +364,17 @@ impl WithBias for ConvTranspose2d {
             let (xs, w) = (f32_view(OP, x.0, x.1)?, f32_view(OP, weight.0, weight.1)?);
             let bias = Bias::of(bias)?;
             let mut y = zeros(g.batch * g.sample_output());
-            let mut rows = zeros(g.sample_output());
+            let split = g.split();
             let dims = (g.rows(), g.pixels(), g.channels);
-            for n in 0..g.batch {
-                let x_n = row_major(&xs[n * g.sample_input()..][..g.sample_input()], g.pixels());
-                matmul(&mut rows, Strides::row_major(g.pixels()), dims, transposed(&w, g.rows()), x_n, false, parallelism());
-                g.scatter(&rows, bias, &mut y, n);
-            }
+            y.par_chunks_mut((split.per_worker * g.sample_output()).max(1)).enumerate().for_each(|(t, part)| {
+                let mut rows = zeros(g.sample_output());
+                for (i, sample) in part.chunks_exact_mut(g.sample_output()).enumerate() {
+                    let n = t * split.per_worker + i;
+                    let x_n = row_major(&xs[n * g.sample_input()..][..g.sample_input()], g.pixels());
+                    matmul(&mut rows, Strides::row_major(g.pixels()), dims, transposed(&w, g.rows()), x_n, false, split.inner);
+                    g.scatter(&rows, bias, sample, split.inner);
+                }
+            });
             y
         };
         Ok((storage_from_f32(OP, y, x.0.dtype())?, g.output_shape()))
@@ -377,14 +414,16 @@ impl CustomOp2 for InputGradient {
         let dx = {
             let (dy, w) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
             let mut dx = zeros(g.batch * g.sample_input());
-            let mut rows = zeros(g.sample_output());
+            let split = g.split();
             let dims = (g.channels, g.pixels(), g.rows());
-            for n in 0..g.batch {
-                g.gather(&dy, n, &mut rows);
-                let dx_n = &mut dx[n * g.sample_input()..][..g.sample_input()];
-                let (w, rows) = (row_major(&w, g.rows()), row_major(&rows, g.pixels()));
-                matmul(dx_n, Strides::row_major(g.pixels()), dims, w, rows, false, parallelism());
-            }
+            dx.par_chunks_mut((split.per_worker * g.sample_input()).max(1)).enumerate().for_each(|(t, part)| {
+                let mut rows = zeros(g.sample_output());
+                for (i, dx_n) in part.chunks_exact_mut(g.sample_input()).enumerate() {
+                    g.gather(&dy, t * split.per_worker + i, &mut rows, split.inner);
+                    let (w, rows) = (row_major(&w, g.rows()), row_major(&rows, g.pixels()));
+                    matmul(dx_n, Strides::row_major(g.pixels()), dims, w, rows, false, split.inner);
+                }
+            });
             dx
         };
         Ok((storage_from_f32(self.name(), dx, s1.dtype())?, (g.batch, g.channels, g.height, g.width).into()))
@@ -418,13 +457,25 @@ impl CustomOp2 for WeightGradient {
         let g = &self.0;
         let dw = {
             let (dy, xs) = (f32_view(self.name(), s1, l1)?, f32_view(self.name(), s2, l2)?);
-            let mut dw = zeros(g.channels * g.rows());
-            let mut rows = zeros(g.sample_output());
+            let split = g.split();
             let dims = (g.channels, g.rows(), g.pixels());
-            for n in 0..g.batch {
-                g.gather(&dy, n, &mut rows);
-                let x_n = row_major(&xs[n * g.sample_input()..][..g.sample_input()], g.pixels());
-                matmul(&mut dw, Strides::row_major(g.rows()), dims, x_n, transposed(&rows, g.pixels()), true, parallelism());
+            let sums: Vec<Vec<f32>> = (0..split.workers(g.batch))
+                .into_par_iter()
+                .map(|t| {
+                    let mut dw = zeros(g.channels * g.rows());
+                    let mut rows = zeros(g.sample_output());
+                    for n in t * split.per_worker..g.batch.min((t + 1) * split.per_worker) {
+                        g.gather(&dy, n, &mut rows, split.inner);
+                        let x_n = row_major(&xs[n * g.sample_input()..][..g.sample_input()], g.pixels());
+                        matmul(&mut dw, Strides::row_major(g.rows()), dims, x_n, transposed(&rows, g.pixels()), true, split.inner);
+                    }
+                    dw
+                })
+                .collect();
+            let mut sums = sums.into_iter();
+            let mut dw = sums.next().unwrap_or_else(|| zeros(g.channels * g.rows()));
+            for other in sums {
+                dw.iter_mut().zip(&other).for_each(|(sum, v)| *sum += v);
             }
             dw
         };

@@ -165,8 +165,17 @@ fn conv_transpose2d_scratch_counts_buffers_copies_and_packing() {
     let sample = floats(64 * 4 * 64);
     assert!(s.forward >= sample && s.input_gradient >= sample && s.weight_gradient >= sample, "{s:?}");
     assert_eq!(s.bias_gradient, 0);
-    // The batch does not change it in f32.
-    assert_eq!(conv_transpose2d_scratch([1, 128, 8, 8], 64, 2, DType::F32).unwrap(), s);
+    // In f32 the batch changes it only through the threads it keeps busy: each holds its own
+    // buffer and packing, and in the weight gradient its own sum, all but one added in after.
+    let on = |threads: usize, batch: usize| {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| conv_transpose2d_scratch([batch, 128, 8, 8], 64, 2, DType::F32).unwrap())
+    };
+    let (one, two) = (on(1, 8), on(2, 8));
+    assert_eq!(on(1, 1), one);
+    assert_eq!((two.forward, two.input_gradient), (2 * one.forward, 2 * one.input_gradient));
+    assert_eq!(two.weight_gradient, 2 * one.weight_gradient + floats(128 * 64 * 4));
+    assert!(on(2, 1).forward < two.forward, "a lone sample keeps one thread's buffer");
     // One pixel, one channel: products too small to pack anything.
     assert_eq!(conv_transpose2d_scratch([1, 1, 1, 1], 1, 2, DType::F32).unwrap().forward, floats(4));
     // Half precision adds at least the f32 copy of each pass's result.
