@@ -108,9 +108,10 @@ impl Tiles {
         self.padded_rows() * 2 * self.pairs()
     }
 
-    /// Floats of the row transforms kept between a plane's two passes.
+    /// Floats of the row transforms kept between a plane's two passes, or
+    /// of the output transform's sums.
     fn rows_len(&self) -> usize {
-        self.padded_rows() * 4 * self.cols
+        (self.padded_rows() * 4).max(12 * self.band) * self.cols
     }
 }
 
@@ -180,19 +181,27 @@ fn transform_input(
         let (first, second) = if padding % 2 == 0 { (&mut even[shift..], &mut odd[shift..]) } else { (odd, &mut even[1..]) };
         deinterleave(src, first, second);
     }
-    let rows = take(bufs.1, (2 * n + 2) * 4 * cols);
-    for (row, out) in padded.chunks_exact(2 * pairs).zip(rows.chunks_exact_mut(4 * cols)) {
+    let rows = take(bufs.1, 4 * (2 * n + 2) * cols);
+    let block = (2 * n + 2) * cols;
+    for (r, row) in padded.chunks_exact(2 * pairs).enumerate() {
         let (even, odd) = row.split_at(pairs);
-        input_rows(split4(out, cols), [&even[..cols], &odd[..cols], &even[1..], &odd[1..]]);
+        let at = parity_split(r, n + 1, cols);
+        input_rows(four_rows(rows, [0, 1, 2, 3].map(|b| b * block + at), cols), [&even[..cols], &odd[..cols], &even[1..], &odd[1..]]);
     }
-    for i in 0..n {
-        let four = &rows[2 * i * 4 * cols..][..16 * cols];
-        for k in 0..4 {
-            let d = [0, 1, 2, 3].map(|r| &four[(r * 4 + k) * cols..][..cols]);
-            let at = [0, 1, 2, 3].map(|a| (a * 4 + k) * matrix + i * cols);
-            input_rows(four_rows(v, at, cols), d);
-        }
+    let span = n * cols;
+    for b in 0..4 {
+        let (even, odd) = rows[b * block..][..block].split_at(block / 2);
+        let d = [&even[..span], &odd[..span], &even[cols..][..span], &odd[cols..][..span]];
+        input_rows(four_rows(v, [0, 1, 2, 3].map(|a| (a * 4 + b) * matrix), span), d);
     }
+}
+
+/// Where row `r` of a band's rows goes when its even rows (`half` of them)
+/// are laid out before its odd ones, `cols` to a row: tile row `i` then
+/// reads its four rows as runs over every tile of the band, starting at
+/// `i * cols` in the even, odd, even and odd halves (the last two a row on).
+fn parity_split(r: usize, half: usize, cols: usize) -> usize {
+    ((r % 2) * half + r / 2) * cols
 }
 
 /// Runs `transform(plane, v, matrix)` on every plane of a chunk's images
@@ -226,13 +235,6 @@ fn deinterleave(src: &[f32], even: &mut [f32], odd: &mut [f32]) {
         *e = pair[0];
         *o = pair[1];
     }
-}
-
-fn split4(s: &mut [f32], len: usize) -> [&mut [f32]; 4] {
-    let (a, rest) = s.split_at_mut(len);
-    let (b, rest) = rest.split_at_mut(len);
-    let (c, d) = rest.split_at_mut(len);
-    [a, b, c, &mut d[..len]]
 }
 
 /// Four disjoint runs of `len` at increasing offsets of `v`.
@@ -368,27 +370,29 @@ fn transform_output(
     out: &mut [MaybeUninit<f32>],
 ) {
     let (out_h, out_w) = out_size;
-    let cols = tiles.cols;
-    let s = take(rows, 12 * cols);
+    let (cols, span) = (tiles.cols, band.len() * tiles.cols);
+    let s = take(rows, 12 * span);
+    let (sums, pairs) = s.split_at_mut(8 * span);
+    for b in 0..4 {
+        let m = [0, 1, 2, 3].map(|a| &m[(a * 4 + b) * matrix..][..span]);
+        let (s0, s1) = sums[2 * b * span..][..2 * span].split_at_mut(span);
+        zip3(s0, m[0], m[1], m[2], |a, b, c| a + b + c);
+        zip3(s1, m[1], m[2], m[3], |a, b, c| a - b - c);
+    }
+    for u in 0..2 {
+        let s = [0, 1, 2, 3].map(|b| &sums[(2 * b + u) * span..][..span]);
+        let (even, odd) = pairs[2 * u * span..][..2 * span].split_at_mut(span);
+        zip3(even, s[0], s[1], s[2], |a, b, c| a + b + c);
+        zip3(odd, s[1], s[2], s[3], |a, b, c| a - b - c);
+    }
     for (i, tile_row) in band.enumerate() {
-        let (sums, pairs) = s.split_at_mut(8 * cols);
-        for b in 0..4 {
-            let m = [0, 1, 2, 3].map(|a| &m[(a * 4 + b) * matrix + i * cols..][..cols]);
-            let (s0, s1) = sums[2 * b * cols..][..2 * cols].split_at_mut(cols);
-            zip3(s0, m[0], m[1], m[2], |a, b, c| a + b + c);
-            zip3(s1, m[1], m[2], m[3], |a, b, c| a - b - c);
-        }
         for u in 0..2.min(out_h - 2 * tile_row) {
-            let s = [0, 1, 2, 3].map(|b| &sums[(2 * b + u) * cols..][..cols]);
-            let (even, rest) = pairs.split_at_mut(cols);
-            let odd = &mut rest[..cols];
-            zip3(even, s[0], s[1], s[2], |a, b, c| a + b + c);
-            zip3(odd, s[1], s[2], s[3], |a, b, c| a - b - c);
+            let [even, odd] = [0, 1].map(|parity| &pairs[(2 * u + parity) * span + i * cols..][..cols]);
             let row = &mut out[(2 * tile_row + u) * out_w..][..out_w];
             if let [last] = row.chunks_exact_mut(2).into_remainder() {
                 last.write(even[out_w / 2]);
             }
-            for ((pair, &e), &o) in row.chunks_exact_mut(2).zip(&*even).zip(&*odd) {
+            for ((pair, &e), &o) in row.chunks_exact_mut(2).zip(even).zip(odd) {
                 pair[0].write(e);
                 pair[1].write(o);
             }
@@ -519,17 +523,16 @@ fn transform_gradient(
         zip2(o2, e, o, |a, b| (a - b) * 0.5);
         zip2(o3, o, o, |a, _| -a);
     };
-    let rows = take(bufs.1, 2 * n * 4 * cols);
-    for (row, out) in split.chunks_exact(2 * cols).zip(rows.chunks_exact_mut(4 * cols)) {
+    let rows = take(bufs.1, 4 * 2 * n * cols);
+    let block = 2 * n * cols;
+    for (r, row) in split.chunks_exact(2 * cols).enumerate() {
         let (even, odd) = row.split_at(cols);
-        g_rows(split4(out, cols), even, odd);
+        let at = parity_split(r, n, cols);
+        g_rows(four_rows(rows, [0, 1, 2, 3].map(|b| b * block + at), cols), even, odd);
     }
-    for i in 0..n {
-        for k in 0..4 {
-            let [top, bottom] = [0, 1].map(|r| &rows[((2 * i + r) * 4 + k) * cols..][..cols]);
-            let at = [0, 1, 2, 3].map(|a| (a * 4 + k) * matrix + i * cols);
-            g_rows(four_rows(v, at, cols), top, bottom);
-        }
+    for b in 0..4 {
+        let (top, bottom) = rows[b * block..][..block].split_at(block / 2);
+        g_rows(four_rows(v, [0, 1, 2, 3].map(|a| (a * 4 + b) * matrix), block / 2), top, bottom);
     }
 }
 
