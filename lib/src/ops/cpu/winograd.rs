@@ -536,24 +536,27 @@ fn transform_gradient(
         let (even, odd) = row.split_at_mut(cols);
         deinterleave(src, even, odd);
     }
-    let g_rows = |out: [&mut [f32]; 4], e: &[f32], o: &[f32]| {
-        let [o0, o1, o2, o3] = out;
-        o0.copy_from_slice(e);
-        zip2(o1, e, o, |a, b| (a + b) * 0.5);
-        zip2(o2, e, o, |a, b| (a - b) * 0.5);
-        zip2(o3, o, o, |a, _| -a);
-    };
     let rows = take(bufs.1, 4 * 2 * n * cols);
     let block = 2 * n * cols;
     for (r, row) in split.chunks_exact(2 * cols).enumerate() {
         let (even, odd) = row.split_at(cols);
         let at = parity_split(r, n, cols);
-        g_rows(four_rows(rows, [0, 1, 2, 3].map(|b| b * block + at), cols), even, odd);
+        gradient_rows(four_rows(rows, [0, 1, 2, 3].map(|b| b * block + at), cols), even, odd);
     }
     for b in 0..4 {
         let (top, bottom) = rows[b * block..][..block].split_at(block / 2);
-        g_rows(four_rows(v, [0, 1, 2, 3].map(|a| (a * 4 + b) * matrix), block / 2), top, bottom);
+        gradient_rows(four_rows(v, [0, 1, 2, 3].map(|a| (a * 4 + b) * matrix), block / 2), top, bottom);
     }
+}
+
+/// `G' d` of F(3x3, 2x2) on a column of two (`e` above `o`).
+#[inline(always)]
+fn gradient_rows(out: [&mut [f32]; 4], e: &[f32], o: &[f32]) {
+    let [o0, o1, o2, o3] = out;
+    o0.copy_from_slice(e);
+    zip2(o1, e, o, |a, b| (a + b) * 0.5);
+    zip2(o2, e, o, |a, b| (a - b) * 0.5);
+    zip2(o3, o, o, |a, _| -a);
 }
 
 /// How the weight gradient's `out x in` sums are laid out: column-major
