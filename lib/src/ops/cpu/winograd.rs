@@ -120,7 +120,7 @@ impl Tiles {
 struct Buffers {
     /// A band's transformed input: 16 matrices of `channels x tiles`, rows [`pitch`] apart.
     input: Vec<f32>,
-    /// The other operand or the products: 16 matrices of `out_channels x tiles`.
+    /// The other operand or the products: 16 matrices of `out_channels x tiles`, rows [`pitch`] apart.
     other: Vec<f32>,
     plane: Vec<f32>,
     rows: Vec<f32>,
